@@ -1,0 +1,432 @@
+"""Scenario files: pydantic models (``extra="forbid"``), policy presets and error messages that name
+the file, the line, the key path and what was expected.
+
+A scenario is one model on one GPU type serving one workload under several policies::
+
+    name: quickstart
+    model: opt-13b                 # catalog name, or a path to a Hugging Face config.json
+    gpu: a100-40gb                 # catalog name, or an inline GPU spec
+    workload: {arrival: {kind: poisson, rate: 1.5}, lengths: sharegpt, num_requests: 1000}
+    policies: [fastertransformer, orca-max, orca-pow2, orca-oracle, vllm]
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, model_from_hf_config
+
+
+class ScenarioError(ValueError):
+    """A user mistake in a scenario: the message is meant to be printed as is (one line each)."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+
+
+# ---------------------------------------------------------------------------------------------- workload
+
+
+class Poisson(Strict):
+    kind: Literal["poisson"]
+    rate: PosFloat = Field(description="requests per second")
+
+
+class Gamma(Strict):
+    """Gamma inter-arrival times: ``cv`` > 1 is burstier than Poisson (cv = 1 is Poisson)."""
+
+    kind: Literal["gamma"]
+    rate: PosFloat
+    cv: PosFloat = Field(description="coefficient of variation of inter-arrival times")
+
+
+Arrival = Annotated[Union[Poisson, Gamma], Field(discriminator="kind")]
+
+
+class Fixed(Strict):
+    kind: Literal["fixed"]
+    tokens: PosInt
+
+
+class Uniform(Strict):
+    """Integers uniform on [low, high], both included."""
+
+    kind: Literal["uniform"]
+    low: PosInt
+    high: PosInt
+
+    @model_validator(mode="after")
+    def _order(self) -> "Uniform":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class LogNormal(Strict):
+    """Log-normal lengths with the given mean and coefficient of variation, rounded, clipped to
+    [1, max]; the log-mean is solved so that the *clipped* distribution keeps the requested mean."""
+
+    kind: Literal["lognormal"]
+    mean: PosFloat
+    cv: PosFloat = Field(description="standard deviation / mean, before clipping")
+    max: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _fits(self) -> "LogNormal":
+        if self.max is not None and self.mean >= self.max:
+            raise ValueError(f"mean ({self.mean}) must be below max ({self.max})")
+        return self
+
+
+Lengths = Annotated[Union[Fixed, Uniform, LogNormal], Field(discriminator="kind")]
+
+# NOTE: shapes chosen by us, means matched to the PagedAttention paper's datasets (references.md).
+# The spreads are a judgement (ShareGPT is long-tailed, Alpaca short and narrower); clipping at 1024
+# keeps prompt + output within OPT's 2048-token limit, and the log-mean is re-solved so the means hold.
+LENGTH_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "sharegpt": {
+        "prompt": {"kind": "lognormal", "mean": 161.31, "cv": 1.5, "max": 1024},
+        "output": {"kind": "lognormal", "mean": 337.99, "cv": 1.0, "max": 1024},
+    },
+    "alpaca": {
+        "prompt": {"kind": "lognormal", "mean": 19.31, "cv": 0.6, "max": 1024},
+        "output": {"kind": "lognormal", "mean": 58.45, "cv": 1.0, "max": 1024},
+    },
+}
+
+
+class SyntheticWorkload(Strict):
+    """Generated requests: an arrival process and two length distributions (or a preset)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    arrival: Arrival
+    lengths: Literal["sharegpt", "alpaca"] | None = None
+    prompt: Lengths | None = None
+    output: Lengths | None = None
+    num_requests: PosInt | None = None
+    duration_s: PosFloat | None = None
+    seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("lengths"), str):
+            preset = LENGTH_PRESETS.get(data["lengths"])
+            if preset is not None:
+                for k in ("prompt", "output"):
+                    if k in data:
+                        raise ValueError(f"give either 'lengths' (a preset) or '{k}', not both")
+                data = {**data, **copy.deepcopy(preset)}
+        return data
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SyntheticWorkload":
+        if self.prompt is None or self.output is None:
+            raise ValueError("needs 'lengths' (sharegpt or alpaca) or both 'prompt' and 'output' distributions")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("needs a stop: 'num_requests', 'duration_s' or both")
+        return self
+
+
+class TableWorkload(Strict):
+    """Replay of a canonical request table (CSV or parquet with columns arrival_s, prompt_tokens,
+    output_tokens). Real trace formats plug in here."""
+
+    kind: Literal["table"]
+    path: str
+    num_requests: PosInt | None = None
+    duration_s: PosFloat | None = None
+
+
+Workload = Annotated[Union[SyntheticWorkload, TableWorkload], Field(discriminator="kind")]
+
+
+def _default_kind(data: Any) -> Any:
+    if isinstance(data, dict) and "kind" not in data:
+        return {**data, "kind": "synthetic"}
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- policies
+
+
+class PagedAllocatorConfig(Strict):
+    """Blocks of ``block_size`` taken on demand; admission keeps ``watermark`` of the blocks free."""
+
+    kind: Literal["paged"]
+    watermark: float = Field(0.01, ge=0, lt=1)
+
+
+class ContiguousAllocatorConfig(Strict):
+    """One slab per request reserved at admission, in one linear address space of token slots:
+    ``max`` = the model's max length, ``pow2`` = prompt + output rounded up to a power of two,
+    ``oracle`` = prompt + output exactly; placed by a buddy allocator or first-fit."""
+
+    kind: Literal["contiguous"]
+    reserve: Literal["max", "pow2", "oracle"] = "max"
+    placement: Literal["buddy", "first-fit"] = "buddy"
+
+
+AllocatorConfig = Annotated[Union[PagedAllocatorConfig, ContiguousAllocatorConfig], Field(discriminator="kind")]
+
+
+class PolicyConfig(Strict):
+    """How one server schedules and places KV cache. Presets fill every field; any can be overridden."""
+
+    name: str = Field(min_length=1)
+    preset: str | None = None
+    batching: Literal["static", "continuous"]
+    allocator: AllocatorConfig
+    prefill: Literal["separate", "mixed", "chunked"] = Field(
+        description="separate: prefill-only steps (vLLM v0); mixed: whole prompts batched with decodes "
+        "(Orca); chunked: prompts split under the token budget and mixed with decodes (vLLM v1)"
+    )
+    block_size: PosInt = Field(16, description="tokens per KV block (pool geometry; paged allocation unit)")
+    max_num_seqs: PosInt = 256
+    max_num_batched_tokens: PosInt | None = Field(
+        None, description="token budget per step; default max(2048, max_model_len), or 2048 when chunked"
+    )
+    preemption: Literal["recompute", "swap"] = "recompute"
+    swap_space_gib: float = Field(4.0, ge=0)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "PolicyConfig":
+        if self.batching == "static" and self.allocator.kind != "contiguous":
+            raise ValueError("static batching reserves memory per batch: it needs a contiguous allocator")
+        if self.batching == "static" and self.prefill != "separate":
+            raise ValueError("static batching prefills the whole batch in its first step: use prefill: separate")
+        return self
+
+
+POLICY_PRESETS: dict[str, dict[str, Any]] = {
+    "fastertransformer": {
+        "batching": "static",
+        "allocator": {"kind": "contiguous", "reserve": "max"},
+        "prefill": "separate",
+    },
+    "orca-max": {"batching": "continuous", "allocator": {"kind": "contiguous", "reserve": "max"}, "prefill": "mixed"},
+    "orca-pow2": {"batching": "continuous", "allocator": {"kind": "contiguous", "reserve": "pow2"}, "prefill": "mixed"},
+    "orca-oracle": {
+        "batching": "continuous",
+        "allocator": {"kind": "contiguous", "reserve": "oracle"},
+        "prefill": "mixed",
+    },
+    "vllm": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "separate", "preemption": "recompute"},
+    "vllm-v1": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "chunked", "preemption": "recompute"},
+}
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and v.get("kind", out[k].get("kind")) == out[k].get("kind"):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _expand_policy(entry: Any) -> Any:
+    """A preset name, or a mapping with an optional ``preset`` whose fields it overrides."""
+    if isinstance(entry, str):
+        entry = {"preset": entry}
+    if not isinstance(entry, dict):
+        return entry  # let pydantic say what was expected
+    preset = entry.get("preset")
+    if preset is None:
+        return {"name": entry.get("name", "custom"), **entry}
+    if preset not in POLICY_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(POLICY_PRESETS)}")
+    merged = _deep_merge(POLICY_PRESETS[preset], {k: v for k, v in entry.items()})
+    merged.setdefault("name", preset)
+    return merged
+
+
+Policy = Annotated[PolicyConfig, BeforeValidator(_expand_policy)]
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+
+
+class GpuConfig(Strict):
+    """A GPU not in the catalog, by its datasheet figures."""
+
+    name: str
+    memory_gib: PosFloat
+    hbm_gb_per_s: PosFloat
+    tflops: PosFloat = Field(description="dense bf16/fp16 tensor TFLOP/s")
+    host_gb_per_s: PosFloat = 32.0
+    interconnect_gb_per_s: PosFloat = 300.0
+
+    def spec(self) -> GpuSpec:
+        return GpuSpec(self.name, int(self.memory_gib * GIB), self.hbm_gb_per_s * 1e9, self.tflops * 1e12,
+                       self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9)
+
+
+class RooflineConfig(Strict):
+    """Step time = the larger of compute and memory time per part, at achievable fractions of peak.
+
+    The fractions are documented parameters, not measurements: the GPU backend's calibration replaces
+    them with a fitted model."""
+
+    kind: Literal["roofline"] = "roofline"
+    matmul_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s for linear layers")
+    attention_efficiency: float = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s for prefill attention")
+    bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved")
+    step_overhead_s: float = Field(0.002, ge=0, description="fixed cost per step (scheduling, launches, sampling)")
+    per_sequence_overhead_s: float = Field(0.0, ge=0, description="cost per scheduled sequence per step")
+    paged_attention_overhead: float = Field(
+        0.0, ge=0, description="extra decode-attention time of a block-table kernel over a contiguous one (0.2 = +20%)"
+    )
+    allreduce_latency_s: float = Field(1e-5, ge=0, description="fixed cost of one tensor-parallel all-reduce")
+    swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
+
+
+StepTime = Annotated[Union[RooflineConfig], Field(discriminator="kind")]
+
+
+class Scenario(Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    model: str = Field(description="catalog name or path to a Hugging Face config.json")
+    gpu: str | GpuConfig
+    tensor_parallel: PosInt = 1
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    runtime_overhead_gib: float = Field(0.5, ge=0, description="CUDA context and library buffers outside the budget")
+    activation_reserve_tokens: PosInt = Field(2048, description="tokens of the activation-memory profiling pass")
+    workload: Annotated[Workload, BeforeValidator(_default_kind)]
+    policies: list[Policy] = Field(min_length=1)
+    step_time: StepTime = RooflineConfig()
+    horizon_s: PosFloat | None = Field(None, description="stop the simulation here; later requests are unfinished")
+    exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
+    record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
+
+    # Relative paths in the scenario resolve against its file's folder (set on load).
+    _base_dir: Path = PrivateAttr(default=Path("."))
+
+    @model_validator(mode="after")
+    def _names(self) -> "Scenario":
+        names = [p.name for p in self.policies]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
+        if isinstance(self.gpu, str) and self.gpu not in GPUS:
+            raise ValueError(f"unknown gpu {self.gpu!r}; expected one of {', '.join(GPUS)} or an inline spec")
+        if not self.model.endswith(".json") and self.model not in MODELS:
+            raise ValueError(
+                f"unknown model {self.model!r}; expected one of {', '.join(MODELS)} or a path to a config.json"
+            )
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else self._base_dir / q
+
+    def model_spec(self) -> ModelSpec:
+        if self.model in MODELS:
+            return MODELS[self.model]
+        try:
+            return model_from_hf_config(self.resolve_path(self.model))
+        except CatalogError as e:
+            raise ScenarioError(f"model: {e}") from None
+
+    def gpu_spec(self) -> GpuSpec:
+        return GPUS[self.gpu] if isinstance(self.gpu, str) else self.gpu.spec()
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map every key path of a YAML document to its 1-based line."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            p = path + (k.value,)
+            out[p] = k.start_mark.line + 1
+            _key_lines(v, p, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out[path + (i,)] = v.start_mark.line + 1
+            _key_lines(v, path + (i,), out)
+    return out
+
+
+_UNION_TAGS = {"synthetic", "table", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged", "contiguous",
+               "roofline", "GpuConfig", "str", "function-before[_expand_policy(), PolicyConfig]",
+               "function-before[_default_kind(), tagged-union[SyntheticWorkload,TableWorkload]]"}
+
+
+def _key_path(loc: tuple) -> tuple:
+    # pydantic puts a union's tag (or branch type) into the location; the user's file has no such key.
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith("function-"))))
+
+
+def _fmt_path(path: tuple) -> str:
+    s = ""
+    for p in path:
+        s += f"[{p}]" if isinstance(p, int) else (f".{p}" if s else str(p))
+    return s or "(top level)"
+
+
+def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, int] | None = None) -> str:
+    msgs = []
+    for err in e.errors():
+        path = _key_path(err["loc"])
+        line = None
+        if lines:
+            for n in range(len(path), -1, -1):
+                if path[:n] in lines:
+                    line = lines[path[:n]]
+                    break
+        where = f"{source}:{line}" if line else source
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        got = err.get("input")
+        tail = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, (dict, list)) else f" (got {got!r})"
+        msgs.append(f"{where}: {_fmt_path(path)}: {msg}{tail}")
+    return "\n".join(dict.fromkeys(msgs))
+
+
+def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top level")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, source, lines)) from None
+    scenario._base_dir = Path(base_dir)
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every problem raises :class:`ScenarioError` naming file and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ScenarioError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    lines = _key_lines(node) if node is not None else {}
+    return parse_scenario(data, str(path), lines, base_dir=str(path.parent))

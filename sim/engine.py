@@ -1,0 +1,206 @@
+"""The SimPy engine: one server process that plans a step, prices it, waits that long, and completes it.
+
+    arrivals ─► Scheduler.schedule() ─► StepPlan ─► executor ─► seconds ─► Scheduler.complete()
+
+Arrivals are a sorted array, not processes: the server takes every request that has arrived when a
+step starts. One SimPy event per step, or per *span*: when the planned step is decode-only and
+nothing can change (no finish, no block shortage, no arrival) for ``k`` steps, those ``k`` steps are
+priced in closed form and taken at once. ``exact=True`` steps every iteration: the reference that
+spans must reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.catalog import GIB, ModelSpec
+from sim.config import PolicyConfig
+from sim.core import Sequence
+from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
+from sim.metrics import (FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, summarize)
+from sim.scheduler import Scheduler
+from sim.steptime import Executor
+from sim.workload import RequestTable
+
+
+@dataclass
+class PolicyResult:
+    policy: PolicyConfig
+    pool: KvPool
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+
+
+def resolved_token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
+    if policy.max_num_batched_tokens is not None:
+        return policy.max_num_batched_tokens
+    return 2048 if policy.prefill == "chunked" else max(2048, model.max_model_len)
+
+
+def make_kv(policy: PolicyConfig, pool: KvPool, model: ModelSpec) -> PagedKv | ContiguousKv:
+    a = policy.allocator
+    if a.kind == "paged":
+        return PagedKv(BlockPool(pool.num_blocks, pool.block_size, int(a.watermark * pool.num_blocks)))
+    alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
+    return ContiguousKv(alloc, a.reserve, model.max_model_len)
+
+
+def rejection_reasons(policy: PolicyConfig, kv, model: ModelSpec, budget: int, prompt: np.ndarray,
+                      output: np.ndarray) -> np.ndarray:
+    """Why each request can never be served (0 = it can). Checked up front, so the simulation always
+    progresses: a request admitted alone always fits, and the oldest running one is never preempted."""
+    reason = np.zeros(len(prompt), dtype=np.int8)
+    total = prompt + output
+    over_pool = kv.never_fits(prompt, output)
+    if policy.batching == "continuous" and policy.prefill != "chunked":
+        # a prefill is never split: a preempted (recomputed) request re-prefills all its tokens
+        prefill_max = total - 1 if kv.kind == "paged" else prompt
+        reason[prefill_max > budget] = 3
+    reason[over_pool] = 2
+    reason[total > model.max_model_len] = 1
+    return reason
+
+
+class Engine:
+    def __init__(self, requests: RequestTable, policy: PolicyConfig, model: ModelSpec, pool: KvPool,
+                 executor: Executor, *, horizon_s: float | None = None, exact: bool = False,
+                 record_steps: bool = True, progress: Callable[[int, int], None] | None = None) -> None:
+        self.requests = requests
+        self.policy = policy
+        self.model = model
+        self.pool = pool
+        self.executor = executor
+        self.horizon_s = horizon_s
+        self.exact = exact
+        self.record_steps = record_steps
+        self.progress = progress
+        self.kv = make_kv(policy, pool, model)
+        swap_pool = None
+        if policy.preemption == "swap" and self.kv.kind == "paged":
+            cpu_blocks = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
+            swap_pool = BlockPool(cpu_blocks, pool.block_size)
+        self.budget = resolved_token_budget(policy, model)
+        self.itl = ItlHistogram()
+        self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
+        self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
+        self.steps: list[tuple] = []
+        self.mem_slot_seconds = np.zeros(len(MEMORY_CLASSES))
+        self.num_steps = 0
+        self.seq_steps = 0
+        self.step_seconds = 0.0
+        self.num_preemptions = 0
+        self.num_done = 0
+
+    # ------------------------------------------------------------------------------------ run
+
+    def run(self) -> PolicyResult:
+        r = self.requests
+        reason = rejection_reasons(self.policy, self.kv, self.model, self.budget, r.prompt_tokens, r.output_tokens)
+        self.log.status[reason > 0] = REJECTED
+        self.log.reason[:] = reason
+        self._ids = np.flatnonzero(reason == 0)
+        self._next = 0
+        env = simpy.Environment()
+        env.process(self._serve(env))
+        env.run()
+        self._end_s = env.now
+        self._close_unfinished()
+        req = self.log.frame()
+        duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
+        summary = summarize(req, self.itl, self.mem_slot_seconds, duration, self.kv.capacity, self.step_seconds,
+                            self.num_steps, self.seq_steps, self.num_preemptions)
+        steps = pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))
+        return PolicyResult(self.policy, self.pool, req, steps, summary)
+
+    def _admit_arrivals(self, now: float) -> None:
+        ids, r = self._ids, self.requests
+        while self._next < len(ids) and r.arrival_s[ids[self._next]] <= now:
+            i = int(ids[self._next])
+            self.scheduler.add(Sequence(i, float(r.arrival_s[i]), int(r.prompt_tokens[i]), int(r.output_tokens[i])))
+            self._next += 1
+
+    def _next_event_s(self) -> float:
+        """The next time the scheduler must look again regardless of the batch: an arrival or the horizon."""
+        t = float(self.requests.arrival_s[self._ids[self._next]]) if self._next < len(self._ids) else math.inf
+        return min(t, self.horizon_s) if self.horizon_s is not None else t
+
+    def _serve(self, env: simpy.Environment):
+        sched = self.scheduler
+        loops = 0
+        while True:
+            now = env.now
+            if self.horizon_s is not None and now >= self.horizon_s:
+                return
+            self._admit_arrivals(now)
+            plan = sched.schedule()
+            if plan is None:
+                if sched.has_work():
+                    raise RuntimeError(f"scheduler stalled at t={now:.3f}s with {len(sched.waiting)} waiting, "
+                                       f"{len(sched.swapped)} swapped: a bug, please report it")
+                t = self._next_event_s()
+                if math.isinf(t):
+                    return
+                self._record(now, np.array([t - now]), None, sched.memory(), idle=True)
+                yield env.timeout(t - now)
+                continue
+            k = 1 if self.exact else sched.span_limit(plan)
+            times = self.executor.decode_span_s(plan, k) if k > 1 else None
+            if times is None:
+                dt = self.executor.step_time_s(plan)
+                yield env.timeout(dt)
+                mem = sched.complete(env.now)
+                self._record(now, np.array([dt]), plan, mem)
+            else:
+                ends = now + np.cumsum(times)
+                cut = int(np.searchsorted(ends, self._next_event_s(), side="left"))
+                if cut < k:  # stop at the first step that ends at or after the next arrival
+                    ends, times = ends[:cut + 1], times[:cut + 1]
+                yield env.timeout(float(ends[-1]) - now)
+                mem = sched.complete_span(ends)
+                self._record(now, times, plan, mem)
+            for seq, end_s in sched.done:
+                self.log.finish(seq, end_s)
+            self.num_done += len(sched.done)
+            sched.done.clear()
+            loops += 1
+            if self.progress is not None and loops % 512 == 0:
+                self.progress(self.num_done, len(self._ids))
+
+    def _record(self, start_s: float, times: np.ndarray, plan, mem, idle: bool = False) -> None:
+        mem = [np.broadcast_to(np.asarray(m, dtype=np.float64), times.shape) for m in mem]
+        slot_s = np.array([float(times @ m) for m in mem])
+        self.mem_slot_seconds += slot_s
+        total = float(times.sum())
+        k = 0 if idle else len(times)
+        if not idle:
+            self.num_steps += k
+            self.seq_steps += k * plan.num_seqs
+            self.step_seconds += total
+            self.num_preemptions += plan.num_preempted
+        if self.record_steps:
+            s = self.scheduler
+            row = (start_s, total, k,
+                   0 if idle else plan.num_seqs,
+                   0 if idle else plan.num_prefill_tokens,
+                   0 if idle else plan.num_decode_tokens,
+                   0 if idle else plan.decode_context_tokens,
+                   len(s.waiting), len(s.running), len(s.swapped),
+                   0 if idle else plan.num_preempted,
+                   0 if idle else len(plan.swap_in) + len(plan.swap_out))
+            self.steps.append(row + tuple(slot_s / total if total > 0 else slot_s))
+
+    def _close_unfinished(self) -> None:
+        s = self.scheduler
+        for seq in list(s.running) + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in s.running]:
+            if self.log.status[seq.seq_id] != FINISHED:
+                self.log.unfinished(seq, 4)
+        for i in self._ids[self._next:]:  # arrived after the horizon
+            self.log.status[i] = 3
+            self.log.reason[i] = 4

@@ -1,0 +1,458 @@
+"""KV-cache memory: the pool size, a paged block pool, and contiguous slab allocators (buddy, first-fit).
+
+Everything is placed for real. Block ``b`` of a pool of ``num_blocks`` blocks of ``block_size`` token
+slots is slice ``b`` of the GPU KV tensor; a contiguous slab is a run of consecutive token slots::
+
+    slot:   0        B        2B       3B            num_blocks*B
+            |block 0 |block 1 |block 2 |  ...  |block N-1|
+    slab:        [start ............ start+size)          (contiguous policies ignore block edges)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.catalog import GIB, GpuSpec, ModelSpec
+
+
+# ------------------------------------------------------------------------------------------ pool size
+
+
+class CapacityError(ValueError):
+    """The model does not fit in the GPU memory the scenario allows."""
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """How one GPU's memory is split, and the resulting KV pool (per tensor-parallel rank)."""
+
+    num_blocks: int
+    block_size: int
+    kv_bytes_per_token: int  # K and V, all layers, one rank
+    budget_bytes: int  # gpu_memory_utilization x memory - runtime overhead
+    weights_bytes: int
+    activation_bytes: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.num_slots * self.kv_bytes_per_token
+
+
+def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: int = 256) -> int:
+    """Peak activation memory of one forward pass over ``num_tokens`` (what vLLM's profiling run measures):
+    one layer's live tensors (hidden, residual, QKV, attention output, MLP intermediates) plus fp32 logits
+    for ``max_num_seqs`` sampled rows. An estimate; the GPU backend measures the real figure."""
+    h = model.hidden_size
+    qkv = (model.num_heads + 2 * model.kv_heads_per_gpu(tp) * tp) * model.head_dim // tp
+    mlp = (3 if model.gated_mlp else 2) * model.ffn_size // tp
+    per_token = (3 * h + qkv + mlp) * model.dtype_bytes
+    logits = max_num_seqs * (model.vocab_size // tp) * 4
+    return num_tokens * per_token + logits
+
+
+def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: float, block_size: int,
+            runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048) -> KvPool:
+    """Size the KV pool as vLLM does: budget - weights - peak activations, in whole blocks."""
+    if model.num_heads % tp:
+        raise CapacityError(f"{model.name}: {model.num_heads} attention heads do not split over tensor_parallel={tp}")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise CapacityError(f"{model.name}: {model.num_kv_heads} KV heads do not split over tensor_parallel={tp}")
+    budget = int(gpu.memory_bytes * gpu_memory_utilization - runtime_overhead_gib * GIB)
+    weights = model.num_params * model.dtype_bytes // tp
+    act = activation_bytes(model, tp, activation_tokens)
+    per_token = model.kv_bytes_per_token(tp)
+    num_blocks = (budget - weights - act) // (block_size * per_token)
+    if num_blocks <= 0:
+        need = (weights + act + block_size * per_token) / GIB
+        raise CapacityError(
+            f"{model.name} does not fit on {gpu.name} x{tp}: weights {weights / GIB:.1f} GiB + activations "
+            f"{act / GIB:.2f} GiB per GPU leave no room for KV cache in {budget / GIB:.1f} GiB "
+            f"(gpu_memory_utilization={gpu_memory_utilization}); needs at least {need:.1f} GiB: "
+            f"raise tensor_parallel or pick a larger GPU"
+        )
+    return KvPool(int(num_blocks), block_size, per_token, budget, weights, act)
+
+
+# ------------------------------------------------------------------------------------------ paged
+
+
+class BlockPool:
+    """``num_blocks`` physical blocks; free ones wait in a queue.
+
+    Guarantees: a block id is either in the free queue or held by exactly one owner's block table
+    (the caller keeps the tables); allocation takes from the head of the queue, freeing appends to the
+    tail, so allocation order is deterministic. ``watermark_blocks`` stay free on admission."""
+
+    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.watermark_blocks = watermark_blocks
+        self.free_queue: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def can_allocate(self, n: int, admission: bool = False) -> bool:
+        return n <= len(self.free_queue) - (self.watermark_blocks if admission else 0)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free_queue):
+            raise RuntimeError(f"allocate({n}) with {len(self.free_queue)} free blocks")
+        q = self.free_queue
+        return [q.popleft() for _ in range(n)]
+
+    def free(self, block_ids: list[int]) -> None:
+        self.free_queue.extend(block_ids)
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+# ------------------------------------------------------------------------------------------ contiguous
+
+
+def slab_tokens(reserve: str, prompt_tokens: int, output_tokens: int, max_model_len: int) -> int:
+    """Token slots a contiguous policy reserves for a request at admission (before allocator rounding).
+
+    max: the model's max length. oracle: exactly prompt + output. pow2: the prompt plus the output
+    length rounded up to a power of two (the PagedAttention paper's Orca (Pow2): true output 25 -> 32
+    reserved, at most 2x), capped at the max length.
+    NOTE: rounding prompt + output instead would make pow2 identical to oracle under a buddy allocator,
+    which rounds oracle's slab to that same power of two."""
+    if reserve == "max":
+        return max_model_len
+    if reserve == "pow2":
+        return min(prompt_tokens + (1 << (output_tokens - 1).bit_length()), max_model_len)
+    return prompt_tokens + output_tokens  # oracle
+
+
+class BuddyAllocator:
+    """Binary buddy allocator over ``[0, capacity)`` token slots.
+
+    A capacity that is not a power of two is covered by aligned power-of-two roots, largest first
+    (14400 = 8192 @0 + 4096 @8192 + 2048 @12288 + 64 @14336), so ``offset ^ size`` is always the buddy
+    inside a root. A request of ``n`` slots takes a block of ``2**ceil(log2 n)`` (the rounding is
+    external fragmentation); freed buddies merge back up to their root."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.roots: list[tuple[int, int]] = []  # (base, order), increasing base
+        base = 0
+        for order in range(capacity.bit_length() - 1, -1, -1):
+            if capacity & (1 << order):
+                self.roots.append((base, order))
+                base += 1 << order
+        self.max_order = self.roots[0][1] if self.roots else 0
+        self.free_lists: list[set[int]] = [set() for _ in range(self.max_order + 1)]
+        for b, o in self.roots:
+            self.free_lists[o].add(b)
+        self.allocated: dict[int, int] = {}  # start -> order
+        self._root_bases = [b for b, _ in self.roots]
+
+    @staticmethod
+    def order_for(n: int) -> int:
+        return (n - 1).bit_length()
+
+    def rounded(self, n: int) -> int:
+        return 1 << self.order_for(n)
+
+    def can_allocate(self, n: int) -> bool:
+        return any(self.free_lists[o] for o in range(self.order_for(n), self.max_order + 1))
+
+    def _root_order(self, start: int) -> int:
+        return self.roots[bisect.bisect_right(self._root_bases, start) - 1][1]
+
+    def allocate(self, n: int) -> int | None:
+        """Lowest-addressed block of the smallest sufficient order, split down; None if none is free."""
+        want = self.order_for(n)
+        for o in range(want, self.max_order + 1):
+            if self.free_lists[o]:
+                start = min(self.free_lists[o])
+                self.free_lists[o].remove(start)
+                while o > want:  # split, keeping the lower half, freeing the upper buddy
+                    o -= 1
+                    self.free_lists[o].add(start + (1 << o))
+                self.allocated[start] = want
+                return start
+        return None
+
+    def free(self, start: int) -> None:
+        o = self.allocated.pop(start)
+        top = self._root_order(start)
+        while o < top:
+            buddy = start ^ (1 << o)
+            if buddy not in self.free_lists[o]:
+                break
+            self.free_lists[o].remove(buddy)
+            start = min(start, buddy)
+            o += 1
+        self.free_lists[o].add(start)
+
+    def free_runs(self) -> list[tuple[int, int]]:
+        """(start, length) of every free block."""
+        return sorted((s, 1 << o) for o, fl in enumerate(self.free_lists) for s in fl)
+
+
+class FirstFitAllocator:
+    """Exact-size slabs at the lowest free address that fits; neighbours coalesce on free."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.starts: list[int] = [0] if capacity else []  # free runs, sorted by start
+        self.ends: list[int] = [capacity] if capacity else []
+        self.allocated: dict[int, int] = {}  # start -> size
+
+    def rounded(self, n: int) -> int:
+        return n
+
+    def can_allocate(self, n: int) -> bool:
+        return any(e - s >= n for s, e in zip(self.starts, self.ends))
+
+    def allocate(self, n: int) -> int | None:
+        for i, (s, e) in enumerate(zip(self.starts, self.ends)):
+            if e - s >= n:
+                if e - s == n:
+                    del self.starts[i], self.ends[i]
+                else:
+                    self.starts[i] = s + n
+                self.allocated[s] = n
+                return s
+        return None
+
+    def free(self, start: int) -> None:
+        end = start + self.allocated.pop(start)
+        i = bisect.bisect_left(self.starts, start)
+        if i > 0 and self.ends[i - 1] == start:  # merge with the run before
+            i -= 1
+            start = self.starts[i]
+            del self.starts[i], self.ends[i]
+        if i < len(self.starts) and self.starts[i] == end:  # and with the run after
+            end = self.ends[i]
+            del self.starts[i], self.ends[i]
+        self.starts.insert(i, start)
+        self.ends.insert(i, end)
+
+    def free_runs(self) -> list[tuple[int, int]]:
+        return [(s, e - s) for s, e in zip(self.starts, self.ends)]
+
+
+# ------------------------------------------------------------------------------------------ managers
+#
+# A manager places each sequence's cache and keeps the exact split of the pool, in token slots:
+#
+#   capacity = token_states + reservation + internal + rounding + free_slots
+#     token_states  slots holding computed K/V                     (= the scheduler's `filled`)
+#     reservation   allocated slots that the request will still fill
+#     internal      allocated slots it never fills: over-reservation, a last block's slack, or a
+#                   finished request's slab still held by its static batch
+#     rounding      slots an allocator took beyond the request (buddy rounding)
+#     free_slots    unallocated; counted as external fragmentation while a request waits for memory
+#
+# `alloc` is the allocated slots (excluding rounding and held), `capped` the part of it the request
+# will fill by its end, sum over i of min(alloc_i, max_kv_tokens_i).
+
+MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+
+def breakdown(capacity: int, filled, alloc, capped, rounding, held, blocked: bool):
+    """The five memory classes (token slots); works on scalars and on per-step numpy arrays alike."""
+    free_slots = capacity - alloc - rounding - held
+    ext = rounding + (free_slots if blocked else 0)
+    return filled, capped - filled, alloc - capped + held, ext, (0 * free_slots if blocked else free_slots)
+
+
+class PagedKv:
+    """Blocks taken on demand: a sequence holds ``ceil(slots needed / block_size)`` blocks."""
+
+    kind = "paged"
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.capacity = pool.num_blocks * pool.block_size
+        self.alloc = 0
+        self.capped = 0
+        self.rounding = 0
+        self.held = 0
+
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+        """Per request: even alone, its blocks exceed the pool above the admission watermark."""
+        need = blocks_for(np.asarray(prompt_tokens) + np.asarray(output_tokens) - 1, self.block_size)
+        return need > self.pool.num_blocks - self.pool.watermark_blocks
+
+    def _needed(self, seq, num_new: int) -> int:
+        return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
+
+    def can_admit(self, seq, num_new: int) -> bool:
+        return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
+
+    def can_grow(self, seq, num_new: int) -> bool:
+        return self.pool.can_allocate(self._needed(seq, num_new))
+
+    def grow(self, seq, num_new: int) -> None:
+        n = self._needed(seq, num_new)
+        if n:
+            self._add_blocks(seq, self.pool.allocate(n))
+
+    admit = grow
+
+    def _add_blocks(self, seq, block_ids: list[int]) -> None:
+        B, cap = self.block_size, seq.max_kv_tokens
+        old = len(seq.block_table) * B
+        seq.block_table.extend(block_ids)
+        new = len(seq.block_table) * B
+        self.alloc += new - old
+        self.capped += min(new, cap) - min(old, cap)
+
+    def free(self, seq) -> None:
+        B, cap = self.block_size, seq.max_kv_tokens
+        old = len(seq.block_table) * B
+        self.alloc -= old
+        self.capped -= min(old, cap)
+        self.pool.free(seq.block_table)
+        seq.block_table = []
+
+    def span_limit(self, seqs: list, k_max: int) -> int:
+        """Largest k <= k_max such that decode steps 2..k of ``seqs`` (step 1 already placed) find a
+        free block whenever one is needed. A sequence with ``c`` computed tokens writes slot ``c+j-1`` at
+        step ``j``; it needs a new block when that slot index is a multiple of block_size."""
+        if k_max <= 1:
+            return k_max
+        B = self.block_size
+        j0 = 2 + (-np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs)) - 1) % B
+        free = self.pool.num_free
+
+        def need(k: int) -> int:
+            return int(np.maximum(0, (k - j0) // B + 1).sum())
+
+        if need(k_max) <= free:
+            return k_max
+        lo, hi = 1, k_max  # need(1) == 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
+        return lo
+
+    def grow_span(self, seqs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Place the blocks decode steps 2..k need, in the order step-by-step allocation would
+        (by step, then by position in ``seqs``). Returns alloc and capped after each step 1..k."""
+        B = self.block_size
+        n = len(seqs)
+        alloc = np.full(k, self.alloc, dtype=np.int64)
+        capped = np.full(k, self.capped, dtype=np.int64)
+        if k <= 1:
+            return alloc, capped
+        c = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, n)
+        cap = np.fromiter((s.max_kv_tokens for s in seqs), np.int64, n)
+        j0 = 2 + (-c - 1) % B
+        counts = np.maximum(0, (k - j0) // B + 1)
+        total = int(counts.sum())
+        if total == 0:
+            return alloc, capped
+        who = np.repeat(np.arange(n), counts)
+        nth = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        step = j0[who] + nth * B
+        inc_capped = np.minimum(B, cap[who] - (c[who] + step - 1))
+        order = np.lexsort((who, step))  # by step, then by running order
+        block_ids = np.asarray(self.pool.allocate(total), dtype=np.int64)
+        # the i-th allocated block goes to crossing order[i]; regroup by sequence, keeping step order
+        by_seq = np.empty(total, dtype=np.int64)
+        by_seq[order] = block_ids
+        ends = np.cumsum(counts)
+        for i in np.flatnonzero(counts):
+            seqs[i].block_table.extend(by_seq[ends[i] - counts[i]:ends[i]].tolist())
+        per_step_alloc = np.bincount(step - 1, minlength=k)[:k] * B
+        per_step_capped = np.bincount(step - 1, weights=inc_capped, minlength=k)[:k].astype(np.int64)
+        alloc += np.cumsum(per_step_alloc)
+        capped += np.cumsum(per_step_capped)
+        self.alloc, self.capped = int(alloc[-1]), int(capped[-1])
+        return alloc, capped
+
+
+class ContiguousKv:
+    """One slab per request, reserved whole at admission; decodes never need memory."""
+
+    kind = "contiguous"
+
+    def __init__(self, allocator: BuddyAllocator | FirstFitAllocator, reserve: str, max_model_len: int) -> None:
+        self.allocator = allocator
+        self.reserve = reserve
+        self.max_model_len = max_model_len
+        self.capacity = allocator.capacity
+        self.alloc = 0
+        self.capped = 0
+        self.rounding = 0
+        self.held = 0
+
+    def slab_for(self, seq) -> int:
+        return slab_tokens(self.reserve, seq.prompt_tokens, seq.output_tokens, self.max_model_len)
+
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+        """Per request: its slab exceeds the largest block the allocator can ever form."""
+        p, o = np.asarray(prompt_tokens, np.int64), np.asarray(output_tokens, np.int64)
+        if self.reserve == "max":
+            slab = np.full(p.shape, self.max_model_len, dtype=np.int64)
+        elif self.reserve == "pow2":  # vectorized slab_tokens
+            slab = np.minimum(p + np.left_shift(1, np.ceil(np.log2(o)).astype(np.int64)), self.max_model_len)
+        else:
+            slab = p + o
+        largest = (1 << self.allocator.max_order) if isinstance(self.allocator, BuddyAllocator) else self.capacity
+        return (slab > largest) | (self.capacity == 0)
+
+    def can_admit(self, seq, num_new: int) -> bool:
+        return seq.slab_start is not None or self.allocator.can_allocate(self.slab_for(seq))
+
+    def admit(self, seq, num_new: int) -> None:
+        if seq.slab_start is not None:
+            return
+        n = self.slab_for(seq)
+        start = self.allocator.allocate(n)
+        if start is None:
+            raise RuntimeError(f"no slab of {n} slots free")
+        seq.slab_start, seq.slab_tokens, seq.slab_rounded = start, n, self.allocator.rounded(n)
+        self.alloc += n
+        self.capped += min(n, seq.max_kv_tokens)
+        self.rounding += seq.slab_rounded - n
+
+    def can_grow(self, seq, num_new: int) -> bool:
+        return True  # the slab covers the whole request
+
+    def grow(self, seq, num_new: int) -> None:
+        pass
+
+    def free(self, seq) -> None:
+        if seq.slab_start is None:
+            return
+        self.alloc -= seq.slab_tokens
+        self.capped -= min(seq.slab_tokens, seq.max_kv_tokens)
+        self.rounding -= seq.slab_rounded - seq.slab_tokens
+        self.allocator.free(seq.slab_start)
+        seq.slab_start = None
+
+    def hold(self, seq) -> None:
+        """A finished request of a static batch keeps its slab until the batch ends (internal waste)."""
+        self.alloc -= seq.slab_tokens
+        self.capped -= min(seq.slab_tokens, seq.max_kv_tokens)
+        self.held += seq.slab_tokens
+
+    def release(self, seq) -> None:
+        self.held -= seq.slab_tokens
+        self.alloc += seq.slab_tokens
+        self.capped += min(seq.slab_tokens, seq.max_kv_tokens)
+        self.free(seq)
+
+    def span_limit(self, seqs: list, k_max: int) -> int:
+        return k_max
+
+    def grow_span(self, seqs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.full(k, self.alloc, dtype=np.int64), np.full(k, self.capped, dtype=np.int64)

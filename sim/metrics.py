@@ -1,0 +1,171 @@
+"""Per-request results (columnar), step records, the inter-token-latency histogram and the summary.
+
+Metric names follow vLLM's serving benchmark (references.md):
+  TTFT = first token - arrival; TPOT = (E2EL - TTFT) / (output - 1); ITL = each gap between consecutive
+  output tokens of a request (a preemption stall included); E2EL = finish - arrival;
+  normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from sim.kv import MEMORY_CLASSES
+
+PENDING, FINISHED, REJECTED, UNFINISHED = 0, 1, 2, 3
+STATUS_NAMES = {PENDING: "pending", FINISHED: "finished", REJECTED: "rejected", UNFINISHED: "unfinished"}
+REASONS = {
+    0: "",
+    1: "exceeds_max_model_len",
+    2: "exceeds_kv_pool",
+    3: "prefill_exceeds_token_budget",
+    4: "horizon",
+}
+
+
+class RequestLog:
+    """One row per input request, in columns (bounded memory for long traces)."""
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> None:
+        n = len(arrival_s)
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.status = np.zeros(n, dtype=np.int8)
+        self.reason = np.zeros(n, dtype=np.int8)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.num_preemptions = np.zeros(n, dtype=np.int32)
+        self.generated_tokens = np.zeros(n, dtype=np.int64)
+
+    def finish(self, seq, end_s: float) -> None:
+        i = seq.seq_id
+        self.status[i] = FINISHED
+        self.first_token_s[i] = seq.first_token_s
+        self.finish_s[i] = end_s
+        self.num_preemptions[i] = seq.num_preemptions
+        self.generated_tokens[i] = seq.num_output_tokens
+
+    def unfinished(self, seq, reason: int) -> None:
+        i = seq.seq_id
+        self.status[i] = UNFINISHED
+        self.reason[i] = reason
+        if seq.first_token_s is not None:
+            self.first_token_s[i] = seq.first_token_s
+        self.num_preemptions[i] = seq.num_preemptions
+        self.generated_tokens[i] = seq.num_output_tokens
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame({
+            "request_id": np.arange(len(self.arrival_s)),
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "status": pd.Categorical.from_codes(self.status, list(STATUS_NAMES.values())),
+            "reason": pd.Categorical.from_codes(self.reason, list(REASONS.values())),
+            "first_token_s": self.first_token_s,
+            "finish_s": self.finish_s,
+            "num_preemptions": self.num_preemptions,
+            "generated_tokens": self.generated_tokens,
+        })
+        df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
+        df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df["tpot_ms"] = np.where(df.output_tokens > 1, (df.e2el_ms - df.ttft_ms) / (df.output_tokens - 1), np.nan)
+        df["normalized_latency_s"] = df.e2el_ms / 1e3 / df.output_tokens
+        return df
+
+
+class ItlHistogram:
+    """Inter-token latencies in log-spaced bins 0.23 % wide from 0.1 us to 1e5 s, with their exact
+    count and sum: percentiles to bin precision, the mean exact, memory independent of run length."""
+
+    LO, PER_DECADE, DECADES = 1e-7, 1000, 12
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.PER_DECADE * self.DECADES + 1, dtype=np.float64)
+        self.count = 0.0
+        self.total = 0.0
+        self._buf: list[float] = []
+
+    def _bins(self, v: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            i = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.PER_DECADE)
+        return np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
+
+    def add(self, value: float) -> None:
+        self._buf.append(value)
+        if len(self._buf) >= 8192:
+            self._flush()
+
+    def add_repeated(self, values: np.ndarray, times: int) -> None:
+        self.counts += np.bincount(self._bins(values), minlength=len(self.counts)) * times
+        self.count += len(values) * times
+        self.total += float(values.sum()) * times
+
+    def _flush(self) -> None:
+        if self._buf:
+            v = np.asarray(self._buf)
+            self.counts += np.bincount(self._bins(v), minlength=len(self.counts))
+            self.count += len(v)
+            self.total += float(v.sum())
+            self._buf = []
+
+    def mean(self) -> float:
+        self._flush()
+        return self.total / self.count if self.count else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Value at quantile q (0..1): the geometric centre of the bin holding it."""
+        self._flush()
+        if not self.count:
+            return math.nan
+        i = int(np.searchsorted(np.cumsum(self.counts), q * self.count, side="left"))
+        return self.LO * 10 ** ((min(i, len(self.counts) - 1) + 0.5) / self.PER_DECADE)
+
+
+STEP_COLUMNS = ("start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+                "num_context_tokens", "num_waiting", "num_running", "num_swapped", "num_preempted",
+                "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
+
+
+def _nan_to_none(x: float):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
+              capacity_tokens: int, step_seconds: float, num_steps: int, seq_steps: int, num_preemptions: int) -> dict:
+    """The headline metrics of one policy's run, with vLLM's serving-benchmark names."""
+    fin = requests[requests.status == "finished"]
+    out: dict[str, float | int | None] = {
+        "num_requests": int(len(requests)),
+        "num_finished": int(len(fin)),
+        "num_rejected": int((requests.status == "rejected").sum()),
+        "num_unfinished": int((requests.status == "unfinished").sum()),
+        "duration_s": duration_s,
+        "request_throughput": len(fin) / duration_s if duration_s > 0 else math.nan,
+        "output_throughput": float(fin.output_tokens.sum()) / duration_s if duration_s > 0 else math.nan,
+        "total_token_throughput": float((fin.prompt_tokens + fin.output_tokens).sum()) / duration_s
+        if duration_s > 0 else math.nan,
+    }
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        v = fin[name].dropna().to_numpy()
+        out[f"mean_{name}"] = float(v.mean()) if len(v) else math.nan
+        out[f"median_{name}"] = float(np.median(v)) if len(v) else math.nan
+        out[f"p99_{name}"] = float(np.percentile(v, 99)) if len(v) else math.nan
+    out["mean_itl_ms"] = itl.mean() * 1e3
+    out["median_itl_ms"] = itl.quantile(0.5) * 1e3
+    out["p99_itl_ms"] = itl.quantile(0.99) * 1e3
+    out["mean_normalized_latency_s"] = float(fin.normalized_latency_s.mean()) if len(fin) else math.nan
+    out["mean_batch_size"] = seq_steps / num_steps if num_steps else 0.0
+    out["num_steps"] = int(num_steps)
+    out["num_preemptions"] = int(num_preemptions)
+    out["kv_capacity_tokens"] = int(capacity_tokens)
+    total = mem_slot_seconds.sum()
+    for name, v in zip(MEMORY_CLASSES, mem_slot_seconds):
+        out[f"memory.{name}"] = float(v / total) if total > 0 else math.nan
+    out["busy_fraction"] = step_seconds / duration_s if duration_s > 0 else math.nan
+    return {k: _nan_to_none(v) for k, v in out.items()}

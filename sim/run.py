@@ -1,0 +1,180 @@
+"""The Python API: ``run(scenario) -> RunResult``, and writing a run's result files.
+
+    from sim import run
+    result = run("scenarios/quickstart.yaml")
+    result.summary()["policies"]["vllm"]["request_throughput"]
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from sim.catalog import GIB, GpuSpec, ModelSpec
+from sim.config import PolicyConfig, Scenario, ScenarioError, load_scenario
+from sim.engine import Engine, PolicyResult, resolved_token_budget
+from sim.kv import CapacityError, KvPool, kv_pool
+from sim.steptime import Executor, RooflineStepTime
+from sim.workload import RequestTable, load_requests
+
+ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, KvPool, bool], Executor]
+
+
+def roofline_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, paged: bool) -> Executor:
+    return RooflineStepTime(model, gpu, scenario.tensor_parallel, scenario.step_time, paged)
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GpuSpec
+    requests: RequestTable
+    policies: dict[str, PolicyResult] = field(default_factory=dict)
+
+    def workload_summary(self) -> dict:
+        r = self.requests
+        n = len(r)
+        span = float(r.arrival_s[-1] - r.arrival_s[0]) if n > 1 else 0.0
+        return {
+            "source": r.source,
+            "num_requests": n,
+            "span_s": span,
+            "mean_request_rate": (n - 1) / span if span > 0 else None,
+            "mean_prompt_tokens": float(r.prompt_tokens.mean()) if n else None,
+            "mean_output_tokens": float(r.output_tokens.mean()) if n else None,
+            "max_prompt_tokens": int(r.prompt_tokens.max()) if n else None,
+            "max_output_tokens": int(r.output_tokens.max()) if n else None,
+            "dropped_rows": dict(r.dropped),
+        }
+
+    def summary(self) -> dict:
+        """``{"scenario": ..., "policies": {name: {metric: value}}}``, as written to summary.json."""
+        s = self.scenario
+        m = self.model
+        pools = {}
+        for name, res in self.policies.items():
+            p = res.pool
+            pools[name] = {"num_blocks": p.num_blocks, "block_size": p.block_size, "kv_capacity_tokens": p.num_slots,
+                           "kv_capacity_gib": p.kv_bytes / GIB, "kv_bytes_per_token": p.kv_bytes_per_token,
+                           "weights_gib": p.weights_bytes / GIB, "activation_gib": p.activation_bytes / GIB,
+                           "budget_gib": p.budget_bytes / GIB,
+                           "max_num_batched_tokens": resolved_token_budget(res.policy, m)}
+        scenario = {
+            **s.model_dump(mode="json"),
+            "resolved": {
+                "model": {"name": m.name, "num_params": m.num_params, "num_layers": m.num_layers,
+                          "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
+                          "max_model_len": m.max_model_len, "kv_bytes_per_token": m.kv_bytes_per_token(1)},
+                "gpu": {"name": self.gpu.name, "memory_gib": self.gpu.memory_bytes / GIB,
+                        "hbm_gb_per_s": self.gpu.hbm_bytes_per_s / 1e9, "tflops": self.gpu.flops_per_s / 1e12},
+                "kv_pools": pools,
+                "workload": self.workload_summary(),
+            },
+            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+        }
+        return {"scenario": scenario, "policies": {n: r.summary for n, r in self.policies.items()}}
+
+
+def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig) -> KvPool:
+    """The KV pool one policy gets: the same memory for every policy, split into its block size."""
+    try:
+        return kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
+                       block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
+                       activation_tokens=scenario.activation_reserve_tokens)
+    except CapacityError as e:
+        raise ScenarioError(f"{scenario.name}: {e}") from None
+
+
+def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], None] | None = None,
+        executor: ExecutorFactory = roofline_executor, requests: RequestTable | None = None) -> RunResult:
+    """Simulate every policy of the scenario on the same requests."""
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    model = scenario.model_spec()
+    gpu = scenario.gpu_spec()
+    if requests is None:
+        requests = load_requests(scenario)
+    if len(requests) == 0:
+        raise ScenarioError(f"{scenario.name}: the workload has no requests")
+    result = RunResult(scenario, model, gpu, requests)
+    for policy in scenario.policies:
+        pool = policy_pool(scenario, model, gpu, policy)
+        cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
+        engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy.allocator.kind == "paged"),
+                        horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=scenario.record_steps,
+                        progress=cb)
+        result.policies[policy.name] = engine.run()
+    return result
+
+
+def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -> dict[str, Path]:
+    """summary.json, requests.parquet and steps.parquet (all policies, a ``policy`` column), report.html."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet"}
+    paths["summary"].write_text(json.dumps(result.summary(), indent=2))
+    frames = {"requests": [], "steps": []}
+    for name, res in result.policies.items():
+        frames["requests"].append(res.requests.assign(policy=name))
+        frames["steps"].append(res.steps.assign(policy=name))
+    for key, fs in frames.items():
+        df = pd.concat(fs, ignore_index=True)
+        df["policy"] = df["policy"].astype("category")
+        df.to_parquet(paths[key], index=False)
+    if report:
+        from reports.html import write_report
+
+        paths["report"] = write_report(out)
+    return paths
+
+
+def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, exact: bool = False,
+               report: bool = True, console=None) -> tuple[dict, dict[str, Path]]:
+    """``sim run``: load, simulate with a progress bar, write the result files; returns (summary, paths)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    scenario = load_scenario(scenario_path)
+    if exact:
+        scenario = scenario.model_copy(update={"exact": True})
+    out = Path(out_dir) if out_dir is not None else Path("runs") / _slug(scenario.name)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=done)
+
+        result = run(scenario, progress=progress)
+    paths = write_results(result, out, report=report)
+    return result.summary(), paths
+
+
+def _slug(name: str) -> str:
+    s = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
+    return s or "run"
+
+
+def check_scenario(scenario_path: str | Path) -> list[str]:
+    """``sim check``: validate everything a run would need, without simulating."""
+    scenario = load_scenario(scenario_path)
+    model, gpu = scenario.model_spec(), scenario.gpu_spec()
+    requests = load_requests(scenario)
+    if len(requests) == 0:
+        raise ScenarioError(f"{scenario_path}: the workload has no requests")
+    lines = [f"{scenario_path}: ok", f"model {model.name} on {scenario.tensor_parallel} x {gpu.name}; "
+             f"{len(requests):,} requests from {requests.source}"]
+    for policy in scenario.policies:
+        pool = policy_pool(scenario, model, gpu, policy)
+        lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator, KV pool "
+                     f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB, {pool.num_blocks} blocks of {pool.block_size})")
+    return lines

@@ -1,0 +1,92 @@
+"""Step-time models: ``StepPlan`` -> seconds. The simulator's executor.
+
+The roofline model prices each part of a step at the slower of its compute and its memory traffic,
+at documented fractions of the GPU's peak. Everything is per tensor-parallel rank (ranks run in
+parallel), plus the all-reduces that join them.
+
+    linear layers   max(2 * tokens * params / tp / FLOP/s,  weights / tp / bandwidth)
+    prefill attn    4 * head_dim * heads / tp * layers * (query-key pairs)  / FLOP/s
+    decode attn     keys read * KV bytes per token (one rank)               / bandwidth
+    LM head         max(2 * sampled rows * hidden * vocab / tp / FLOP/s,  LM-head weights / tp / bandwidth)
+    all-reduce      2 per layer of tokens * hidden * 2 bytes over the GPU link (ring), when tp > 1
+    swap            bytes over the host link + a fixed cost per block copy (per layer, K and V)
+    overhead        per step + per scheduled sequence
+
+A decode-only span (the same batch, every context one longer each step) has a closed form, which
+the engine uses to skip quiet stretches: step j costs ``fixed(batch) + per_key * (keys_0 + j*batch)``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from sim.catalog import GpuSpec, ModelSpec
+from sim.config import RooflineConfig
+from sim.core import StepPlan
+
+
+class Executor(Protocol):
+    """What the engine needs of whatever runs (or prices) a step."""
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        """Seconds the step takes (predicted or measured)."""
+
+    def decode_span_s(self, plan: StepPlan, k: int) -> np.ndarray | None:
+        """Seconds of ``k`` decode steps that repeat ``plan`` with every context one token longer each
+        step; None where no closed form exists (the engine then steps one at a time)."""
+
+
+class RooflineStepTime:
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig, paged: bool) -> None:
+        self.cfg = cfg
+        self.tp = tp
+        m = model
+        flops = gpu.flops_per_s
+        bw = gpu.hbm_bytes_per_s * cfg.bandwidth_efficiency
+        self._matmul_flops = flops * cfg.matmul_efficiency
+        self._attn_flops = flops * cfg.attention_efficiency
+        self._bw = bw
+        w = m.dtype_bytes
+        self._linear_params = m.num_layers * m.linear_params_per_layer / tp
+        self._linear_weight_s = self._linear_params * w / bw
+        self._lm_params = m.hidden_size * m.vocab_size / tp
+        self._lm_weight_s = self._lm_params * w / bw
+        # seconds per query-key pair of prefill attention, per key read by a decode
+        self._pair_s = 4 * m.head_dim * (m.num_heads / tp) * m.num_layers / self._attn_flops
+        self._key_s = m.kv_bytes_per_token(tp) / bw * (1 + (cfg.paged_attention_overhead if paged else 0.0))
+        self._ar_bytes_per_token = m.hidden_size * w
+        self._ar_count = 2 * m.num_layers if tp > 1 else 0
+        self._link = gpu.interconnect_bytes_per_s
+        self._host = gpu.host_bytes_per_s
+        self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
+        self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
+
+    def _fixed_s(self, num_tokens: int, num_seqs: int, num_sampled: int) -> float:
+        """Everything but attention: it depends on the token and sequence counts only."""
+        c = self.cfg
+        t = max(2 * num_tokens * self._linear_params / self._matmul_flops, self._linear_weight_s)
+        if num_sampled:
+            t += max(2 * num_sampled * self._lm_params / self._matmul_flops, self._lm_weight_s)
+        if self._ar_count:
+            ring = 2 * (self.tp - 1) / self.tp * num_tokens * self._ar_bytes_per_token / self._link
+            t += self._ar_count * (c.allreduce_latency_s + ring)
+        return t + c.step_overhead_s + c.per_sequence_overhead_s * num_seqs
+
+    def swap_s(self, num_blocks: int, block_size: int) -> float:
+        if not num_blocks:
+            return 0.0
+        return (num_blocks * block_size * self._kv_bytes_per_token / self._host
+                + num_blocks * self._block_copies * self.cfg.swap_copy_overhead_s)
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        t = self._fixed_s(plan.num_tokens, plan.num_seqs, plan.num_sampled)
+        t += plan.prefill_attention_pairs * self._pair_s + plan.decode_context_tokens * self._key_s
+        return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
+
+    def decode_span_s(self, plan: StepPlan, k: int) -> np.ndarray:
+        n = plan.num_seqs
+        fixed = self._fixed_s(n, n, n)
+        keys = plan.decode_context_tokens + n * np.arange(k, dtype=np.float64)
+        return fixed + keys * self._key_s

@@ -1,0 +1,78 @@
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+SMALL = """\
+name: small <b>run</b>
+model: opt-13b
+gpu: a100-40gb
+workload: {arrival: {kind: poisson, rate: 3}, lengths: alpaca, num_requests: 60, seed: 5}
+policies: [fastertransformer, orca-max, orca-pow2, orca-oracle, vllm]
+"""
+
+
+def scen(tmp_path, text=SMALL):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_run_writes_results_and_report(tmp_path):
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(scen(tmp_path)), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert list(s["policies"]) == ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]
+    m = s["policies"]["vllm"]
+    for key in ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
+                "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+                "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "mean_normalized_latency_s",
+                "mean_batch_size", "num_preemptions", "num_requests", "num_finished", "num_rejected",
+                "num_unfinished", "kv_capacity_tokens", "memory.token_states", "memory.reservation",
+                "memory.internal_fragmentation", "memory.external_fragmentation", "memory.free"):
+        assert key in m, key
+    assert s["scenario"]["name"] == "small <b>run</b>" and s["scenario"]["resolved"]["kv_pools"]["vllm"]["block_size"] == 16
+    req = pd.read_parquet(out / "requests.parquet")
+    assert len(req) == 5 * 60 and set(req.policy) == set(s["policies"])
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert {"start_s", "duration_s", "num_steps", "mem_token_states"} <= set(steps.columns)
+    html = (out / "report.html").read_text()
+    assert "small &lt;b&gt;run&lt;/b&gt;" in html and "<b>run</b>" not in html
+    assert "vllm" in r.output  # the printed summary table
+
+
+def test_check_validates_without_running(tmp_path):
+    r = runner.invoke(app, ["check", str(scen(tmp_path))])
+    assert r.exit_code == 0, r.output
+    assert "ok" in r.output and "KV pool" in r.output
+
+
+def test_user_errors_exit_2_without_traceback(tmp_path):
+    bad = scen(tmp_path, SMALL.replace("rate: 3", "rate: -3"))
+    for cmd in (["run", str(bad)], ["check", str(bad)], ["run", str(tmp_path / "missing.yaml")]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2, (cmd, r.output)
+        assert "Traceback" not in r.output and "error:" in r.output
+    big = scen(tmp_path, SMALL.replace("opt-13b", "opt-175b"))
+    r = runner.invoke(app, ["check", str(big)])
+    assert r.exit_code == 2 and "does not fit" in r.output
+
+
+def test_sim_runs_without_torch(tmp_path):
+    """sim/ and the CLI's `run` never import torch or triton (they are an optional extra)."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
+            "from cli import app\n"
+            f"app(['run', {str(scen(tmp_path))!r}, '--out', {str(tmp_path / 'o')!r}])")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "o" / "report.html").exists()

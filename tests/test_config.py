@@ -1,0 +1,107 @@
+"""Scenario validation: every mistake is one clear line naming the file, line and key path."""
+
+import textwrap
+
+import pytest
+
+from sim.config import POLICY_PRESETS, ScenarioError, load_scenario, parse_scenario
+
+BASE = """\
+name: t
+model: opt-13b
+gpu: a100-40gb
+workload:
+  arrival: {kind: poisson, rate: 2.0}
+  lengths: sharegpt
+  num_requests: 10
+policies: [vllm]
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def err(tmp_path, text) -> str:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(write(tmp_path, text))
+    return str(e.value)
+
+
+def test_valid_scenario_loads(tmp_path):
+    s = load_scenario(write(tmp_path, BASE))
+    assert s.policies[0].name == "vllm" and s.policies[0].allocator.kind == "paged"
+    assert s.workload.prompt.mean == pytest.approx(161.31)
+
+
+@pytest.mark.parametrize("bad,expect", [
+    (BASE + "colour: red\n", "s.yaml:9: colour: unknown key"),
+    (BASE.replace("rate: 2.0", "rate: -1"), "s.yaml:5: workload.arrival.rate: Input should be greater than 0 (got -1)"),
+    (BASE.replace("rate: 2.0", "rate: fast"), "workload.arrival.rate: Input should be a valid number"),
+    (BASE.replace("rate: 2.0", "rate: 0"), "workload.arrival.rate: Input should be greater than 0"),
+    (BASE.replace("kind: poisson", "kind: weibull"), "workload.arrival"),
+    (BASE.replace("num_requests: 10", "num_requests: 0"), "workload.num_requests: Input should be greater than 0"),
+    (BASE.replace("  num_requests: 10\n", ""), "needs a stop"),
+    (BASE.replace("[vllm]", "[vllm, turbo]"), "s.yaml:8: policies[1]: unknown preset 'turbo'"),
+    (BASE.replace("[vllm]", "[]"), "policies: List should have at least 1 item"),
+    (BASE.replace("[vllm]", "[vllm, vllm]"), "policy names must be unique"),
+    (BASE.replace("[vllm]", "[{preset: vllm, block_size: 0}]"), "policies[0].block_size: Input should be greater than 0"),
+    (BASE.replace("[vllm]", "[{preset: orca-max, allocator: {reserve: half}}]"),
+     "policies[0].allocator.reserve: Input should be 'max', 'pow2' or 'oracle' (got 'half')"),
+    (BASE.replace("[vllm]", "[{preset: vllm, preemption: pause}]"), "policies[0].preemption"),
+    (BASE.replace("[vllm]", "[{preset: fastertransformer, allocator: {kind: paged}}]"),
+     "static batching reserves memory per batch"),
+    (BASE.replace("model: opt-13b", "model: gpt-5"), "unknown model 'gpt-5'"),
+    (BASE.replace("gpu: a100-40gb", "gpu: tpu"), "unknown gpu 'tpu'"),
+    (BASE.replace("gpu: a100-40gb", "gpu: {name: x, memory_gib: 10}"), "gpu.hbm_gb_per_s: required key is missing"),
+    (BASE + "gpu_memory_utilization: 1.5\n", "gpu_memory_utilization: Input should be less than or equal to 1"),
+    (BASE + "tensor_parallel: 0\n", "tensor_parallel: Input should be greater than 0"),
+    (BASE.replace("lengths: sharegpt", "lengths: sharegpt\n  prompt: {kind: fixed, tokens: 5}"), "not both"),
+    (BASE.replace("lengths: sharegpt", "prompt: {kind: uniform, low: 9, high: 3}\n  output: {kind: fixed, tokens: 1}"),
+     "high (3) must be >= low (9)"),
+    (BASE.replace("lengths: sharegpt", "prompt: {kind: lognormal, mean: 100, cv: 1, max: 50}\n  output: {kind: fixed, tokens: 1}"),
+     "mean (100.0) must be below max (50)"),
+    ("[1, 2]\n", "expected a mapping of scenario keys"),
+    ("name: [unclosed\n", "not valid YAML"),
+])
+def test_bad_scenarios_name_the_key(tmp_path, bad, expect):
+    msg = err(tmp_path, bad)
+    assert expect in msg, msg
+    assert "Traceback" not in msg
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ScenarioError, match="no such scenario file"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_every_preset_validates():
+    for name in POLICY_PRESETS:
+        s = parse_scenario({"name": "x", "model": "opt-13b", "gpu": "a100-40gb",
+                            "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 5},
+                            "policies": [name]})
+        assert s.policies[0].preset == name
+
+
+def test_preset_fields_are_overridable():
+    s = parse_scenario({"name": "x", "model": "opt-13b", "gpu": "a100-40gb",
+                        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 5},
+                        "policies": [{"preset": "vllm", "name": "v32", "block_size": 32, "preemption": "swap",
+                                      "allocator": {"watermark": 0.05}},
+                                     {"preset": "orca-oracle", "allocator": {"placement": "first-fit"}}]})
+    v, o = s.policies
+    assert (v.name, v.block_size, v.preemption, v.allocator.watermark) == ("v32", 32, "swap", 0.05)
+    assert (o.allocator.reserve, o.allocator.placement) == ("oracle", "first-fit")
+
+
+def test_model_from_config_path_relative_to_scenario(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,'
+                                                 '"intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 512}')
+    s = load_scenario(write(tmp_path, BASE.replace("model: opt-13b", "model: m/config.json")))
+    assert s.model_spec().num_layers == 2
+    s2 = load_scenario(write(tmp_path, BASE.replace("model: opt-13b", "model: missing/config.json")))
+    with pytest.raises(ScenarioError, match="no such model config file"):
+        s2.model_spec()

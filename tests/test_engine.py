@@ -1,0 +1,179 @@
+"""Whole simulations: determinism, accounting, invariants after every step, exact vs span equivalence,
+and the paper's direction."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import run
+from sim.kv import MEMORY_CLASSES
+from sim.scheduler import Scheduler
+
+SIX = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm", "vllm-v1"]
+
+
+def small(make_scenario, rate=4.0, n=200, policies=SIX, **over):
+    over.setdefault("workload", {"arrival": {"kind": "poisson", "rate": rate}, "lengths": "sharegpt",
+                                 "num_requests": n, "seed": 1})
+    return make_scenario(policies=policies, **over)
+
+
+def test_same_seed_same_results(make_scenario):
+    a = run(small(make_scenario))
+    b = run(small(make_scenario))
+    for name in a.policies:
+        pd.testing.assert_frame_equal(a.policies[name].requests, b.policies[name].requests)
+        assert a.policies[name].summary == b.policies[name].summary
+
+
+def test_every_request_is_accounted_for(make_scenario):
+    s = small(make_scenario, n=300, horizon_s=40.0,
+              workload={"arrival": {"kind": "poisson", "rate": 6.0}, "num_requests": 300, "seed": 2,
+                        "prompt": {"kind": "uniform", "low": 1, "high": 1500},
+                        "output": {"kind": "uniform", "low": 1, "high": 1200}})
+    r = run(s)
+    for name, res in r.policies.items():
+        m = res.summary
+        assert m["num_finished"] + m["num_rejected"] + m["num_unfinished"] == m["num_requests"] == 300
+        df = res.requests
+        rej = df[df.status == "rejected"]
+        assert (rej.reason == "exceeds_max_model_len").sum() == ((df.prompt_tokens + df.output_tokens) > 2048).sum()
+        assert m["num_unfinished"] > 0 and set(df[df.status == "unfinished"].reason) == {"horizon"}
+        fin = df[df.status == "finished"]
+        assert (fin.generated_tokens == fin.output_tokens).all()
+        assert (fin.finish_s >= fin.first_token_s).all() and (fin.first_token_s > fin.arrival_s).all()
+
+
+def test_memory_classes_add_up(make_scenario):
+    r = run(small(make_scenario))
+    for res in r.policies.values():
+        assert sum(res.summary[f"memory.{c}"] for c in MEMORY_CLASSES) == pytest.approx(1.0)
+        st = res.steps
+        total = st[[f"mem_{c}" for c in MEMORY_CLASSES]].sum(axis=1)
+        assert np.allclose(total, res.summary["kv_capacity_tokens"])
+        assert (st[[f"mem_{c}" for c in MEMORY_CLASSES]] >= -1e-9).all().all()
+
+
+def _check_invariants(sched: Scheduler) -> None:
+    kv = sched.kv
+    live = sched.running + [s for s in sched.batch if s not in sched.running]
+    assert sched.filled == sum(s.num_computed_tokens for s in sched.running)
+    if kv.kind == "paged":
+        held = [b for s in sched.running for b in s.block_table]
+        assert len(held) == len(set(held)), "a block has two owners"
+        assert len(held) + kv.pool.num_free == kv.pool.num_blocks
+        for s in sched.running:
+            assert len(s.block_table) * kv.block_size >= s.num_computed_tokens
+        for s in list(sched.waiting) + sched.swapped:
+            assert s.block_table == []
+    else:
+        spans = sorted((s.slab_start, s.slab_start + s.slab_rounded) for s in live)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "slabs overlap"
+        used = sum(e - b for b, e in spans)
+        assert used + sum(n for _, n in kv.allocator.free_runs()) == kv.capacity
+    assert sum(sched.memory()) == kv.capacity
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_invariants_hold_after_every_step(make_scenario, monkeypatch, exact):
+    orig, orig_span = Scheduler.complete, Scheduler.complete_span
+    calls = {"n": 0}
+
+    def complete(self, end_s):
+        mem = orig(self, end_s)
+        _check_invariants(self)
+        calls["n"] += 1
+        return mem
+
+    def complete_span(self, ends):
+        mem = orig_span(self, ends)
+        _check_invariants(self)
+        calls["n"] += 1
+        return mem
+
+    monkeypatch.setattr(Scheduler, "complete", complete)
+    monkeypatch.setattr(Scheduler, "complete_span", complete_span)
+    pols = SIX + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.05},
+                  {"preset": "orca-oracle", "name": "ff", "allocator": {"placement": "first-fit"}}]
+    r = run(small(make_scenario, rate=20.0, n=120, policies=pols, exact=exact))
+    assert calls["n"] > 100
+    assert r.policies["vllm"].summary["num_preemptions"] > 0
+    assert r.policies["swap"].requests.num_preemptions.sum() > 0
+    for res in r.policies.values():  # every block free at the end
+        assert res.summary["num_finished"] == 120
+
+
+def assert_same_requests(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    for col in ("status", "reason", "generated_tokens", "num_preemptions"):
+        assert (a[col].to_numpy() == b[col].to_numpy()).all(), col
+    fa, fb = a.finish_s.to_numpy(), b.finish_s.to_numpy()
+    assert np.array_equal(np.isnan(fa), np.isnan(fb))
+    ok = ~np.isnan(fa)
+    assert np.array_equal(np.argsort(fa[ok], kind="stable"), np.argsort(fb[ok], kind="stable")), "finish order"
+    for col in ("first_token_s", "finish_s"):
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        m = ~np.isnan(x)
+        np.testing.assert_allclose(x[m], y[m], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("rate", [3.0, 30.0])
+def test_spans_give_the_exact_answers(make_scenario, rate):
+    pols = SIX + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.2},
+                  {"preset": "vllm", "name": "bs1", "block_size": 1},
+                  {"preset": "orca-pow2", "name": "ff", "allocator": {"placement": "first-fit"}}]
+    s = small(make_scenario, rate=rate, n=250, policies=pols)
+    exact = run(s.model_copy(update={"exact": True}))
+    fast = run(s)
+    for name in exact.policies:
+        assert_same_requests(exact.policies[name].requests, fast.policies[name].requests)
+        e, f = exact.policies[name].summary, fast.policies[name].summary
+        for k in ("num_preemptions", "num_steps", "mean_batch_size"):
+            assert e[k] == pytest.approx(f[k], rel=1e-9), k
+        for c in MEMORY_CLASSES:
+            assert e[f"memory.{c}"] == pytest.approx(f[f"memory.{c}"], rel=1e-6, abs=1e-12), c
+        assert len(fast.policies[name].steps) <= len(exact.policies[name].steps)
+
+
+def test_paged_keeps_kv_in_token_states_at_saturation(make_scenario):
+    r = run(small(make_scenario, rate=20.0, n=600, policies=["orca-max", "orca-oracle", "vllm"]))
+    m = {n: res.summary for n, res in r.policies.items()}
+    assert m["vllm"]["memory.token_states"] > 0.9
+    assert m["orca-max"]["memory.token_states"] < 0.35
+    assert m["orca-max"]["memory.internal_fragmentation"] > 0.4
+    assert m["orca-oracle"]["memory.external_fragmentation"] > 0.2  # buddy rounding
+    assert m["vllm"]["request_throughput"] > 1.5 * m["orca-oracle"]["request_throughput"]
+    assert m["orca-oracle"]["request_throughput"] > m["orca-max"]["request_throughput"]
+
+
+def test_requests_that_can_never_fit_are_rejected_not_hung(make_scenario, tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,10\n0.1,3000,10\n0.2,2000,48\n0.3,50,50\n")
+    s = make_scenario(workload={"kind": "table", "path": str(p)},
+                      gpu={"name": "tiny", "memory_gib": 28.6, "hbm_gb_per_s": 1000, "tflops": 100},
+                      policies=SIX)
+    r = run(s)
+    for name, res in r.policies.items():
+        assert res.summary["kv_capacity_tokens"] < 2048
+        df = res.requests.set_index("request_id")
+        assert df.loc[1, "reason"] == "exceeds_max_model_len"
+        assert df.loc[2, "reason"] == "exceeds_kv_pool", name  # 2048 tokens: more than the whole pool
+        if name in ("fastertransformer", "orca-max"):  # a max-length slab never fits this pool
+            assert list(df.loc[[0, 3], "reason"]) == ["exceeds_kv_pool"] * 2
+        else:
+            assert list(df.loc[[0, 3], "status"]) == ["finished"] * 2, name
+
+
+def test_model_that_does_not_fit_the_gpu_is_a_scenario_error(make_scenario):
+    from sim.config import ScenarioError
+
+    with pytest.raises(ScenarioError, match="does not fit on a100-40gb x1"):
+        run(make_scenario(model="llama-2-70b"))
+
+
+def test_quickstart_scenario_is_valid_and_small():
+    from sim.config import load_scenario
+    from pathlib import Path
+
+    s = load_scenario(Path(__file__).parents[1] / "scenarios" / "quickstart.yaml")
+    assert [p.name for p in s.policies] == ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]
+    assert s.model == "opt-13b" and s.gpu == "a100-40gb"

@@ -1,0 +1,117 @@
+"""Allocator properties (hypothesis): allocated + free = capacity, slabs never overlap, buddy merges
+restore the pool, every block is free at the end."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.core import Sequence
+from sim.kv import BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, PagedKv, slab_tokens
+
+ops = st.lists(st.tuples(st.booleans(), st.integers(1, 3000), st.integers(0, 10_000)), min_size=1, max_size=120)
+
+
+def check_slabs(alloc, live: dict[int, int]):
+    """live: start -> rounded size. No overlap, inside the pool, and used + free = capacity."""
+    spans = sorted((s, s + n) for s, n in live.items())
+    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+        assert a1 <= b0, f"slabs overlap: {a0, a1} and {b0, b1}"
+    assert all(0 <= s and e <= alloc.capacity for s, e in spans)
+    free = alloc.free_runs()
+    everything = sorted(spans + [(s, s + n) for s, n in free])
+    pos = 0
+    for s, e in everything:  # used and free runs tile [0, capacity) exactly
+        assert s == pos
+        pos = e
+    assert pos == alloc.capacity
+
+
+@pytest.mark.parametrize("cls", [BuddyAllocator, FirstFitAllocator])
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 20_000), steps=ops)
+def test_slab_allocator_invariants(cls, capacity, steps):
+    alloc = cls(capacity)
+    live: dict[int, int] = {}
+    for do_alloc, size, pick in steps:
+        if do_alloc or not live:
+            can = alloc.can_allocate(size)
+            start = alloc.allocate(size)
+            assert (start is not None) == can
+            if start is not None:
+                live[start] = alloc.rounded(size)
+                assert alloc.rounded(size) >= size
+        else:
+            start = sorted(live)[pick % len(live)]
+            alloc.free(start)
+            del live[start]
+        check_slabs(alloc, live)
+    for start in list(live):
+        alloc.free(start)
+        del live[start]
+    # everything merged back: the initial free runs
+    assert alloc.free_runs() == cls(capacity).free_runs()
+
+
+def test_buddy_roots_for_non_power_of_two_pool():
+    b = BuddyAllocator(14400)
+    assert b.roots == [(0, 13), (8192, 12), (12288, 11), (14336, 6)]
+    assert b.rounded(1500) == 2048
+    assert b.allocate(2048) == 12288  # smallest sufficient order first: the 2048 root
+    assert b.allocate(2048) == 8192  # then the 4096 root splits
+    assert b.allocate(8192) == 0
+    assert b.allocate(4096) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(1, 200), block_size=st.sampled_from([1, 2, 16, 32]),
+       steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300), st.integers(0, 1000)), max_size=80))
+def test_paged_manager_accounting(num_blocks, block_size, steps):
+    kv = PagedKv(BlockPool(num_blocks, block_size))
+    seqs: list[Sequence] = []
+    next_id = 0
+    for op, n, pick in steps:
+        if op == 0:  # admit a new sequence with an n-token prompt
+            s = Sequence(next_id, 0.0, n, 1 + pick % 50)
+            next_id += 1
+            if kv.can_admit(s, n):
+                kv.admit(s, n)
+                s.num_computed_tokens = n
+                seqs.append(s)
+        elif op == 1 and seqs:  # grow one sequence by a token
+            s = seqs[pick % len(seqs)]
+            if s.num_computed_tokens < s.max_kv_tokens and kv.can_grow(s, 1):
+                kv.grow(s, 1)
+                s.num_computed_tokens += 1
+        elif seqs:  # free one
+            s = seqs.pop(pick % len(seqs))
+            kv.free(s)
+        held = [b for s in seqs for b in s.block_table]
+        assert len(held) == len(set(held)), "a block has two owners"
+        assert len(held) + kv.pool.num_free == num_blocks
+        assert set(held).isdisjoint(kv.pool.free_queue)
+        assert kv.alloc == len(held) * block_size
+        assert kv.capped == sum(min(len(s.block_table) * block_size, s.max_kv_tokens) for s in seqs)
+        for s in seqs:
+            assert len(s.block_table) * block_size >= s.num_computed_tokens
+    for s in seqs:
+        kv.free(s)
+    assert sorted(kv.pool.free_queue) == list(range(num_blocks))
+    assert kv.alloc == 0 and kv.capped == 0
+
+
+def test_slab_sizes():
+    assert slab_tokens("max", 100, 25, 2048) == 2048
+    assert slab_tokens("pow2", 100, 25, 2048) == 100 + 32  # the paper: true output 25 -> 32 reserved
+    assert slab_tokens("pow2", 1500, 600, 2048) == 2048  # capped at the max length
+    assert slab_tokens("oracle", 100, 25, 2048) == 125
+
+
+def test_contiguous_manager_buddy_rounding_is_counted():
+    kv = ContiguousKv(BuddyAllocator(4096), "oracle", 2048)
+    s = Sequence(0, 0.0, 100, 200)  # 300 slots -> a 512-slot buddy block
+    assert kv.can_admit(s, 100)
+    kv.admit(s, 100)
+    assert (kv.alloc, kv.rounding, kv.capped) == (300, 212, 299)
+    kv.free(s)
+    assert (kv.alloc, kv.rounding, kv.capped) == (0, 0, 0)
+    assert kv.allocator.free_runs() == [(0, 4096)]

@@ -1,0 +1,146 @@
+"""Scheduler behaviour on tiny pools, driven step by step."""
+
+import pytest
+
+from sim.catalog import GPUS, MODELS
+from sim.config import RooflineConfig, parse_scenario
+from sim.core import Sequence
+from sim.engine import make_kv
+from sim.kv import BlockPool, KvPool
+from sim.metrics import ItlHistogram
+from sim.scheduler import Scheduler
+from sim.steptime import RooflineStepTime
+
+OPT = MODELS["opt-13b"]
+
+
+def policy(entry):
+    return parse_scenario({"name": "x", "model": "opt-13b", "gpu": "a100-40gb",
+                           "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 1},
+                           "policies": [entry]}).policies[0]
+
+
+def make(entry, num_blocks, block_size=4, swap_blocks=None, budget=4096):
+    entry = {"preset": entry} if isinstance(entry, str) else entry
+    p = policy({**entry, "block_size": block_size})
+    pool = KvPool(num_blocks, block_size, OPT.kv_bytes_per_token(), 0, 0, 0)
+    kv = make_kv(p, pool, OPT)
+    swap = BlockPool(swap_blocks, block_size) if swap_blocks is not None else None
+    return Scheduler(p, kv, budget, swap, ItlHistogram())
+
+
+def drive(s: Scheduler, steps: int, on_plan=None):
+    t = 0.0
+    for _ in range(steps):
+        plan = s.schedule()
+        if plan is None:
+            break
+        if on_plan:
+            on_plan(plan)
+        t += 1.0
+        s.complete(t)
+    return t
+
+
+def test_fastertransformer_new_requests_wait_for_the_whole_batch():
+    s = make("fastertransformer", num_blocks=1024, block_size=4)  # 4096 slots: two 2048-token slabs
+    a, b, c = Sequence(0, 0, 10, 2), Sequence(1, 0, 10, 5), Sequence(2, 0, 10, 1)
+    for q in (a, b, c):
+        s.add(q)
+    plans = []
+    drive(s, 5, plans.append)
+    assert plans[0].seq_ids == (0, 1) and plans[0].num_new_tokens == (10, 10)  # memory fits two slabs
+    assert all(2 not in p.seq_ids for p in plans[:5])  # c waits while b still runs, though a is done
+    assert s.kv.held == 0 and not s.batch  # batch over after b's 5th token
+    done = dict((q.seq_id, t) for q, t in s.done)
+    assert done[0] == done[1] == 5.0  # results of a static batch return together
+    plan = s.schedule()
+    assert plan.seq_ids == (2,)
+
+
+def test_vllm_preempts_the_newest_and_recompute_reprefills():
+    s = make({"preset": "vllm", "allocator": {"watermark": 0.0}}, num_blocks=4, block_size=4)
+    old, new = Sequence(0, 0, 6, 8), Sequence(1, 0.5, 6, 8)
+    s.add(old)
+    s.add(new)
+    plans = []
+    drive(s, 4, plans.append)
+    assert plans[0].seq_ids == (0, 1)  # both prompts in one prefill step: 2 blocks each, pool full
+    assert new.num_preemptions == 1 and old.num_preemptions == 0
+    pre = next(p for p in plans if p.num_preempted)
+    assert pre.seq_ids == (0,)
+    # the preempted request lost its blocks and waits at the front, to re-prefill prompt + generated
+    assert new.block_table == [] and new.num_computed_tokens == 0 and s.waiting[0] is new
+    generated = new.num_output_tokens
+    assert generated >= 1
+    while s.running:
+        drive(s, 1)
+    plan = s.schedule()
+    assert plan.seq_ids == (1,) and plan.num_new_tokens == (6 + generated,)
+
+
+def test_swap_moves_blocks_out_and_back_and_costs_transfer_time():
+    s = make({"preset": "vllm", "preemption": "swap", "allocator": {"watermark": 0.0}}, num_blocks=4, block_size=4,
+             swap_blocks=8)
+    old, new = Sequence(0, 0, 6, 8), Sequence(1, 0.5, 6, 8)
+    s.add(old)
+    s.add(new)
+    plans = []
+    drive(s, 4, plans.append)
+    pre = next(p for p in plans if p.num_preempted)
+    assert len(pre.swap_out) == 2 and s.swapped == [new] and new.num_computed_tokens > 0
+    assert s.swap_pool.num_free == 6
+    while s.running:
+        drive(s, 1, plans.append)
+    plan = s.schedule()
+    assert plan.seq_ids == (1,) and len(plan.swap_in) == 2 and plan.num_new_tokens == (1,)  # no recompute
+    assert s.swap_pool.num_free == 8
+    model = RooflineStepTime(OPT, GPUS["a100-40gb"], 1, RooflineConfig(), paged=True)
+    from dataclasses import replace
+    bare = replace(plan, swap_in=())
+    extra = model.step_time_s(plan) - model.step_time_s(bare)
+    per_block = 4 * OPT.kv_bytes_per_token() / GPUS["a100-40gb"].host_bytes_per_s + 2 * 40 * 5e-6
+    assert extra == pytest.approx(2 * per_block)
+
+
+def test_swap_falls_back_to_recompute_when_swap_space_is_full():
+    s = make({"preset": "vllm", "preemption": "swap", "allocator": {"watermark": 0.0}}, num_blocks=4, block_size=4,
+             swap_blocks=1)
+    old, new = Sequence(0, 0, 6, 8), Sequence(1, 0.5, 6, 8)
+    s.add(old)
+    s.add(new)
+    drive(s, 4)
+    assert new.num_preemptions == 1 and not s.swapped and s.waiting[0] is new and new.num_computed_tokens == 0
+
+
+def test_chunked_prefill_splits_prompts_under_the_token_budget():
+    s = make("vllm-v1", num_blocks=100, block_size=4, budget=8)
+    a, b = Sequence(0, 0, 20, 3), Sequence(1, 0, 5, 3)
+    s.add(a)
+    s.add(b)
+    plans = []
+    drive(s, 3, plans.append)
+    assert plans[0].num_new_tokens == (8,) and plans[0].num_sampled == 0
+    assert plans[1].num_new_tokens == (8,)
+    assert plans[2].num_new_tokens == (4, 4) and plans[2].seq_ids == (0, 1)  # a finishes its prompt, b starts
+
+
+def test_orca_mixes_whole_prompts_with_decodes():
+    s = make("orca-oracle", num_blocks=1000, block_size=4)
+    a = Sequence(0, 0, 10, 5)
+    s.add(a)
+    drive(s, 1)
+    b = Sequence(1, 1, 7, 5)
+    s.add(b)
+    plan = s.schedule()
+    assert plan.seq_ids == (0, 1) and plan.num_new_tokens == (1, 7)
+
+
+def test_vllm_v0_prefill_step_pauses_decodes():
+    s = make("vllm", num_blocks=1000, block_size=4)
+    a = Sequence(0, 0, 10, 5)
+    s.add(a)
+    drive(s, 1)
+    s.add(Sequence(1, 1, 7, 5))
+    plan = s.schedule()
+    assert plan.seq_ids == (1,) and plan.num_new_tokens == (7,)

@@ -1,0 +1,1 @@
+"""Readers for real production trace formats, returning the canonical request table."""
