@@ -310,6 +310,7 @@ class Scenario(Strict):
     horizon_s: PosFloat | None = Field(None, description="stop the simulation here; later requests are unfinished")
     exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
     record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
+    timeline_bin_s: PosFloat = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
 
     # Relative paths in the scenario resolve against its file's folder (set on load).
     _base_dir: Path = PrivateAttr(default=Path("."))

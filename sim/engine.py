@@ -23,7 +23,7 @@ from sim.catalog import GIB, ModelSpec
 from sim.config import PolicyConfig
 from sim.core import Sequence
 from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
-from sim.metrics import (FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, summarize)
+from sim.metrics import FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, Timeline, summarize
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
 from sim.workload import RequestTable
@@ -36,6 +36,8 @@ class PolicyResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
+    snapshot: dict | None = None  # the KV address space at the moment of most waiting requests
+    timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
 
 
 def resolved_token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
@@ -71,7 +73,8 @@ def rejection_reasons(policy: PolicyConfig, kv, model: ModelSpec, budget: int, p
 class Engine:
     def __init__(self, requests: RequestTable, policy: PolicyConfig, model: ModelSpec, pool: KvPool,
                  executor: Executor, *, horizon_s: float | None = None, exact: bool = False,
-                 record_steps: bool = True, progress: Callable[[int, int], None] | None = None) -> None:
+                 record_steps: bool = True, timeline_bin_s: float = 1.0,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         self.requests = requests
         self.policy = policy
         self.model = model
@@ -88,6 +91,7 @@ class Engine:
             swap_pool = BlockPool(cpu_blocks, pool.block_size)
         self.budget = resolved_token_budget(policy, model)
         self.itl = ItlHistogram()
+        self.timeline = Timeline(timeline_bin_s)
         self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.steps: list[tuple] = []
@@ -97,6 +101,8 @@ class Engine:
         self.step_seconds = 0.0
         self.num_preemptions = 0
         self.num_done = 0
+        self._snap_key: tuple = (-1, -1)
+        self._snap = None
 
     # ------------------------------------------------------------------------------------ run
 
@@ -117,7 +123,8 @@ class Engine:
         summary = summarize(req, self.itl, self.mem_slot_seconds, duration, self.kv.capacity, self.step_seconds,
                             self.num_steps, self.seq_steps, self.num_preemptions)
         steps = pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))
-        return PolicyResult(self.policy, self.pool, req, steps, summary)
+        timeline = self.timeline.frame(self.kv.capacity, self._end_s)
+        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
     def _admit_arrivals(self, now: float) -> None:
         ids, r = self._ids, self.requests
@@ -165,6 +172,9 @@ class Engine:
                 yield env.timeout(float(ends[-1]) - now)
                 mem = sched.complete_span(ends)
                 self._record(now, times, plan, mem)
+            self._maybe_capture(env.now)
+            if sched.done:
+                self.timeline.add_finishes(env.now, len(sched.done))
             for seq, end_s in sched.done:
                 self.log.finish(seq, end_s)
             self.num_done += len(sched.done)
@@ -179,22 +189,43 @@ class Engine:
         self.mem_slot_seconds += slot_s
         total = float(times.sum())
         k = 0 if idle else len(times)
-        if not idle:
+        if idle:
+            self.timeline.add(start_s, times, mem, 0, len(self.scheduler.waiting), {})
+        else:
+            self.timeline.add(start_s, times, mem, plan.num_seqs, len(self.scheduler.waiting),
+                              {"num_steps": 1.0, "num_sampled": plan.num_sampled,
+                               "num_prefill_tokens": plan.num_prefill_tokens,
+                               "num_preempted": np.eye(1, k).ravel() * plan.num_preempted})
             self.num_steps += k
             self.seq_steps += k * plan.num_seqs
             self.step_seconds += total
             self.num_preemptions += plan.num_preempted
         if self.record_steps:
             s = self.scheduler
-            row = (start_s, total, k,
-                   0 if idle else plan.num_seqs,
-                   0 if idle else plan.num_prefill_tokens,
-                   0 if idle else plan.num_decode_tokens,
-                   0 if idle else plan.decode_context_tokens,
-                   len(s.waiting), len(s.running), len(s.swapped),
-                   0 if idle else plan.num_preempted,
-                   0 if idle else len(plan.swap_in) + len(plan.swap_out))
+            if idle:
+                shape = (0, 0, 0, 0, 0, 0, len(s.waiting), len(s.running), len(s.swapped), 0, 0)
+            else:
+                shape = (plan.num_seqs, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
+                         plan.prefill_attention_pairs, plan.decode_context_tokens, len(s.waiting), len(s.running),
+                         len(s.swapped), plan.num_preempted, len(plan.swap_in) + len(plan.swap_out))
+            row = (self.num_steps - k, start_s, total, k) + shape
             self.steps.append(row + tuple(slot_s / total if total > 0 else slot_s))
+
+    def _maybe_capture(self, now: float) -> None:
+        """Keep the address space at the moment of most waiting requests (then most memory allocated)."""
+        s, kv = self.scheduler, self.kv
+        key = (len(s.waiting) + len(s.swapped), kv.alloc + kv.held + kv.rounding)
+        if key > self._snap_key:
+            self._snap_key = key
+            self._snap = (now, key[0], len(s.running), s.capture())
+
+    def snapshot(self) -> dict | None:
+        """The kept moment: time, waiting and running counts, and (start, length, class) slot runs."""
+        if self._snap is None:
+            return None
+        t, waiting, running, captured = self._snap
+        return {"time_s": t, "num_waiting": waiting, "num_running": running,
+                "segments": self.scheduler.segments(captured)}
 
     def _close_unfinished(self) -> None:
         s = self.scheduler

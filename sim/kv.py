@@ -262,6 +262,27 @@ class FirstFitAllocator:
 # will fill by its end, sum over i of min(alloc_i, max_kv_tokens_i).
 
 MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_EXTERNAL, SLOT_FREE = range(5)  # indices into MEMORY_CLASSES
+
+
+def _merge_segments(segs: list[tuple[int, int, int]]) -> np.ndarray:
+    """Sort (start, length, class) runs and join neighbours of the same class."""
+    out: list[list[int]] = []
+    for start, length, cls in sorted(segs):
+        if length <= 0:
+            continue
+        if out and out[-1][2] == cls and out[-1][0] + out[-1][1] == start:
+            out[-1][1] += length
+        else:
+            out.append([start, length, cls])
+    return np.asarray(out, dtype=np.int64).reshape(-1, 3)
+
+
+def _fill_runs(base: int, filled: int, fill_to: int, alloc_to: int, segs: list) -> None:
+    """Slots [base, base+filled) token states, up to fill_to reserved, up to alloc_to internal."""
+    segs.append((base, filled, SLOT_TOKEN))
+    segs.append((base + filled, fill_to - filled, SLOT_RESERVED))
+    segs.append((base + fill_to, alloc_to - fill_to, SLOT_INTERNAL))
 
 
 def breakdown(capacity: int, filled, alloc, capped, rounding, held, blocked: bool):
@@ -321,6 +342,27 @@ class PagedKv:
         self.capped -= min(old, cap)
         self.pool.free(seq.block_table)
         seq.block_table = []
+
+    def capture(self, seqs: list) -> tuple:
+        """A cheap copy of who holds what, to draw the address space later (see ``segments``)."""
+        return ([(tuple(s.block_table), s.num_computed_tokens, s.max_kv_tokens) for s in seqs],
+                tuple(self.pool.free_queue))
+
+    def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
+        """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES."""
+        B = self.block_size
+        tables, free = captured
+        segs: list[tuple[int, int, int]] = []
+        for table, filled, max_kv in tables:
+            cap = min(len(table) * B, max_kv)
+            for i, b in enumerate(table):  # token positions [i*B, (i+1)*B) live in slots [b*B, (b+1)*B)
+                lo = i * B
+                f = min(max(filled - lo, 0), B)
+                r = min(max(cap - lo, 0), B)
+                _fill_runs(b * B, f, r, B, segs)
+        idle = SLOT_EXTERNAL if blocked else SLOT_FREE
+        segs.extend((b * B, B, idle) for b in free)
+        return _merge_segments(segs)
 
     def span_limit(self, seqs: list, k_max: int) -> int:
         """Largest k <= k_max such that decode steps 2..k of ``seqs`` (step 1 already placed) find a
@@ -450,6 +492,23 @@ class ContiguousKv:
         self.alloc += seq.slab_tokens
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens)
         self.free(seq)
+
+    def capture(self, seqs: list) -> tuple:
+        return ([(s.slab_start, s.num_computed_tokens, s.slab_tokens, s.max_kv_tokens, s.slab_rounded, held)
+                 for s, held in seqs], self.allocator.free_runs())
+
+    def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
+        slabs, free = captured
+        segs: list[tuple[int, int, int]] = []
+        for start, filled, reserved, max_kv, rounded, held in slabs:
+            if held:  # a finished member of a static batch
+                segs.append((start, reserved, SLOT_INTERNAL))
+            else:
+                _fill_runs(start, filled, min(reserved, max_kv), reserved, segs)
+            segs.append((start + reserved, rounded - reserved, SLOT_EXTERNAL))
+        idle = SLOT_EXTERNAL if blocked else SLOT_FREE
+        segs.extend((st, n, idle) for st, n in free)
+        return _merge_segments(segs)
 
     def span_limit(self, seqs: list, k_max: int) -> int:
         return k_max

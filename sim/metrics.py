@@ -127,9 +127,12 @@ class ItlHistogram:
         return self.LO * 10 ** ((min(i, len(self.counts) - 1) + 0.5) / self.PER_DECADE)
 
 
-STEP_COLUMNS = ("start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
-                "num_context_tokens", "num_waiting", "num_running", "num_swapped", "num_preempted",
-                "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
+# One row per record: a single step, a run of `num_steps` decode steps taken as one span (token counts
+# are per step, context tokens at the first step), or an idle gap (num_steps = 0). Memory columns are
+# time-weighted token slots over the record.
+STEP_COLUMNS = ("step_index", "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens",
+                "num_decode_tokens", "num_sampled", "prefill_attention_pairs", "num_context_tokens", "num_waiting",
+                "num_running", "num_swapped", "num_preempted", "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
 
 
 def _nan_to_none(x: float):
@@ -169,3 +172,84 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
         out[f"memory.{name}"] = float(v / total) if total > 0 else math.nan
     out["busy_fraction"] = step_seconds / duration_s if duration_s > 0 else math.nan
     return {k: _nan_to_none(v) for k, v in out.items()}
+
+
+TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", "num_prefill_tokens",
+                    "num_preempted", "num_finished") + tuple(f"mem_{c}_slot_s" for c in MEMORY_CLASSES)
+
+
+class Timeline:
+    """Fixed-width time bins of what happened, in bounded memory: when more than ``max_bins`` are
+    needed, neighbouring bins merge and the width doubles. Time-weighted sums (seconds busy,
+    sequence-seconds, waiting-seconds, slot-seconds per memory class) split exactly across bins; counts
+    (steps, sampled tokens, prefill tokens, preemptions, finishes) go to the bin where their step ends."""
+
+    def __init__(self, bin_s: float = 1.0, max_bins: int = 2048) -> None:
+        self.bin_s = bin_s
+        self.max_bins = max_bins
+        self.data = np.zeros((64, len(TIMELINE_COLUMNS)))
+        self.col = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
+        self.n = 0  # bins in use
+
+    def _ensure(self, t_end: float) -> None:
+        """Make room for bins up to time ``t_end``, doubling the width while more than max_bins are needed."""
+        while int(t_end // self.bin_s) + 1 > self.max_bins:
+            n, d = self.n, np.zeros_like(self.data)
+            d[: n // 2] = self.data[0:n - n % 2:2] + self.data[1:n - n % 2:2]  # bin j covers old 2j, 2j+1
+            if n % 2:
+                d[n // 2] = self.data[n - 1]
+            self.data, self.n, self.bin_s = d, (n + 1) // 2, self.bin_s * 2
+        need = int(t_end // self.bin_s) + 1
+        if need > len(self.data):
+            grow = np.zeros((max(need, 2 * len(self.data)), self.data.shape[1]))
+            grow[: len(self.data)] = self.data
+            self.data = grow
+        self.n = max(self.n, need)
+
+    def add(self, start_s: float, times: np.ndarray, mem, num_seqs: int, num_waiting: int,
+            counts: dict[str, float]) -> None:
+        """A record of steps (or an idle gap): per-step ``times``, per-step memory classes ``mem``
+        (five scalars or arrays), and per-step counts."""
+        ends = start_s + np.cumsum(times)
+        self._ensure(float(ends[-1]))
+        starts = ends - times
+        w = self.bin_s
+        b0 = (starts // w).astype(np.int64)
+        b1 = np.minimum((ends // w).astype(np.int64), self.n - 1)
+        d, c = self.data, self.col
+        weights = {"busy_s": times if num_seqs else 0.0 * times, "seq_s": times * num_seqs,
+                   "waiting_s": times * num_waiting}
+        for k, m in zip(MEMORY_CLASSES, mem):
+            weights[f"mem_{k}_slot_s"] = times * m
+        one = b0 == b1
+        for name, v in weights.items():
+            v = np.broadcast_to(v, times.shape)
+            d[:, c[name]][: self.n] += np.bincount(b0[one], weights=v[one], minlength=self.n)[: self.n]
+        for j in np.flatnonzero(~one):  # a step or gap across bin edges: split by overlap
+            lo, hi = starts[j], ends[j]
+            for b in range(b0[j], b1[j] + 1):
+                frac = (min(hi, (b + 1) * w) - max(lo, b * w)) / (hi - lo)
+                for name, v in weights.items():
+                    d[b, c[name]] += float(np.broadcast_to(v, times.shape)[j]) * frac
+        for name, v in counts.items():
+            v = np.broadcast_to(np.asarray(v, dtype=np.float64), times.shape)
+            d[:, c[name]][: self.n] += np.bincount(b1, weights=v, minlength=self.n)[: self.n]
+
+    def add_finishes(self, t: float, count: int) -> None:
+        self._ensure(t)
+        self.data[min(int(t // self.bin_s), self.n - 1), self.col["num_finished"]] += count
+
+    def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
+        """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
+        time-averaged running batch, waiting queue and memory shares."""
+        d = self.data[: self.n]
+        df = pd.DataFrame(d, columns=list(TIMELINE_COLUMNS))
+        start = np.arange(self.n) * self.bin_s
+        df.insert(0, "bin_start_s", start)
+        w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
+        df.insert(1, "bin_s", w)
+        df["mean_running"] = df.seq_s / w
+        df["mean_waiting"] = df.waiting_s / w
+        for k in MEMORY_CLASSES:
+            df[f"memory.{k}"] = df[f"mem_{k}_slot_s"] / (w * capacity)
+        return df

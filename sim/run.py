@@ -19,7 +19,7 @@ import pandas as pd
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError, load_scenario
 from sim.engine import Engine, PolicyResult, resolved_token_budget
-from sim.kv import CapacityError, KvPool, kv_pool
+from sim.kv import MEMORY_CLASSES, CapacityError, KvPool, kv_pool
 from sim.steptime import Executor, RooflineStepTime
 from sim.workload import RequestTable, load_requests
 
@@ -110,7 +110,7 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
         engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy.allocator.kind == "paged"),
                         horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=scenario.record_steps,
-                        progress=cb)
+                        timeline_bin_s=scenario.timeline_bin_s, progress=cb)
         result.policies[policy.name] = engine.run()
     return result
 
@@ -119,13 +119,24 @@ def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -
     """summary.json, requests.parquet and steps.parquet (all policies, a ``policy`` column), report.html."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet"}
+    paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet",
+             "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
-    frames = {"requests": [], "steps": []}
+    frames = {"requests": [], "steps": [], "snapshots": [], "timeline": []}
     for name, res in result.policies.items():
+        frames["timeline"].append(res.timeline.assign(policy=name))
         frames["requests"].append(res.requests.assign(policy=name))
         frames["steps"].append(res.steps.assign(policy=name))
+        snap = res.snapshot
+        if snap is not None:
+            seg = snap["segments"]
+            frames["snapshots"].append(pd.DataFrame({
+                "policy": name, "time_s": snap["time_s"], "num_waiting": snap["num_waiting"],
+                "num_running": snap["num_running"], "start": seg[:, 0], "length": seg[:, 1],
+                "memory_class": pd.Categorical.from_codes(seg[:, 2], list(MEMORY_CLASSES))}))
     for key, fs in frames.items():
+        if not fs:
+            continue
         df = pd.concat(fs, ignore_index=True)
         df["policy"] = df["policy"].astype("category")
         df.to_parquet(paths[key], index=False)

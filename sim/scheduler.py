@@ -76,6 +76,17 @@ class Scheduler:
         kv = self.kv
         return breakdown(kv.capacity, self.filled, kv.alloc, kv.capped, kv.rounding, kv.held, self.blocked)
 
+    def capture(self) -> tuple:
+        """A cheap copy of the address space's owners now; ``segments`` draws it later."""
+        if self.kv.kind == "paged":
+            return self.kv.capture(self.running), self.blocked
+        live = set(self.running)
+        return self.kv.capture([(s, s not in live) for s in self.batch or self.running]), self.blocked
+
+    def segments(self, captured: tuple):
+        data, blocked = captured
+        return self.kv.segments(data, blocked)
+
     # ------------------------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan | None:

@@ -177,3 +177,18 @@ def test_quickstart_scenario_is_valid_and_small():
     s = load_scenario(Path(__file__).parents[1] / "scenarios" / "quickstart.yaml")
     assert [p.name for p in s.policies] == ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]
     assert s.model == "opt-13b" and s.gpu == "a100-40gb"
+
+
+def test_kv_snapshot_tiles_the_pool_at_the_busiest_moment(make_scenario):
+    r = run(small(make_scenario, rate=20.0, n=150, policies=SIX))
+    for name, res in r.policies.items():
+        snap = res.snapshot
+        seg = snap["segments"]
+        assert seg[0, 0] == 0 and (seg[1:, 0] == seg[:-1, 0] + seg[:-1, 1]).all(), name  # contiguous cover
+        assert seg[-1, 0] + seg[-1, 1] == res.summary["kv_capacity_tokens"]
+        assert snap["num_waiting"] > 0  # saturated: the kept moment has a queue
+        by_class = np.bincount(seg[:, 2], weights=seg[:, 1], minlength=5)
+        if name.startswith("orca-max") or name == "fastertransformer":
+            assert by_class[2] > by_class[0]  # max reservation: more internal fragmentation than token states
+        if name.startswith("vllm"):
+            assert by_class[0] > 0.8 * by_class.sum()
