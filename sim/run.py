@@ -23,11 +23,15 @@ from sim.kv import MEMORY_CLASSES, CapacityError, KvPool, kv_pool
 from sim.steptime import Executor, RooflineStepTime
 from sim.workload import RequestTable, load_requests
 
-ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, KvPool, bool], Executor]
+# Builds the executor for one policy's run: the step-time model here; the GPU backend passes its own.
+ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, KvPool, PolicyConfig, RequestTable], Executor]
 
 
-def roofline_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, paged: bool) -> Executor:
-    return RooflineStepTime(model, gpu, scenario.tensor_parallel, scenario.step_time, paged)
+def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
+                   requests: RequestTable) -> Executor:
+    """The scenario's step-time model (the simulator's executor)."""
+    return RooflineStepTime(model, gpu, scenario.tensor_parallel, scenario.step_time,
+                            paged=policy.allocator.kind == "paged")
 
 
 @dataclass
@@ -94,7 +98,7 @@ def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: Poli
 
 
 def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], None] | None = None,
-        executor: ExecutorFactory = roofline_executor, requests: RequestTable | None = None) -> RunResult:
+        executor: ExecutorFactory = model_executor, requests: RequestTable | None = None) -> RunResult:
     """Simulate every policy of the scenario on the same requests."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
@@ -108,7 +112,7 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     for policy in scenario.policies:
         pool = policy_pool(scenario, model, gpu, policy)
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
-        engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy.allocator.kind == "paged"),
+        engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy, requests),
                         horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=scenario.record_steps,
                         timeline_bin_s=scenario.timeline_bin_s, progress=cb)
         result.policies[policy.name] = engine.run()
