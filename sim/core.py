@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
+
+
+class Clock:
+    """Decode steps taken so far by the scheduler's *clocked* sequences (see ``Sequence``)."""
+
+    __slots__ = ("ticks",)
+
+    def __init__(self) -> None:
+        self.ticks = 0
 
 
 class Sequence:
@@ -14,10 +23,15 @@ class Sequence:
     token samples one more output token. So a fresh request prefills its prompt, a decode computes one
     token, and a request preempted by recompute re-prefills prompt + generated tokens. The last output
     token is sampled but never computed, so at most ``prompt + output - 1`` slots are ever filled.
+
+    NOTE: sequences in the decode phase advance in lockstep, so the scheduler puts them on a shared
+    ``Clock``: while ``clock`` is set, the stored counters are offsets and every clock tick adds one
+    computed and one output token to all of them at once (O(1) per step, not O(batch)). The properties
+    below always give the true values.
     """
 
-    __slots__ = ("seq_id", "arrival_s", "prompt_tokens", "output_tokens", "num_computed_tokens",
-                 "num_output_tokens", "block_table", "cpu_blocks", "slab_start", "slab_tokens", "slab_rounded",
+    __slots__ = ("seq_id", "arrival_s", "prompt_tokens", "output_tokens", "_computed", "_output", "clock",
+                 "block_table", "cpu_blocks", "slab_start", "slab_tokens", "slab_rounded",
                  "first_token_s", "last_token_s", "num_preemptions")
 
     def __init__(self, seq_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
@@ -25,8 +39,9 @@ class Sequence:
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.num_computed_tokens = 0
-        self.num_output_tokens = 0
+        self._computed = 0
+        self._output = 0
+        self.clock: Clock | None = None
         self.block_table: list[int] = []  # paged: physical block ids, in token order
         self.cpu_blocks: list[int] = []  # paged, swapped out: CPU swap-space block ids
         self.slab_start: int | None = None  # contiguous: first token slot of the slab
@@ -37,12 +52,37 @@ class Sequence:
         self.num_preemptions = 0
 
     @property
+    def num_computed_tokens(self) -> int:
+        c = self.clock
+        return self._computed if c is None else self._computed + c.ticks
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, v: int) -> None:
+        c = self.clock
+        self._computed = v if c is None else v - c.ticks
+
+    @property
+    def num_output_tokens(self) -> int:
+        c = self.clock
+        return self._output if c is None else self._output + c.ticks
+
+    @num_output_tokens.setter
+    def num_output_tokens(self, v: int) -> None:
+        c = self.clock
+        self._output = v if c is None else v - c.ticks
+
+    @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_output_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        return self.prompt_tokens + self._output - self._computed  # the clock adds to both alike
+
+    @property
+    def in_decode(self) -> bool:
+        """Past its prefill: it has sampled a token and computes one token per step."""
+        return self._output > 0 and self.num_uncomputed_tokens == 1 if self.clock is None else True
 
     @property
     def max_kv_tokens(self) -> int:
@@ -62,49 +102,51 @@ class Sequence:
 class StepPlan:
     """Everything an executor sees of one step: for each scheduled sequence its id, the tokens it
     computes now (a prefill chunk, or 1 for a decode), the tokens already cached, and where its cache
-    lives. ``block_tables`` are views of the sequences' tables, valid until the step completes.
+    lives; and the step's totals, which the scheduler keeps without visiting every sequence.
 
-    ``swap_out`` / ``swap_in`` are (source block, destination block) pairs copied before the step runs
-    (GPU->CPU and CPU->GPU)."""
+    Per-sequence fields are read from the live sequences on first use: they are valid until the step
+    completes (an executor reads them while running the step). ``swap_out`` / ``swap_in`` are (source
+    block, destination block) pairs copied before the step runs (GPU->CPU and CPU->GPU)."""
 
-    seq_ids: tuple[int, ...]
-    num_new_tokens: tuple[int, ...]
-    num_computed_tokens: tuple[int, ...]
+    num_seqs: int
+    num_tokens: int
+    num_prefill_tokens: int  # tokens of multi-token chunks
+    num_decode_tokens: int  # one-token steps (decodes, and single-token chunks)
     num_sampled: int  # sequences that sample a token at the end of this step
+    decode_context_tokens: int  # keys the one-token steps read (cached context + the token itself)
+    prefill_attention_pairs: int  # query-key pairs of multi-token chunks (causal among themselves)
     block_size: int
-    block_tables: tuple[list[int], ...] | None = None  # paged
-    slab_starts: tuple[int, ...] | None = None  # contiguous
+    paged: bool
     swap_out: tuple[tuple[int, int], ...] = ()
     swap_in: tuple[tuple[int, int], ...] = ()
     num_preempted: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
+    _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
+    _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.seq_ids)
-
-    @cached_property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @cached_property
     def is_decode_only(self) -> bool:
-        return all(n == 1 for n in self.num_new_tokens) and self.num_sampled == len(self.seq_ids)
+        return self.num_decode_tokens == self.num_seqs == self.num_sampled
 
     @cached_property
-    def num_prefill_tokens(self) -> int:
-        return sum(n for n in self.num_new_tokens if n > 1)
+    def _seqs(self) -> tuple:
+        return (*self._decoding, *(s for s, _ in self._entries))  # decodes first
 
     @cached_property
-    def num_decode_tokens(self) -> int:
-        return sum(1 for n in self.num_new_tokens if n == 1)
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(s.seq_id for s in self._seqs)
 
     @cached_property
-    def decode_context_tokens(self) -> int:
-        """Keys a one-token step reads, summed over such sequences (the cached context plus itself)."""
-        return sum(c + 1 for n, c in zip(self.num_new_tokens, self.num_computed_tokens) if n == 1)
+    def num_new_tokens(self) -> tuple[int, ...]:
+        return (1,) * len(self._decoding) + tuple(n for _, n in self._entries)
 
     @cached_property
-    def prefill_attention_pairs(self) -> int:
-        """Query-key pairs of multi-token chunks: n new tokens over c cached ones, causal among themselves."""
-        return sum(n * c + n * (n + 1) // 2 for n, c in zip(self.num_new_tokens, self.num_computed_tokens) if n > 1)
+    def num_computed_tokens(self) -> tuple[int, ...]:
+        return tuple(s.num_computed_tokens for s in self._seqs)
+
+    @cached_property
+    def block_tables(self) -> tuple[list[int], ...] | None:
+        return tuple(s.block_table for s in self._seqs) if self.paged else None
+
+    @cached_property
+    def slab_starts(self) -> tuple[int, ...] | None:
+        return None if self.paged else tuple(s.slab_start for s in self._seqs)

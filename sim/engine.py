@@ -12,7 +12,10 @@ spans must reproduce.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import mul
 from typing import Callable
 
 import numpy as np
@@ -95,7 +98,7 @@ class Engine:
         self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.steps: list[tuple] = []
-        self.mem_slot_seconds = np.zeros(len(MEMORY_CLASSES))
+        self.mem_slot_seconds = [0.0] * len(MEMORY_CLASSES)
         self.num_steps = 0
         self.seq_steps = 0
         self.step_seconds = 0.0
@@ -111,31 +114,39 @@ class Engine:
         reason = rejection_reasons(self.policy, self.kv, self.model, self.budget, r.prompt_tokens, r.output_tokens)
         self.log.status[reason > 0] = REJECTED
         self.log.reason[:] = reason
-        self._ids = np.flatnonzero(reason == 0)
+        self._ids = np.flatnonzero(reason == 0).tolist()
+        # plain Python lists for the hot loop, with an arrival at infinity as a sentinel
+        self._arrivals = r.arrival_s[self._ids].tolist() + [math.inf]
+        self._prompts = r.prompt_tokens[self._ids].tolist()
+        self._outputs = r.output_tokens[self._ids].tolist()
         self._next = 0
         env = simpy.Environment()
         env.process(self._serve(env))
         env.run()
         self._end_s = env.now
         self._close_unfinished()
+        lost = int((self.log.status == 0).sum())
+        if lost:  # the accounting identity is a guarantee: never end a run without it
+            raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
         req = self.log.frame()
         duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
-        summary = summarize(req, self.itl, self.mem_slot_seconds, duration, self.kv.capacity, self.step_seconds,
+        summary = summarize(req, self.itl, np.array(self.mem_slot_seconds), duration, self.kv.capacity, self.step_seconds,
                             self.num_steps, self.seq_steps, self.num_preemptions)
         steps = pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))
         timeline = self.timeline.frame(self.kv.capacity, self._end_s)
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
     def _admit_arrivals(self, now: float) -> None:
-        ids, r = self._ids, self.requests
-        while self._next < len(ids) and r.arrival_s[ids[self._next]] <= now:
-            i = int(ids[self._next])
-            self.scheduler.add(Sequence(i, float(r.arrival_s[i]), int(r.prompt_tokens[i]), int(r.output_tokens[i])))
-            self._next += 1
+        arr, nxt = self._arrivals, self._next
+        while arr[nxt] <= now:
+            i = self._ids[nxt]
+            self.scheduler.add(Sequence(i, arr[nxt], self._prompts[nxt], self._outputs[nxt]))
+            nxt += 1
+        self._next = nxt
 
     def _next_event_s(self) -> float:
         """The next time the scheduler must look again regardless of the batch: an arrival or the horizon."""
-        t = float(self.requests.arrival_s[self._ids[self._next]]) if self._next < len(self._ids) else math.inf
+        t = self._arrivals[self._next]
         return min(t, self.horizon_s) if self.horizon_s is not None else t
 
     def _serve(self, env: simpy.Environment):
@@ -154,7 +165,7 @@ class Engine:
                 t = self._next_event_s()
                 if math.isinf(t):
                     return
-                self._record(now, np.array([t - now]), None, sched.memory(), idle=True)
+                self._record(now, [t - now], None, sched.memory(), idle=True)
                 yield env.timeout(t - now)
                 continue
             k = 1 if self.exact else sched.span_limit(plan)
@@ -163,13 +174,13 @@ class Engine:
                 dt = self.executor.step_time_s(plan)
                 yield env.timeout(dt)
                 mem = sched.complete(env.now)
-                self._record(now, np.array([dt]), plan, mem)
+                self._record(now, [dt], plan, mem)
             else:
-                ends = now + np.cumsum(times)
-                cut = int(np.searchsorted(ends, self._next_event_s(), side="left"))
+                ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
+                cut = bisect_left(ends, self._next_event_s())
                 if cut < k:  # stop at the first step that ends at or after the next arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
-                yield env.timeout(float(ends[-1]) - now)
+                yield env.timeout(ends[-1] - now)
                 mem = sched.complete_span(ends)
                 self._record(now, times, plan, mem)
             self._maybe_capture(env.now)
@@ -183,33 +194,44 @@ class Engine:
             if self.progress is not None and loops % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
-    def _record(self, start_s: float, times: np.ndarray, plan, mem, idle: bool = False) -> None:
-        mem = [np.broadcast_to(np.asarray(m, dtype=np.float64), times.shape) for m in mem]
-        slot_s = np.array([float(times @ m) for m in mem])
-        self.mem_slot_seconds += slot_s
-        total = float(times.sum())
-        k = 0 if idle else len(times)
+    def _record(self, start_s: float, times: list[float], plan, mem, idle: bool = False) -> None:
+        """Account one step, one span of ``len(times)`` decode steps, or an idle gap. ``mem`` holds
+        the five memory classes after each step: numbers, or lists with one value per step."""
+        k = len(times)
+        total = times[0] if k == 1 else sum(times)
+        slot_s = [sum(map(mul, times, m)) if isinstance(m, list) else m * total for m in mem]
+        acc = self.mem_slot_seconds
+        for i, v in enumerate(slot_s):
+            acc[i] += v
+        s = self.scheduler
+        waiting = len(s.waiting)
         if idle:
-            self.timeline.add(start_s, times, mem, 0, len(self.scheduler.waiting), {})
+            self.timeline.add(start_s, times, [0.0, 0.0, waiting * total, 0, 0, 0, 0, 0, *slot_s])
+            k = 0
         else:
-            self.timeline.add(start_s, times, mem, plan.num_seqs, len(self.scheduler.waiting),
-                              {"num_steps": 1.0, "num_sampled": plan.num_sampled,
-                               "num_prefill_tokens": plan.num_prefill_tokens,
-                               "num_preempted": np.eye(1, k).ravel() * plan.num_preempted})
+            n = plan.num_seqs
+            totals = [total, n * total, waiting * total, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
+                      plan.num_preempted, 0, *slot_s]
+
+            def per_step():  # only for a span across a bin edge
+                cls = [m if isinstance(m, list) else [m] * k for m in mem]
+                for j, t in enumerate(times):
+                    yield [t, n * t, waiting * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls)]
+
+            self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
             self.num_steps += k
-            self.seq_steps += k * plan.num_seqs
+            self.seq_steps += k * n
             self.step_seconds += total
             self.num_preemptions += plan.num_preempted
         if self.record_steps:
-            s = self.scheduler
             if idle:
-                shape = (0, 0, 0, 0, 0, 0, len(s.waiting), len(s.running), len(s.swapped), 0, 0)
+                shape = (0, 0, 0, 0, 0, 0, waiting, s.num_running, len(s.swapped), 0, 0)
             else:
                 shape = (plan.num_seqs, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
-                         plan.prefill_attention_pairs, plan.decode_context_tokens, len(s.waiting), len(s.running),
+                         plan.prefill_attention_pairs, plan.decode_context_tokens, waiting, s.num_running,
                          len(s.swapped), plan.num_preempted, len(plan.swap_in) + len(plan.swap_out))
             row = (self.num_steps - k, start_s, total, k) + shape
-            self.steps.append(row + tuple(slot_s / total if total > 0 else slot_s))
+            self.steps.append(row + tuple(v / total if total > 0 else v for v in slot_s))
 
     def _maybe_capture(self, now: float) -> None:
         """Keep the address space at the moment of most waiting requests (then most memory allocated)."""
@@ -217,7 +239,7 @@ class Engine:
         key = (len(s.waiting) + len(s.swapped), kv.alloc + kv.held + kv.rounding)
         if key > self._snap_key:
             self._snap_key = key
-            self._snap = (now, key[0], len(s.running), s.capture())
+            self._snap = (now, key[0], s.num_running, s.capture())
 
     def snapshot(self) -> dict | None:
         """The kept moment: time, waiting and running counts, and (start, length, class) slot runs."""
@@ -229,7 +251,8 @@ class Engine:
 
     def _close_unfinished(self) -> None:
         s = self.scheduler
-        for seq in list(s.running) + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in s.running]:
+        running = s.running
+        for seq in running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]:
             if self.log.status[seq.seq_id] != FINISHED:
                 self.log.unfinished(seq, 4)
         for i in self._ids[self._next:]:  # arrived after the horizon

@@ -11,7 +11,6 @@ slots is slice ``b`` of the GPU KV tensor; a contiguous slab is a run of consecu
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,33 +84,53 @@ def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: 
 
 
 class BlockPool:
-    """``num_blocks`` physical blocks; free ones wait in a queue.
+    """``num_blocks`` physical blocks; free ones wait in a FIFO queue.
 
-    Guarantees: a block id is either in the free queue or held by exactly one owner's block table
-    (the caller keeps the tables); allocation takes from the head of the queue, freeing appends to the
-    tail, so allocation order is deterministic. ``watermark_blocks`` stay free on admission."""
+    Guarantees: a block id is either free or held by exactly one owner's block table (the caller keeps
+    the tables); allocation takes from the head of the queue, freeing appends to the tail, so the
+    allocation order is deterministic. ``watermark_blocks`` stay free on admission.
+
+    NOTE: the queue is a list with a moving head (``_queue[_head:]`` is free), so taking n blocks is one
+    slice rather than n pops; the consumed prefix is dropped once it outgrows the rest."""
 
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
-        self.free_queue: deque[int] = deque(range(num_blocks))
+        self._queue: list[int] = list(range(num_blocks))
+        self._head = 0
 
     @property
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return len(self._queue) - self._head
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """The free block ids, next to be allocated first."""
+        return self._queue[self._head:]
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= len(self.free_queue) - (self.watermark_blocks if admission else 0)
+        return n <= len(self._queue) - self._head - (self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self.free_queue):
-            raise RuntimeError(f"allocate({n}) with {len(self.free_queue)} free blocks")
-        q = self.free_queue
-        return [q.popleft() for _ in range(n)]
+        h = self._head
+        if n > len(self._queue) - h:
+            raise RuntimeError(f"allocate({n}) with {len(self._queue) - h} free blocks")
+        self._head = h + n
+        return self._queue[h:h + n]
+
+    def allocate_one(self) -> int:
+        h = self._head
+        if h >= len(self._queue):
+            raise RuntimeError("allocate(1) with no free block")
+        self._head = h + 1
+        return self._queue[h]
 
     def free(self, block_ids: list[int]) -> None:
-        self.free_queue.extend(block_ids)
+        if self._head > len(self._queue) // 2:
+            del self._queue[:self._head]
+            self._head = 0
+        self._queue.extend(block_ids)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -346,7 +365,7 @@ class PagedKv:
     def capture(self, seqs: list) -> tuple:
         """A cheap copy of who holds what, to draw the address space later (see ``segments``)."""
         return ([(tuple(s.block_table), s.num_computed_tokens, s.max_kv_tokens) for s in seqs],
-                tuple(self.pool.free_queue))
+                self.pool.free_blocks)
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
         """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES."""
@@ -364,61 +383,13 @@ class PagedKv:
         segs.extend((b * B, B, idle) for b in free)
         return _merge_segments(segs)
 
-    def span_limit(self, seqs: list, k_max: int) -> int:
-        """Largest k <= k_max such that decode steps 2..k of ``seqs`` (step 1 already placed) find a
-        free block whenever one is needed. A sequence with ``c`` computed tokens writes slot ``c+j-1`` at
-        step ``j``; it needs a new block when that slot index is a multiple of block_size."""
-        if k_max <= 1:
-            return k_max
+    def add_block(self, seq) -> None:
+        """One more block for a decoding sequence whose next token starts a new block (hot path)."""
+        table = seq.block_table
+        table.append(self.pool.allocate_one())
         B = self.block_size
-        j0 = 2 + (-np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs)) - 1) % B
-        free = self.pool.num_free
-
-        def need(k: int) -> int:
-            return int(np.maximum(0, (k - j0) // B + 1).sum())
-
-        if need(k_max) <= free:
-            return k_max
-        lo, hi = 1, k_max  # need(1) == 0
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
-        return lo
-
-    def grow_span(self, seqs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Place the blocks decode steps 2..k need, in the order step-by-step allocation would
-        (by step, then by position in ``seqs``). Returns alloc and capped after each step 1..k."""
-        B = self.block_size
-        n = len(seqs)
-        alloc = np.full(k, self.alloc, dtype=np.int64)
-        capped = np.full(k, self.capped, dtype=np.int64)
-        if k <= 1:
-            return alloc, capped
-        c = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, n)
-        cap = np.fromiter((s.max_kv_tokens for s in seqs), np.int64, n)
-        j0 = 2 + (-c - 1) % B
-        counts = np.maximum(0, (k - j0) // B + 1)
-        total = int(counts.sum())
-        if total == 0:
-            return alloc, capped
-        who = np.repeat(np.arange(n), counts)
-        nth = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        step = j0[who] + nth * B
-        inc_capped = np.minimum(B, cap[who] - (c[who] + step - 1))
-        order = np.lexsort((who, step))  # by step, then by running order
-        block_ids = np.asarray(self.pool.allocate(total), dtype=np.int64)
-        # the i-th allocated block goes to crossing order[i]; regroup by sequence, keeping step order
-        by_seq = np.empty(total, dtype=np.int64)
-        by_seq[order] = block_ids
-        ends = np.cumsum(counts)
-        for i in np.flatnonzero(counts):
-            seqs[i].block_table.extend(by_seq[ends[i] - counts[i]:ends[i]].tolist())
-        per_step_alloc = np.bincount(step - 1, minlength=k)[:k] * B
-        per_step_capped = np.bincount(step - 1, weights=inc_capped, minlength=k)[:k].astype(np.int64)
-        alloc += np.cumsum(per_step_alloc)
-        capped += np.cumsum(per_step_capped)
-        self.alloc, self.capped = int(alloc[-1]), int(capped[-1])
-        return alloc, capped
+        self.alloc += B
+        self.capped += min(B, seq.prompt_tokens + seq.output_tokens - 1 - (len(table) - 1) * B)
 
 
 class ContiguousKv:
@@ -509,9 +480,3 @@ class ContiguousKv:
         idle = SLOT_EXTERNAL if blocked else SLOT_FREE
         segs.extend((st, n, idle) for st, n in free)
         return _merge_segments(segs)
-
-    def span_limit(self, seqs: list, k_max: int) -> int:
-        return k_max
-
-    def grow_span(self, seqs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return np.full(k, self.alloc, dtype=np.int64), np.full(k, self.capped, dtype=np.int64)

@@ -81,7 +81,8 @@ class RequestLog:
 
 class ItlHistogram:
     """Inter-token latencies in log-spaced bins 0.23 % wide from 0.1 us to 1e5 s, with their exact
-    count and sum: percentiles to bin precision, the mean exact, memory independent of run length."""
+    count and sum: percentiles to bin precision, the mean exact, memory independent of run length.
+    Values are buffered and binned in bulk (cheap per call)."""
 
     LO, PER_DECADE, DECADES = 1e-7, 1000, 12
 
@@ -89,30 +90,34 @@ class ItlHistogram:
         self.counts = np.zeros(self.PER_DECADE * self.DECADES + 1, dtype=np.float64)
         self.count = 0.0
         self.total = 0.0
-        self._buf: list[float] = []
+        self._values: list[float] = []
+        self._weights: list[int] = []
 
-    def _bins(self, v: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            i = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.PER_DECADE)
-        return np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
-
-    def add(self, value: float) -> None:
-        self._buf.append(value)
-        if len(self._buf) >= 8192:
+    def add(self, value: float, times: int = 1) -> None:
+        """``value`` seen ``times`` times."""
+        self._values.append(value)
+        self._weights.append(times)
+        if len(self._values) >= 16384:
             self._flush()
 
-    def add_repeated(self, values: np.ndarray, times: int) -> None:
-        self.counts += np.bincount(self._bins(values), minlength=len(self.counts)) * times
-        self.count += len(values) * times
-        self.total += float(values.sum()) * times
+    def add_each(self, values: list[float], times: int) -> None:
+        """Each of ``values`` seen ``times`` times."""
+        self._values.extend(values)
+        self._weights.extend([times] * len(values))
+        if len(self._values) >= 16384:
+            self._flush()
 
     def _flush(self) -> None:
-        if self._buf:
-            v = np.asarray(self._buf)
-            self.counts += np.bincount(self._bins(v), minlength=len(self.counts))
-            self.count += len(v)
-            self.total += float(v.sum())
-            self._buf = []
+        if not self._values:
+            return
+        v, w = np.asarray(self._values), np.asarray(self._weights, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            i = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.PER_DECADE)
+        i = np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
+        self.counts += np.bincount(i, weights=w, minlength=len(self.counts))
+        self.count += float(w.sum())
+        self.total += float(v @ w)
+        self._values, self._weights = [], []
 
     def mean(self) -> float:
         self._flush()
@@ -180,71 +185,62 @@ TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", 
 
 class Timeline:
     """Fixed-width time bins of what happened, in bounded memory: when more than ``max_bins`` are
-    needed, neighbouring bins merge and the width doubles. Time-weighted sums (seconds busy,
-    sequence-seconds, waiting-seconds, slot-seconds per memory class) split exactly across bins; counts
-    (steps, sampled tokens, prefill tokens, preemptions, finishes) go to the bin where their step ends."""
+    needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end;
+    idle gaps split across bins by time."""
 
     def __init__(self, bin_s: float = 1.0, max_bins: int = 2048) -> None:
         self.bin_s = bin_s
         self.max_bins = max_bins
-        self.data = np.zeros((64, len(TIMELINE_COLUMNS)))
+        self.rows: list[list[float]] = []  # one per bin, TIMELINE_COLUMNS
         self.col = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
-        self.n = 0  # bins in use
 
-    def _ensure(self, t_end: float) -> None:
-        """Make room for bins up to time ``t_end``, doubling the width while more than max_bins are needed."""
-        while int(t_end // self.bin_s) + 1 > self.max_bins:
-            n, d = self.n, np.zeros_like(self.data)
-            d[: n // 2] = self.data[0:n - n % 2:2] + self.data[1:n - n % 2:2]  # bin j covers old 2j, 2j+1
-            if n % 2:
-                d[n // 2] = self.data[n - 1]
-            self.data, self.n, self.bin_s = d, (n + 1) // 2, self.bin_s * 2
-        need = int(t_end // self.bin_s) + 1
-        if need > len(self.data):
-            grow = np.zeros((max(need, 2 * len(self.data)), self.data.shape[1]))
-            grow[: len(self.data)] = self.data
-            self.data = grow
-        self.n = max(self.n, need)
+    def _bin(self, t: float) -> list[float]:
+        """The row of the bin holding time ``t``, doubling the width while more than max_bins are needed."""
+        i = int(t // self.bin_s)
+        while i >= self.max_bins:
+            r = self.rows
+            self.rows = [[a + b for a, b in zip(r[j], r[j + 1])] if j + 1 < len(r) else r[j]
+                         for j in range(0, len(r), 2)]  # bin j now covers old bins 2j and 2j+1
+            self.bin_s *= 2
+            i = int(t // self.bin_s)
+        while len(self.rows) <= i:
+            self.rows.append([0.0] * len(TIMELINE_COLUMNS))
+        return self.rows[i]
 
-    def add(self, start_s: float, times: np.ndarray, mem, num_seqs: int, num_waiting: int,
-            counts: dict[str, float]) -> None:
-        """A record of steps (or an idle gap): per-step ``times``, per-step memory classes ``mem``
-        (five scalars or arrays), and per-step counts."""
-        ends = start_s + np.cumsum(times)
-        self._ensure(float(ends[-1]))
-        starts = ends - times
+    def add(self, start_s: float, times: list[float], totals: list[float], per_step=None) -> None:
+        """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
+        in TIMELINE_COLUMNS order. Inside one bin, or a single step: the totals go to the bin where it
+        ends. An idle gap (``per_step`` None, several bins) splits by time. A longer span across bin
+        edges calls ``per_step()`` for its per-step rows and puts each in the bin where it ends."""
+        end = start_s + sum(times)
+        row = self._bin(end)
         w = self.bin_s
-        b0 = (starts // w).astype(np.int64)
-        b1 = np.minimum((ends // w).astype(np.int64), self.n - 1)
-        d, c = self.data, self.col
-        weights = {"busy_s": times if num_seqs else 0.0 * times, "seq_s": times * num_seqs,
-                   "waiting_s": times * num_waiting}
-        for k, m in zip(MEMORY_CLASSES, mem):
-            weights[f"mem_{k}_slot_s"] = times * m
-        one = b0 == b1
-        for name, v in weights.items():
-            v = np.broadcast_to(v, times.shape)
-            d[:, c[name]][: self.n] += np.bincount(b0[one], weights=v[one], minlength=self.n)[: self.n]
-        for j in np.flatnonzero(~one):  # a step or gap across bin edges: split by overlap
-            lo, hi = starts[j], ends[j]
-            for b in range(b0[j], b1[j] + 1):
-                frac = (min(hi, (b + 1) * w) - max(lo, b * w)) / (hi - lo)
-                for name, v in weights.items():
-                    d[b, c[name]] += float(np.broadcast_to(v, times.shape)[j]) * frac
-        for name, v in counts.items():
-            v = np.broadcast_to(np.asarray(v, dtype=np.float64), times.shape)
-            d[:, c[name]][: self.n] += np.bincount(b1, weights=v, minlength=self.n)[: self.n]
+        if int(start_s // w) == int(end // w) or (len(times) == 1 and totals[3]):
+            for i, v in enumerate(totals):
+                row[i] += v
+        elif per_step is None:  # an idle gap: every column is time-weighted
+            span = end - start_s
+            for b in range(int(start_s // w), int(end // w) + 1):
+                frac = (min(end, (b + 1) * w) - max(start_s, b * w)) / span
+                r = self._bin(b * w)
+                for i, v in enumerate(totals):
+                    r[i] += v * frac
+        else:
+            t = start_s
+            for dt, step in zip(times, per_step()):
+                t += dt
+                r = self._bin(t)
+                for i, v in enumerate(step):
+                    r[i] += v
 
     def add_finishes(self, t: float, count: int) -> None:
-        self._ensure(t)
-        self.data[min(int(t // self.bin_s), self.n - 1), self.col["num_finished"]] += count
+        self._bin(t)[self.col["num_finished"]] += count
 
     def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
         """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
         time-averaged running batch, waiting queue and memory shares."""
-        d = self.data[: self.n]
-        df = pd.DataFrame(d, columns=list(TIMELINE_COLUMNS))
-        start = np.arange(self.n) * self.bin_s
+        df = pd.DataFrame(self.rows, columns=list(TIMELINE_COLUMNS), dtype=np.float64)
+        start = np.arange(len(self.rows)) * self.bin_s
         df.insert(0, "bin_start_s", start)
         w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
         df.insert(1, "bin_s", w)

@@ -4,39 +4,57 @@ The same code drives the simulator and the GPU replay. It asks the KV manager wh
 (``can_admit``/``admit``, ``can_grow``/``grow``, ``free``) and hands the step to an executor as a
 :class:`StepPlan`.
 
-Queues, each kept in arrival order (FCFS):
-  waiting  not in GPU memory: new, or preempted by recompute (front of the line by arrival)
-  running  cache in GPU memory, scheduled every step
+Queues, each kept in arrival order (FCFS; sequence ids follow arrival):
+  waiting  not in GPU memory: new, or preempted by recompute (ahead of later arrivals)
+  running  cache in GPU memory; split into the *clocked* decode group and the *explicit* rest
   swapped  cache in CPU swap space; swapped back in before any new admission
 Static batching adds ``batch``: the current batch, finished members included (they keep their slabs).
 
-Step shapes by ``prefill`` mode:
-  separate  (vLLM v0) a step either prefills newly admitted prompts or decodes every running sequence
-  mixed     (Orca)    running sequences decode, then whole new prompts join the same step
-  chunked   (vLLM v1) like mixed, but a prompt may be split into chunks under the token budget
-Preemption (paged only): when a running sequence needs a block and none is free, the newest running
-sequence loses all its blocks, by recompute (back to waiting) or swap (blocks copied to CPU).
+A step schedules, in this order (vLLM's decode-first policy):
+  1. decodes of running sequences, oldest first; when one needs a block and none is free, the newest
+     running sequence not yet scheduled is preempted: all its blocks freed (recompute: back to
+     waiting, to re-prefill prompt + generated tokens) or copied to CPU (swap);
+  2. prefill chunks of running sequences (chunked mode), oldest first;
+  3. swapped sequences, oldest first, while blocks above the watermark allow;
+  4. waiting sequences, FCFS, while memory, ``max_num_seqs`` and the token budget allow.
+Step shapes by ``prefill`` mode: separate (vLLM v0: a step either prefills new prompts or decodes),
+mixed (Orca: whole prompts join the decodes), chunked (vLLM v1: prompts split under the token budget).
+
+NOTE (the decode clock): decoding sequences all advance one token per step, so they share a
+``Clock`` and the common case costs O(1) per step instead of O(batch): their counters move with the
+clock, finishes come off a heap keyed by the tick they finish at, and a sequence at computed-token
+count ``c`` needs a new block at the tick where ``c`` reaches a multiple of ``block_size`` -- so the
+sequences needing a block at tick ``t`` are exactly those of residue class ``t % block_size``. When a
+step needs more than that fast path gives (blocks run out, the budget is short), the general
+per-sequence path runs instead, with the same outcome.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
-import numpy as np
-
 from sim.config import PolicyConfig
-from sim.core import Sequence, StepPlan
+from sim.core import Clock, Sequence, StepPlan
 from sim.kv import BlockPool, ContiguousKv, PagedKv, breakdown
 
 
 def _insert_by_arrival(queue, seq: Sequence) -> None:
-    """Put ``seq`` before the first queued sequence that arrived after it (seq ids follow arrival)."""
-    i = 0
-    for i, s in enumerate(queue):  # noqa: B007 - preempted sequences are old: they land near the front
+    """Put ``seq`` before the first queued sequence that arrived after it."""
+    for i, s in enumerate(queue):  # preempted sequences are old: they land near the front
         if s.seq_id > seq.seq_id:
             queue.insert(i, seq)
             return
     queue.append(seq)
+
+
+def _add_sorted(d: dict, seq: Sequence) -> dict:
+    """Insert into an insertion-ordered dict kept in arrival order (rebuilt only for an old sequence)."""
+    if d and next(reversed(d)).seq_id > seq.seq_id:
+        items = sorted([*d, seq], key=lambda s: s.seq_id)
+        return dict.fromkeys(items)
+    d[seq] = None
+    return d
 
 
 class Scheduler:
@@ -44,61 +62,126 @@ class Scheduler:
                  swap_pool: BlockPool | None, itl) -> None:
         self.policy = policy
         self.kv = kv
+        self.paged = kv.kind == "paged"
+        self.block_size = policy.block_size
         self.static = policy.batching == "static"
         self.prefill = policy.prefill
         self.max_num_seqs = policy.max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.swap_pool = swap_pool  # CPU swap space, when preempting by swap
-        self.itl = itl  # inter-token latency sink: add(values), add_repeated(values, times)
+        self.itl = itl  # inter-token latency sink: add(value), add_repeated(values, times)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.batch: list[Sequence] = []
+        self.explicit: dict[Sequence, None] = {}  # running, not clocked (prefilling, or just admitted)
         self.filled = 0  # token slots holding computed K/V, over all sequences in GPU memory
         self.blocked = False  # a request waits because memory (not policy) keeps it out
         self.done: list[tuple[Sequence, float]] = []  # finished since the engine last looked
+        # the decode clock
+        self.clock = Clock()
+        self.clocked: dict[Sequence, None] = {}  # in arrival order
+        self._offset_sum = 0  # sum of clocked sequences' computed-token offsets
+        self._fresh: dict[Sequence, None] = {}  # clocked since the last tick: their next gap is their own
+        self._last_tick_s = 0.0
+        self._finish_at: list[tuple[int, int, Sequence]] = []  # (tick, seq id, seq) heap; stale entries skipped
+        self._cross: list[list[Sequence]] = [[] for _ in range(self.block_size)] if self.paged else []
         # the step being planned
-        self._entries: list[tuple[Sequence, int]] = []
+        self._entries: list[tuple[Sequence, int]] = []  # explicit sequences and their new tokens
+        self._tick = False  # the clocked group decodes in this step
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._num_preempted = 0
 
     # ------------------------------------------------------------------------------------ queries
 
+    @property
+    def running(self) -> list[Sequence]:
+        """All running sequences in arrival order (O(n): for inspection, not the hot path)."""
+        return sorted([*self.clocked, *self.explicit], key=lambda s: s.seq_id)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.clocked) + len(self.explicit)
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self.batch)
+        return bool(self.waiting or self.clocked or self.explicit or self.swapped or self.batch)
 
     def memory(self):
         """The five memory classes (token slots) of the current state."""
         kv = self.kv
         return breakdown(kv.capacity, self.filled, kv.alloc, kv.capped, kv.rounding, kv.held, self.blocked)
 
-    def capture(self) -> tuple:
-        """A cheap copy of the address space's owners now; ``segments`` draws it later."""
-        if self.kv.kind == "paged":
-            return self.kv.capture(self.running), self.blocked
-        live = set(self.running)
-        return self.kv.capture([(s, s not in live) for s in self.batch or self.running]), self.blocked
+    # ------------------------------------------------------------------------------------ the clock
 
-    def segments(self, captured: tuple):
-        data, blocked = captured
-        return self.kv.segments(data, blocked)
+    def _clock_in(self, seq: Sequence) -> None:
+        """A sequence entering (or resuming) the decode phase joins the clocked group."""
+        t = self.clock.ticks
+        seq._computed -= t
+        seq._output -= t
+        seq.clock = self.clock
+        self.clocked = _add_sorted(self.clocked, seq)
+        self._offset_sum += seq._computed
+        self._fresh[seq] = None
+        heapq.heappush(self._finish_at, (self._finish_tick(seq), seq.seq_id, seq))
+        if self.paged:  # it needs a block at tick t when (offset + t - 1) % block_size == 0
+            cls = self._cross[(1 - seq._computed) % self.block_size]
+            if cls and cls[-1].seq_id > seq.seq_id:
+                _insert_by_arrival(cls, seq)
+            else:
+                cls.append(seq)
+
+    def _clock_out(self, seq: Sequence) -> None:
+        """Leave the group: the sequence's counters become plain values again."""
+        if self.paged:
+            self._cross[(1 - seq._computed) % self.block_size].remove(seq)
+        self._offset_sum -= seq._computed
+        del self.clocked[seq]
+        if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
+            seq.last_token_s = self._last_tick_s
+        t = self.clock.ticks
+        seq.clock = None
+        seq._computed += t
+        seq._output += t
+
+    @staticmethod
+    def _finish_tick(seq: Sequence) -> int:
+        """The tick at which a clocked sequence samples its last token (fixed while it is clocked)."""
+        return seq.output_tokens - seq._output
+
+    def _next_finish_tick(self) -> int:
+        heap = self._finish_at
+        while heap[0][2].clock is not self.clock or heap[0][0] != self._finish_tick(heap[0][2]):
+            heapq.heappop(heap)  # stale: the sequence left the clock (and may have rejoined)
+        return heap[0][0]
+
+    def _crossers(self, tick: int) -> list[Sequence]:
+        """Clocked sequences that need a new block at ``tick``, in arrival order."""
+        return self._cross[tick % self.block_size] if self.paged else []
 
     # ------------------------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan | None:
         """Decide the next step and place the K/V slots it writes; None when nothing can run."""
-        self._entries, self._swap_out, self._swap_in, self._num_preempted = [], [], [], 0
+        self._entries, self._tick, self._swap_out, self._swap_in, self._num_preempted = [], False, [], [], 0
         if self.static:
             self._schedule_static()
-        elif self.prefill == "separate":
-            self._schedule_separate()
         else:
-            self._schedule_mixed(chunked=self.prefill == "chunked")
-        if not self._entries:
+            self.blocked = False
+            budget = self.max_num_batched_tokens
+            if self.prefill == "separate" and not self.swapped and self._admit_waiting(budget, chunked=False):
+                pass  # a prefill-only step (vLLM v0)
+            else:
+                budget = self._schedule_decodes(budget)
+                if self.prefill != "separate":
+                    budget = self._schedule_chunks(budget, chunked=self.prefill == "chunked")
+                if not self._num_preempted:
+                    budget = self._schedule_swapped(budget)
+                    if self.prefill != "separate" and not self.swapped:
+                        self._admit_waiting(budget, chunked=self.prefill == "chunked")
+        if not self._entries and not self._tick:
             return None
         return self._plan()
 
@@ -110,42 +193,14 @@ class Scheduler:
                 if not self.kv.can_admit(seq, seq.num_uncomputed_tokens):
                     self.blocked = True
                     break
-                self.waiting.popleft()
-                self.kv.admit(seq, seq.num_uncomputed_tokens)
+                self._admit(self.waiting.popleft(), seq.num_uncomputed_tokens)
                 self.batch.append(seq)
-                self.running.append(seq)
-        # the whole batch prefills in its first step, then every unfinished member decodes
-        self._entries = [(s, s.num_uncomputed_tokens) for s in self.running]
+        self._tick = bool(self.clocked)  # after its prefill step the whole batch decodes in lockstep
 
-    def _schedule_separate(self) -> None:
-        self.blocked = False
-        if not self.swapped:
-            budget = self.max_num_batched_tokens
-            while self.waiting and len(self.running) < self.max_num_seqs:
-                seq = self.waiting[0]
-                n = seq.num_uncomputed_tokens
-                if n > budget:
-                    break
-                if not self.kv.can_admit(seq, n):
-                    self.blocked = True
-                    break
-                self._admit(self.waiting.popleft(), n)
-                budget -= n
-            if self._entries:
-                return  # a prefill-only step
-        self._schedule_running(self.max_num_batched_tokens, chunked=False)
-        if not self._num_preempted:
-            self._schedule_swapped(self.max_num_batched_tokens)
-
-    def _schedule_mixed(self, chunked: bool) -> None:
-        self.blocked = False
-        budget = self._schedule_running(self.max_num_batched_tokens, chunked)
-        if self._num_preempted:
-            return
-        budget = self._schedule_swapped(budget)
-        if self.swapped:
-            return
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _admit_waiting(self, budget: int, chunked: bool) -> bool:
+        """Admit waiting sequences FCFS; True if any was admitted."""
+        admitted = False
+        while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
             seq = self.waiting[0]
             n = seq.num_uncomputed_tokens
             if chunked:
@@ -157,40 +212,84 @@ class Scheduler:
                 break
             self._admit(self.waiting.popleft(), n)
             budget -= n
+            admitted = True
+        return admitted
 
     def _admit(self, seq: Sequence, n: int) -> None:
         self.kv.admit(seq, n)
-        _insert_by_arrival(self.running, seq)
+        self.explicit = _add_sorted(self.explicit, seq)
         self._entries.append((seq, n))
 
-    def _schedule_running(self, budget: int, chunked: bool) -> int:
-        """Give each running sequence (oldest first) its next tokens, preempting the newest when a
-        sequence needs a block and none is free. Returns the budget left."""
-        run = self.running
-        i = 0
-        while i < len(run):
-            seq = run[i]
-            n = seq.num_uncomputed_tokens
-            if chunked:
-                n = min(n, budget)
-            if n == 0 or n > budget:
-                i += 1
+    def _schedule_decodes(self, budget: int) -> int:
+        """Step 1: every decoding sequence computes one token. Returns the budget left."""
+        n = len(self.clocked)
+        stragglers = [s for s in self.explicit if s.in_decode] if self.explicit else []
+        if not stragglers and n <= budget:
+            cross = self._crossers(self.clock.ticks + 1)
+            if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
+                for seq in cross:
+                    self.kv.add_block(seq)
+                self._tick = n > 0
+                return budget - n
+        # the general path: one sequence at a time, oldest first, preempting the newest unscheduled
+        order = sorted([*self.clocked, *stragglers], key=lambda s: s.seq_id)
+        scheduled: set[Sequence] = set()
+        for seq in order:
+            if seq not in self.clocked and seq not in self.explicit:
+                continue  # preempted meanwhile
+            if budget < 1:
+                if seq.clock is not None:  # skipped this step; it rejoins the clock after its next decode
+                    self._clock_out(seq)
+                    self.explicit = _add_sorted(self.explicit, seq)
                 continue
-            while not self.kv.can_grow(seq, n):
-                victim = run[-1]
+            while not self.kv.can_grow(seq, 1):
+                victim = self._newest_unscheduled(scheduled)
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
+                self.kv.grow(seq, 1)
+                scheduled.add(seq)
+                budget -= 1
+                if seq.clock is None:
+                    self._entries.append((seq, 1))
+        self._tick = bool(self.clocked)
+        return budget
+
+    def _newest_unscheduled(self, scheduled: set[Sequence]) -> Sequence | None:
+        for seq in reversed(self.running):
+            if seq not in scheduled:
+                return seq
+        return None
+
+    def _schedule_chunks(self, budget: int, chunked: bool) -> int:
+        """Step 2: running sequences still prefilling get their next chunk (chunked mode)."""
+        if not self.explicit:
+            return budget
+        scheduled = set(self.clocked) | {s for s, _ in self._entries}
+        for seq in list(self.explicit):
+            if seq in scheduled or seq not in self.explicit or budget <= 0:
+                continue
+            n = seq.num_uncomputed_tokens
+            if chunked:
+                n = min(n, budget)
+            elif n > budget:
+                continue
+            while not self.kv.can_grow(seq, n):
+                victim = self._newest_unscheduled(scheduled | {seq})
+                if victim is None or victim.seq_id < seq.seq_id:  # only newer ones make room; it waits
+                    break
+                self._preempt(victim)
+            else:
                 self.kv.grow(seq, n)
                 self._entries.append((seq, n))
+                scheduled.add(seq)
                 budget -= n
-                i += 1
         return budget
 
     def _schedule_swapped(self, budget: int) -> int:
-        """Swap sequences back in, oldest first, while blocks (above the watermark) allow."""
-        while self.swapped and len(self.running) < self.max_num_seqs:
+        """Step 3: swap sequences back in, oldest first, while blocks (above the watermark) allow."""
+        while self.swapped and self.num_running < self.max_num_seqs:
             seq = self.swapped[0]
             n = min(seq.num_uncomputed_tokens, budget)
             if n == 0:
@@ -204,14 +303,18 @@ class Scheduler:
             self.swap_pool.free(seq.cpu_blocks)
             seq.cpu_blocks = []
             self.filled += seq.num_computed_tokens
-            _insert_by_arrival(self.running, seq)
+            self.explicit = _add_sorted(self.explicit, seq)
             self._entries.append((seq, n))
             budget -= n
         return budget
 
     def _preempt(self, seq: Sequence) -> None:
         """Free (recompute) or swap out all of ``seq``'s blocks. "Preempted" means exactly that."""
-        self.running.remove(seq)
+        if seq.clock is not None:
+            self._clock_out(seq)
+        else:
+            del self.explicit[seq]
+            self._entries = [(s, n) for s, n in self._entries if s is not seq]
         seq.num_preemptions += 1
         self._num_preempted += 1
         self.blocked = True
@@ -229,28 +332,37 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         e = self._entries
-        paged = self.kv.kind == "paged"
-        return StepPlan(
-            seq_ids=tuple(s.seq_id for s, _ in e),
-            num_new_tokens=tuple(n for _, n in e),
-            num_computed_tokens=tuple(s.num_computed_tokens for s, _ in e),
-            num_sampled=sum(1 for s, n in e if s.num_computed_tokens + n == s.num_tokens),
-            block_size=self.policy.block_size,
-            block_tables=tuple(s.block_table for s, _ in e) if paged else None,
-            slab_starts=None if paged else tuple(s.slab_start for s, _ in e),
-            swap_out=tuple(self._swap_out),
-            swap_in=tuple(self._swap_in),
-            num_preempted=self._num_preempted,
-        )
+        n_clk = len(self.clocked) if self._tick else 0
+        prefill = decode = sampled = keys = pairs = 0
+        for s, n in e:
+            c = s.num_computed_tokens
+            if n == 1:
+                decode += 1
+                keys += c + 1
+            else:
+                prefill += n
+                pairs += n * c + n * (n + 1) // 2
+            sampled += c + n == s.num_tokens
+        if n_clk:
+            decode += n_clk
+            sampled += n_clk
+            keys += self._offset_sum + n_clk * (self.clock.ticks + 1)
+        return StepPlan(num_seqs=len(e) + n_clk, num_tokens=prefill + decode, num_prefill_tokens=prefill,
+                        num_decode_tokens=decode, num_sampled=sampled, decode_context_tokens=keys,
+                        prefill_attention_pairs=pairs, block_size=self.block_size, paged=self.paged,
+                        swap_out=tuple(self._swap_out), swap_in=tuple(self._swap_in),
+                        num_preempted=self._num_preempted, _decoding=self.clocked if n_clk else (),
+                        _entries=e)
 
     # ------------------------------------------------------------------------------------ complete
 
     def complete(self, end_s: float):
         """The planned step ran and ended at ``end_s``: count its tokens, sample, finish.
         Returns the memory classes as the step left them (before finished requests are freed)."""
-        finished = []
+        finished, sampled = [], []
         for seq, n in self._entries:
             seq.num_computed_tokens += n
+            self.filled += n
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.num_output_tokens += 1
                 if seq.first_token_s is None:
@@ -258,11 +370,16 @@ class Scheduler:
                 else:
                     self.itl.add(end_s - seq.last_token_s)
                 seq.last_token_s = end_s
-                if seq.num_output_tokens == seq.output_tokens:
-                    finished.append(seq)
-        self.filled += sum(n for _, n in self._entries)
+                (finished if seq.num_output_tokens == seq.output_tokens else sampled).append(seq)
+        if self._tick:
+            self._advance(1, [end_s])
+            finished += self._pop_finished()
         mem = self.memory()
         self._finish(finished, end_s)
+        for seq in sampled:  # now decoding: join the clock
+            if seq in self.explicit:
+                del self.explicit[seq]
+                self._clock_in(seq)
         return mem
 
     def span_limit(self, plan: StepPlan) -> int:
@@ -271,48 +388,106 @@ class Scheduler:
         Holds while nobody finishes (the span may end with a finish), every block a decode needs is
         free, and no arrival comes (the engine cuts the span at the first step ending after one).
         Admission cannot open up meanwhile: free memory only shrinks and the batch is unchanged."""
-        if (not plan.is_decode_only or self._num_preempted or self._swap_in or self._swap_out
-                or len(self._entries) != len(self.running)):
+        if (self._entries or not self._tick or self.explicit or self._num_preempted or self._swap_in
+                or self._swap_out):
             return 1
-        k = min(s.output_tokens - s.num_output_tokens for s in self.running)
-        return self.kv.span_limit(self.running, k)
+        t = self.clock.ticks
+        k = self._next_finish_tick() - t
+        if not self.paged or k <= 1:
+            return k
+        # ticks t+2 .. t+k need blocks; every block_size consecutive ticks need one per sequence
+        n, B = len(self.clocked), self.block_size
+        free = self.kv.pool.num_free
+        full = free // n
+        m, free = full * B, free - full * n
+        while m < k - 1:
+            need = len(self._cross[(t + 2 + m) % B])
+            if need > free:
+                break
+            free -= need
+            m += 1
+        return min(k, 1 + m)
 
-    def complete_span(self, ends_s: np.ndarray):
-        """``len(ends_s)`` decode steps of the planned batch ran (step j ended at ``ends_s[j]``).
-        Does what as many ``schedule``/``complete`` rounds would; returns per-step memory classes."""
+    def complete_span(self, ends_s: list[float]):
+        """``len(ends_s)`` decode steps of the clocked group ran (step j ended at ``ends_s[j]``).
+        Does what as many ``schedule``/``complete`` rounds would; returns the memory classes after
+        each step (lists; a number where a class stays constant)."""
         k = len(ends_s)
-        seqs = self.running  # == the planned sequences, in order (span_limit checked it)
-        n = len(seqs)
-        alloc, capped = self.kv.grow_span(seqs, k)
-        filled = self.filled + n * np.arange(1, k + 1, dtype=np.int64)
+        n = len(self.clocked)
         kv = self.kv
-        mem = breakdown(kv.capacity, filled, alloc, capped, kv.rounding, kv.held, self.blocked)
-        end = float(ends_s[-1])
-        first = float(ends_s[0])
-        for s in seqs:
-            self.itl.add(first - s.last_token_s)
-            s.num_computed_tokens += k
-            s.num_output_tokens += k
-            s.last_token_s = end
-        if k > 1:
-            self.itl.add_repeated(np.diff(ends_s), n)
-        self.filled += n * k
-        self._finish([s for s in seqs if s.num_output_tokens == s.output_tokens], end)
+        filled = [self.filled + n * j for j in range(1, k + 1)]
+        if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
+            t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_block
+            alloc, capped = [kv.alloc], [kv.capped]
+            for j in range(1, k):
+                for seq in cross[(t0 + 1 + j) % B]:
+                    add(seq)
+                alloc.append(kv.alloc)
+                capped.append(kv.capped)
+            reserved = [c - f for c, f in zip(capped, filled)]
+            internal = [a - c + kv.held for a, c in zip(alloc, capped)]
+            idle = [kv.capacity - a - kv.rounding - kv.held for a in alloc]
+            mem = (filled, reserved, internal, [kv.rounding + f for f in idle] if self.blocked else kv.rounding,
+                   0 if self.blocked else idle)
+        else:
+            token, reserved, internal, ext, free = breakdown(kv.capacity, 0, kv.alloc, kv.capped, kv.rounding,
+                                                             kv.held, self.blocked)
+            mem = (filled, [reserved - f for f in filled], internal, ext, free)
+        self._advance(k, ends_s)
+        self._finish(self._pop_finished(), ends_s[-1])
         return mem
 
+    def _advance(self, k: int, ends_s: list[float]) -> None:
+        """The clocked group computed ``k`` tokens each; token j of them ended at ``ends_s[j]``."""
+        n = len(self.clocked)
+        first = ends_s[0]
+        for seq in self._fresh:  # their first decode: the gap since their own last token
+            self.itl.add(first - seq.last_token_s)
+        if n > len(self._fresh):
+            self.itl.add(first - self._last_tick_s, n - len(self._fresh))
+        if k > 1:
+            self.itl.add_each([b - a for a, b in zip(ends_s, ends_s[1:])], n)
+        self._fresh = {}
+        self._last_tick_s = ends_s[-1]
+        self.clock.ticks += k
+        self.filled += n * k
+
+    def _pop_finished(self) -> list[Sequence]:
+        out, heap, t = {}, self._finish_at, self.clock.ticks
+        while heap and heap[0][0] <= t:
+            tick, _, seq = heapq.heappop(heap)
+            if seq.clock is self.clock and tick == self._finish_tick(seq):
+                out[seq] = None  # a sequence that left and rejoined may have two live entries
+        return list(out)
+
     def _finish(self, finished: list[Sequence], end_s: float) -> None:
-        if finished:
-            gone = set(finished)
-            self.running = [s for s in self.running if s not in gone]
-            for seq in finished:
-                self.filled -= seq.num_computed_tokens
-                if self.static:
-                    self.kv.hold(seq)
-                else:
-                    self.kv.free(seq)
-                    self.done.append((seq, end_s))
-        if self.static and self.batch and not self.running:  # the batch ends: all results return now
-            for seq in self.batch:
+        for seq in finished:
+            if seq.clock is not None:
+                self._clock_out(seq)
+            else:
+                del self.explicit[seq]
+            seq.last_token_s = end_s
+            self.filled -= seq.num_computed_tokens
+            if self.static:
+                self.kv.hold(seq)
+            else:
+                self.kv.free(seq)
+                self.done.append((seq, end_s))
+        if self.static and self.batch and not self.clocked and not self.explicit:
+            for seq in self.batch:  # the batch ends: all results return now
                 self.kv.release(seq)
                 self.done.append((seq, end_s))
             self.batch = []
+
+    # ------------------------------------------------------------------------------------ pictures
+
+    def capture(self) -> tuple:
+        """A cheap copy of the address space's owners now; ``segments`` draws it later."""
+        if self.paged:
+            return self.kv.capture(self.running), self.blocked
+        live = set(self.clocked) | set(self.explicit)
+        return self.kv.capture([(s, s not in live) for s in self.batch or self.running]), self.blocked
+
+    def segments(self, captured: tuple):
+        data, blocked = captured
+        return self.kv.segments(data, blocked)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
-
 from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig
 from sim.core import StepPlan
@@ -33,9 +31,9 @@ class Executor(Protocol):
     def step_time_s(self, plan: StepPlan) -> float:
         """Seconds the step takes (predicted or measured)."""
 
-    def decode_span_s(self, plan: StepPlan, k: int) -> np.ndarray | None:
-        """Seconds of ``k`` decode steps that repeat ``plan`` with every context one token longer each
-        step; None where no closed form exists (the engine then steps one at a time)."""
+    def decode_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
+        """Seconds of each of ``k`` decode steps that repeat ``plan`` with every context one token
+        longer each step; None where no closed form exists (the engine then steps one at a time)."""
 
 
 class RooflineStepTime:
@@ -85,8 +83,8 @@ class RooflineStepTime:
         t += plan.prefill_attention_pairs * self._pair_s + plan.decode_context_tokens * self._key_s
         return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
 
-    def decode_span_s(self, plan: StepPlan, k: int) -> np.ndarray:
+    def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
+        # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
         n = plan.num_seqs
-        fixed = self._fixed_s(n, n, n)
-        keys = plan.decode_context_tokens + n * np.arange(k, dtype=np.float64)
-        return fixed + keys * self._key_s
+        fixed, key_s, keys = self._fixed_s(n, n, n), self._key_s, plan.decode_context_tokens
+        return [fixed + (keys + n * j) * key_s for j in range(k)]

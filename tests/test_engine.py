@@ -10,6 +10,13 @@ from sim.kv import MEMORY_CLASSES
 from sim.scheduler import Scheduler
 
 SIX = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm", "vllm-v1"]
+# paths the fast decode path hands over to the per-sequence one
+RARE_PATHS = [
+    {"preset": "vllm-v1", "name": "budget<batch", "max_num_batched_tokens": 24},  # decodes skipped for budget
+    {"preset": "vllm", "name": "mixed-paged", "prefill": "mixed"},  # whole prompts may preempt newer ones
+    {"preset": "vllm-v1", "name": "chunked-swap", "preemption": "swap", "swap_space_gib": 0.1},
+    {"preset": "fastertransformer", "name": "ft-8", "max_num_seqs": 8},
+]
 
 
 def small(make_scenario, rate=4.0, n=200, policies=SIX, **over):
@@ -93,8 +100,8 @@ def test_invariants_hold_after_every_step(make_scenario, monkeypatch, exact):
 
     monkeypatch.setattr(Scheduler, "complete", complete)
     monkeypatch.setattr(Scheduler, "complete_span", complete_span)
-    pols = SIX + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.05},
-                  {"preset": "orca-oracle", "name": "ff", "allocator": {"placement": "first-fit"}}]
+    pols = SIX + RARE_PATHS + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.05},
+                               {"preset": "orca-oracle", "name": "ff", "allocator": {"placement": "first-fit"}}]
     r = run(small(make_scenario, rate=20.0, n=120, policies=pols, exact=exact))
     assert calls["n"] > 100
     assert r.policies["vllm"].summary["num_preemptions"] > 0
@@ -118,9 +125,9 @@ def assert_same_requests(a: pd.DataFrame, b: pd.DataFrame) -> None:
 
 @pytest.mark.parametrize("rate", [3.0, 30.0])
 def test_spans_give_the_exact_answers(make_scenario, rate):
-    pols = SIX + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.2},
-                  {"preset": "vllm", "name": "bs1", "block_size": 1},
-                  {"preset": "orca-pow2", "name": "ff", "allocator": {"placement": "first-fit"}}]
+    pols = SIX + RARE_PATHS + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.2},
+                               {"preset": "vllm", "name": "bs1", "block_size": 1},
+                               {"preset": "orca-pow2", "name": "ff", "allocator": {"placement": "first-fit"}}]
     s = small(make_scenario, rate=rate, n=250, policies=pols)
     exact = run(s.model_copy(update={"exact": True}))
     fast = run(s)
@@ -192,3 +199,49 @@ def test_kv_snapshot_tiles_the_pool_at_the_busiest_moment(make_scenario):
             assert by_class[2] > by_class[0]  # max reservation: more internal fragmentation than token states
         if name.startswith("vllm"):
             assert by_class[0] > 0.8 * by_class.sum()
+
+
+@pytest.mark.parametrize("case", ["budget_below_batch", "chunks_under_memory_pressure"])
+def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
+    """Scenarios built to leave the fast decode path: a token budget smaller than the running batch
+    (decodes skipped a step), and chunked prefills that need blocks while memory is full."""
+    if case == "budget_below_batch":
+        wl = {"arrival": {"kind": "poisson", "rate": 200.0}, "num_requests": 400, "seed": 3,
+              "prompt": {"kind": "fixed", "tokens": 8}, "output": {"kind": "uniform", "low": 5, "high": 20}}
+        pols = [{"preset": "vllm", "name": "v0", "max_num_batched_tokens": 32},
+                {"preset": "vllm-v1", "name": "v1", "max_num_batched_tokens": 32},
+                {"preset": "orca-oracle", "name": "orca", "max_num_batched_tokens": 32}]
+        gpu = "a100-40gb"
+    else:
+        wl = {"arrival": {"kind": "poisson", "rate": 50.0}, "num_requests": 150, "seed": 4,
+              "prompt": {"kind": "uniform", "low": 200, "high": 700}, "output": {"kind": "uniform", "low": 20, "high": 300}}
+        pols = [{"preset": "vllm-v1", "name": "v1", "max_num_batched_tokens": 64},
+                {"preset": "vllm-v1", "name": "v1-swap", "max_num_batched_tokens": 96, "preemption": "swap",
+                 "swap_space_gib": 1.0}]
+        gpu = {"name": "small", "memory_gib": 29.5, "hbm_gb_per_s": 1555, "tflops": 312}
+    s = make_scenario(workload=wl, policies=pols, gpu=gpu)
+    counts = {"skip": 0, "chunk_short": 0}
+    orig_out, orig_newest = Scheduler._clock_out, Scheduler._newest_unscheduled
+
+    def clock_out(self, seq):
+        import inspect
+        if inspect.stack()[1].function == "_schedule_decodes":
+            counts["skip"] += 1
+        return orig_out(self, seq)
+
+    def newest(self, scheduled):  # asked only when a step runs out of blocks
+        import inspect
+        if inspect.stack()[1].function == "_schedule_chunks":
+            counts["chunk_short"] += 1
+        return orig_newest(self, scheduled)
+
+    monkeypatch.setattr(Scheduler, "_clock_out", clock_out)
+    monkeypatch.setattr(Scheduler, "_newest_unscheduled", newest)
+    exact = run(s.model_copy(update={"exact": True}))
+    fast = run(s)
+    for name in exact.policies:
+        assert_same_requests(exact.policies[name].requests, fast.policies[name].requests)
+        assert exact.policies[name].summary["num_rejected"] == 0
+        assert exact.policies[name].summary["num_finished"] == wl["num_requests"]
+    key = "skip" if case == "budget_below_batch" else "chunk_short"
+    assert counts[key] > 0, counts

@@ -88,14 +88,14 @@ def test_paged_manager_accounting(num_blocks, block_size, steps):
         held = [b for s in seqs for b in s.block_table]
         assert len(held) == len(set(held)), "a block has two owners"
         assert len(held) + kv.pool.num_free == num_blocks
-        assert set(held).isdisjoint(kv.pool.free_queue)
+        assert set(held).isdisjoint(kv.pool.free_blocks)
         assert kv.alloc == len(held) * block_size
         assert kv.capped == sum(min(len(s.block_table) * block_size, s.max_kv_tokens) for s in seqs)
         for s in seqs:
             assert len(s.block_table) * block_size >= s.num_computed_tokens
     for s in seqs:
         kv.free(s)
-    assert sorted(kv.pool.free_queue) == list(range(num_blocks))
+    assert sorted(kv.pool.free_blocks) == list(range(num_blocks))
     assert kv.alloc == 0 and kv.capped == 0
 
 

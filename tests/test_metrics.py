@@ -6,15 +6,20 @@ from sim.metrics import ItlHistogram, Timeline
 
 def test_timeline_splits_time_exactly_and_doubles_bins():
     tl = Timeline(bin_s=1.0, max_bins=8)
-    ones = [np.ones(1)] * 5
-    tl.add(0.0, np.array([0.5, 0.7, 2.3]), [m * 10 for m in ones], 2, 1, {"num_steps": 1.0})  # crosses edges
-    tl.add(3.5, np.array([20.0]), [m * 0 for m in ones], 0, 0, {})  # a long idle gap: forces doubling
-    assert tl.bin_s == 4.0  # 23.5 s in at most 8 bins
+    times = np.array([0.5, 0.7, 2.3])
+    per_step = lambda: np.column_stack([times, 2 * times, times, np.ones(3), np.zeros((3, 4)),  # noqa: E731
+                                        10 * times, np.zeros((3, 4))])
+    totals = list(per_step().sum(axis=0))
+    tl.add(0.0, times, totals, per_step)  # a span across bin edges: each step in the bin where it ends
+    tl.add(3.5, np.array([20.0]), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 20.0 * 50])  # an idle gap: split by time
+    assert tl.bin_s == 4.0  # 23.5 s fit in at most 8 bins
     df = tl.frame(capacity=50, end_s=23.5)
     assert df.busy_s.sum() == pytest.approx(3.5)
     assert df.seq_s.sum() == pytest.approx(7.0)
     assert df.mem_token_states_slot_s.sum() == pytest.approx(35.0)
-    assert df.num_steps.sum() == 3
+    assert df.mem_free_slot_s.sum() == pytest.approx(1000.0)
+    assert df["memory.free"].iloc[-1] == pytest.approx(1.0)  # the gap's last bin is all free
+    assert df.num_steps.sum() == 3 and df.num_steps.iloc[0] == 3  # all three steps end before 4 s
     assert df.bin_s.iloc[-1] == pytest.approx(23.5 - df.bin_start_s.iloc[-1])
 
 
@@ -24,7 +29,7 @@ def test_itl_histogram_quantiles_within_bin_precision():
     v = rng.lognormal(-3.5, 0.5, 50_000)
     for x in v[:20_000]:
         h.add(float(x))
-    h.add_repeated(v[20_000:], 1)
+    h.add_each(list(v[20_000:]), 1)
     assert h.mean() == pytest.approx(v.mean(), rel=1e-12)
     for q in (0.5, 0.99):
         assert h.quantile(q) == pytest.approx(np.quantile(v, q), rel=3e-3)
