@@ -84,6 +84,7 @@ class Engine:
         self.pool = pool
         self.executor = executor
         self.horizon_s = horizon_s
+        self._horizon = math.inf if horizon_s is None else horizon_s
         self.exact = exact
         self.record_steps = record_steps
         self.progress = progress
@@ -104,7 +105,7 @@ class Engine:
         self.step_seconds = 0.0
         self.num_preemptions = 0
         self.num_done = 0
-        self._snap_key: tuple = (-1, -1)
+        self._snap_key: tuple = (0, 0)
         self._snap = None
 
     # ------------------------------------------------------------------------------------ run
@@ -168,6 +169,7 @@ class Engine:
                 self._record(now, [t - now], None, sched.memory(), idle=True)
                 yield env.timeout(t - now)
                 continue
+            self._maybe_capture(now)  # the address space as this step holds it
             k = 1 if self.exact else sched.span_limit(plan)
             times = self.executor.decode_span_s(plan, k) if k > 1 else None
             if times is None:
@@ -177,13 +179,12 @@ class Engine:
                 self._record(now, [dt], plan, mem)
             else:
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
-                cut = bisect_left(ends, self._next_event_s())
-                if cut < k:  # stop at the first step that ends at or after the next arrival
+                cut = bisect_left(ends, self._next_event_s() if sched.arrivals_matter() else self._horizon)
+                if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
                 yield env.timeout(ends[-1] - now)
                 mem = sched.complete_span(ends)
-                self._record(now, times, plan, mem)
-            self._maybe_capture(env.now)
+                self._record(now, times, plan, mem, ends=ends)
             if sched.done:
                 self.timeline.add_finishes(env.now, len(sched.done))
             for seq, end_s in sched.done:
@@ -194,9 +195,10 @@ class Engine:
             if self.progress is not None and loops % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
-    def _record(self, start_s: float, times: list[float], plan, mem, idle: bool = False) -> None:
-        """Account one step, one span of ``len(times)`` decode steps, or an idle gap. ``mem`` holds
-        the five memory classes after each step: numbers, or lists with one value per step."""
+    def _record(self, start_s: float, times: list[float], plan, mem, idle: bool = False,
+                ends: list[float] | None = None) -> None:
+        """Account one step, one span of ``len(times)`` decode steps (ending at ``ends``), or an idle
+        gap. ``mem`` holds the five memory classes after each step: numbers, or lists (one per step)."""
         k = len(times)
         total = times[0] if k == 1 else sum(times)
         slot_s = [sum(map(mul, times, m)) if isinstance(m, list) else m * total for m in mem]
@@ -205,18 +207,28 @@ class Engine:
             acc[i] += v
         s = self.scheduler
         waiting = len(s.waiting)
+        waiting_s = waiting * total
+        joins: list[int] = []  # steps at which arrivals during a span join the queue (as stepping adds them)
+        if ends is not None:
+            arr, i, end = self._arrivals, self._next, ends[-1]
+            while arr[i] <= end:
+                j = bisect_left(ends, arr[i]) + 1
+                joins.append(j)
+                waiting_s += end - ends[j - 1]
+                i += 1
         if idle:
-            self.timeline.add(start_s, times, [0.0, 0.0, waiting * total, 0, 0, 0, 0, 0, *slot_s])
+            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s])
             k = 0
         else:
             n = plan.num_seqs
-            totals = [total, n * total, waiting * total, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
+            totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                       plan.num_preempted, 0, *slot_s]
 
             def per_step():  # only for a span across a bin edge
                 cls = [m if isinstance(m, list) else [m] * k for m in mem]
                 for j, t in enumerate(times):
-                    yield [t, n * t, waiting * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls)]
+                    w = waiting + sum(1 for x in joins if x <= j)
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls)]
 
             self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
             self.num_steps += k
@@ -234,12 +246,15 @@ class Engine:
             self.steps.append(row + tuple(v / total if total > 0 else v for v in slot_s))
 
     def _maybe_capture(self, now: float) -> None:
-        """Keep the address space at the moment of most waiting requests (then most memory allocated)."""
+        """Keep the address space at (about) the moment of most waiting requests, or of most memory
+        allocated while none wait. NOTE: a new copy only when the queue grows by 5 % (or memory, while
+        nothing waits), so a run keeps O(log) copies; the kept moment is within 5 % of the peak."""
         s, kv = self.scheduler, self.kv
-        key = (len(s.waiting) + len(s.swapped), kv.alloc + kv.held + kv.rounding)
-        if key > self._snap_key:
-            self._snap_key = key
-            self._snap = (now, key[0], s.num_running, s.capture())
+        waiting, alloc = len(s.waiting) + len(s.swapped), kv.alloc + kv.held + kv.rounding
+        best_w, best_a = self._snap_key
+        if waiting > best_w * 1.05 or (waiting == best_w and alloc > best_a * 1.05):
+            self._snap_key = (waiting, alloc)
+            self._snap = (now, waiting, s.num_running, s.capture())
 
     def snapshot(self) -> dict | None:
         """The kept moment: time, waiting and running counts, and (start, length, class) slot runs."""

@@ -109,6 +109,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.clocked or self.explicit or self.swapped or self.batch)
 
+    def arrivals_matter(self) -> bool:
+        """Could a request arriving now be admitted before something finishes? Not while requests
+        wait or are swapped out (FCFS keeps later arrivals behind them, and during a decode span
+        nothing that keeps them out changes), nor while a static batch runs."""
+        return not (self.waiting or self.swapped or self.static)
+
     def memory(self):
         """The five memory classes (token slots) of the current state."""
         kv = self.kv

@@ -139,6 +139,10 @@ def test_spans_give_the_exact_answers(make_scenario, rate):
         for c in MEMORY_CLASSES:
             assert e[f"memory.{c}"] == pytest.approx(f[f"memory.{c}"], rel=1e-6, abs=1e-12), c
         assert len(fast.policies[name].steps) <= len(exact.policies[name].steps)
+        te, tf = exact.policies[name].timeline, fast.policies[name].timeline
+        for col in ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", "num_finished", "num_preempted",
+                    "mem_token_states_slot_s", "mem_free_slot_s"):
+            assert te[col].sum() == pytest.approx(tf[col].sum(), rel=1e-9, abs=1e-9), col
 
 
 def test_paged_keeps_kv_in_token_states_at_saturation(make_scenario):
