@@ -129,8 +129,9 @@ def memory_breakdown(policies: pd.DataFrame, published: Mapping[str, PublishedBr
     bars: list[tuple[str, str, dict[str, float], float, str]] = []  # tick, full name, shares %, unclassified %, source
     shown: set[str] = set()
     for label, row in policies.iterrows():
-        bars.append((short[label], text(label), {c: 100 * float(row.get(f"memory.{c}") or 0.0) for c in MEMORY_CLASSES},
-                     0.0, "this run, time-weighted"))
+        shares = pd.to_numeric(pd.Series([row.get(f"memory.{c}") for c in MEMORY_CLASSES]), errors="coerce")
+        bars.append((short[label], text(label), dict(zip(MEMORY_CLASSES, 100 * shares.to_numpy(float))), 0.0,
+                     "this run, time-weighted"))  # NaN (no time passed) draws no bar
         preset = row.get("preset")
         if published and preset in published and preset not in shown:
             p = published[preset]
@@ -150,7 +151,7 @@ def memory_breakdown(policies: pd.DataFrame, published: Mapping[str, PublishedBr
                     marker=dict(color=UNCLASSIFIED_COLOR, pattern=dict(shape=pattern, fillmode="overlay", size=6)))
     fig.update_layout(barmode="stack", legend_traceorder="reversed")
     fig.update_yaxes(title="share of KV cache capacity (%)", range=[0, 100])
-    fig.update_xaxes(title="policy", automargin=True)
+    fig.update_xaxes(title="policy", automargin=True, categoryorder="array", categoryarray=x)
     subtitle = (f"hatched: published figures ({PAPER_CITATION}), which have no 'free' class" if shown else
                 "time-weighted over the run; idle time counts as free")
     return _layout(fig, "KV cache memory: where it goes", subtitle)
@@ -375,7 +376,7 @@ def latency_cdfs(requests: pd.DataFrame, colors: Mapping[str, str], max_points: 
             fig.add_scatter(x=f32(x), y=f32(y), row=j // 2 + 1, col=j % 2 + 1, name=short[name], meta=text(name),
                             legendgroup=f"policy-{i}", showlegend=j == 0, mode="lines",
                             line=dict(color=colors[name], width=1.5, shape="hv"),
-                            hovertemplate=f"%{{meta}}<br>{what} %{{x:,.4g}} {unit}<br>"
+                            hovertemplate=f"%{{meta}}<br>{what} %{{x:,.5~r}} {unit}<br>"
                             "%{y:.2%} of finished requests at or below<extra></extra>")
     for j, (_, _, title, _) in enumerate(CDF_METRICS):
         fig.update_xaxes(title=title, type="log", row=j // 2 + 1, col=j % 2 + 1)
@@ -431,8 +432,8 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
                             mode="markers" if s[x].duplicated().any() else "lines+markers",
                             line=dict(color=colors[name], dash=dashes[k % len(dashes)]),
                             marker=dict(color=colors[name], size=7),
-                            hovertemplate=f"%{{meta}}<br>{text(_axis_title(x))}: %{{x:,.4g}}<br>"
-                            f"{text(_axis_title(y))}: %{{y:,.4g}}<extra></extra>")
+                            hovertemplate=f"%{{meta}}<br>{text(_axis_title(x))}: %{{x:,.5~r}}<br>"
+                            f"{text(_axis_title(y))}: %{{y:,.5~r}}<extra></extra>")
     if capacity is not None and capacity_col in capacity.columns:
         for name, g in _groups(capacity, list(colors)):
             for v in g[capacity_col].dropna():
@@ -453,7 +454,7 @@ def sustainable_rates(capacity: pd.DataFrame, colors: Mapping[str, str],
     fig = go.Figure()
     for name, g in groups:
         fig.add_bar(x=[short[name]] * len(g), y=g[value], name=short[name], meta=text(name),
-                    marker_color=colors[name], hovertemplate="%{meta}<br>%{y:,.4g} req/s<extra></extra>")
+                    marker_color=colors[name], hovertemplate="%{meta}<br>%{y:,.5~r} req/s<extra></extra>")
     fig.update_xaxes(title="policy", automargin=True)
     fig.update_yaxes(title=_axis_title(value), rangemode="tozero")
     fig.update_layout(showlegend=False)

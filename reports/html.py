@@ -47,7 +47,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem 
 padding:0 1rem} h1{margin-bottom:.2rem} h2{margin-top:2.2rem;border-bottom:1px solid #ddd} .muted{color:#666}
 table{border-collapse:collapse;margin:1rem 0;font-size:.88rem} th,td{border-bottom:1px solid #ddd;
 padding:.3rem .5rem;text-align:right;vertical-align:bottom} th:first-child,td:first-child{text-align:left}
-td.best{font-weight:bold;background:#e3f2e3} .figure{width:100%;margin:.5rem 0 1.5rem 0}
+td.best{font-weight:bold;background:#e3f2e3} .missing{color:#a33} .figure{width:100%;margin:.5rem 0 1.5rem 0}
 dl{display:grid;grid-template-columns:max-content auto;gap:.25rem 1rem} dt{color:#666} dd{margin:0}
 .caption{max-width:70rem} code{background:#f4f4f4;padding:0 .2rem}
 """
@@ -63,11 +63,13 @@ for (const el of document.querySelectorAll("script.kvsim-figure")) {
 
 @dataclass(frozen=True)
 class Section:
-    """One figure on the page: its heading, what it shows (HTML, already escaped) and the figure."""
+    """One figure on the page: its heading, what it shows (HTML, already escaped) and the figure, or
+    ``None`` and why it is not drawn (e.g. no request finished)."""
 
     heading: str
     caption_html: str
-    figure: go.Figure
+    figure: go.Figure | None
+    missing: str = ""
 
 
 def _safe_json(obj: object) -> str:
@@ -78,12 +80,14 @@ def _safe_json(obj: object) -> str:
 
 def _figure_html(section: Section, idx: int) -> tuple[str, dict]:
     """The figure's block on the page, and its template (drawn once for all figures)."""
+    head = f'<section><h3>{html.escape(section.heading)}</h3><p class="caption muted">{section.caption_html}</p>\n'
+    if section.figure is None:
+        return f'{head}<p class="missing">Not drawn: {html.escape(section.missing)}.</p></section>', {}
     spec = json.loads(section.figure.to_json())
     layout = spec.get("layout", {})
     template = layout.pop("template", {})
     height = int(layout.get("height") or 460)
-    block = (f'<section><h3>{html.escape(section.heading)}</h3><p class="caption muted">{section.caption_html}</p>\n'
-             f'<div id="fig{idx}" class="figure" style="height:{height}px"></div>\n'
+    block = (f'{head}<div id="fig{idx}" class="figure" style="height:{height}px"></div>\n'
              f'<script type="application/json" class="kvsim-figure" data-target="fig{idx}">'
              f'{_safe_json({"data": spec.get("data", []), "layout": layout})}</script></section>')
     return block, template
@@ -195,30 +199,30 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                               "Alpaca-like lengths, Poisson arrivals)."),
         figures.memory_breakdown(policies.assign(preset=policies["preset"].where(paper_policy)),
                                  FIG2 if any(paper) else None))]
-    if timeline is not None:
-        sections.append(Section(
-            "Memory, batch and queue over time",
-            "Per policy, the KV pool's classes over time (stacked, % of capacity); below, on the same time axis, the "
-            "mean number of running sequences and of waiting requests in each time bin (timeline.parquet).",
-            figures.memory_timeline(timeline, colors)))
-    if snapshots is not None:
-        sections.append(Section(
-            "KV address space",
-            "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous policies "
-            "hold one slab per request (reservation and internal fragmentation inside it, holes between slabs), "
-            "paged policies scatter blocks. External fragmentation: free slots while a request waits for memory "
-            "(kv_snapshots.parquet).", figures.address_space(snapshots, list(colors))))
-    if requests is not None:
-        sections.append(Section(
-            "Latency distributions",
-            "Cumulative distributions over finished requests (log time axes): time to first token, time per output "
-            "token after the first, end-to-end latency, and normalized latency (end-to-end / output tokens, the "
-            "paper's metric) (requests.parquet).", figures.latency_cdfs(requests, colors)))
-    if timeline is not None:
-        sections.append(Section(
-            "Throughput and preemptions over time",
-            "Tokens sampled, requests finished and sequences preempted per second, in each time bin "
-            "(timeline.parquet).", figures.throughput_timeline(timeline, colors)))
+    no_bins = "no time bin was recorded (no request was served)"
+    finished = requests is not None and bool((requests["status"].astype(str) == "finished").any())
+    sections += [
+        Section("Memory, batch and queue over time",
+                "Per policy, the KV pool's classes over time (stacked, % of capacity); below, on the same time axis, "
+                "the mean number of running sequences and of waiting requests in each time bin (timeline.parquet).",
+                figures.memory_timeline(timeline, colors) if timeline is not None else None, no_bins),
+        Section("KV address space",
+                "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous "
+                "policies hold one slab per request (reservation and internal fragmentation inside it, holes between "
+                "slabs), paged policies scatter blocks. External fragmentation: free slots while a request waits for "
+                "memory (kv_snapshots.parquet).",
+                figures.address_space(snapshots, list(colors)) if snapshots is not None else None,
+                "no snapshot was kept (no step ran)"),
+        Section("Latency distributions",
+                "Cumulative distributions over finished requests (log time axes): time to first token, time per "
+                "output token after the first, end-to-end latency, and normalized latency (end-to-end / output "
+                "tokens, the paper's metric) (requests.parquet).",
+                figures.latency_cdfs(requests, colors) if finished else None, "no request finished"),
+        Section("Throughput and preemptions over time",
+                "Tokens sampled, requests finished and sequences preempted per second, in each time bin "
+                "(timeline.parquet).", figures.throughput_timeline(timeline, colors) if timeline is not None else None,
+                no_bins),
+    ]
     return sections
 
 
@@ -258,8 +262,9 @@ def render(runs: Sequence[RunTables]) -> str:
     sections = _run_sections(runs, colors) + _sweep_sections(runs, colors)
     blocks, template = [], {}
     for i, s in enumerate(sections):
-        block, template = _figure_html(s, i)
+        block, figure_template = _figure_html(s, i)
         blocks.append(block)
+        template = figure_template or template
     with_run = [r for r in runs if r.summary is not None]
     summary = summary_table(pd.concat([r.policies for r in with_run])) if with_run else ""
     title = html.escape(_title(runs))

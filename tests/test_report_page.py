@@ -132,6 +132,19 @@ def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
 
 
+def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
+    """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
+    scenario = parse_scenario({
+        "name": "all rejected", "model": "opt-13b", "gpu": "a100-40gb",
+        "workload": {"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "fixed", "tokens": 3000},
+                     "output": {"kind": "fixed", "tokens": 10}, "num_requests": 5},
+        "policies": ["orca-max", "vllm"]})
+    page = write_results(run(scenario), tmp_path / "r")["report"].read_text()
+    assert len(figure_specs(page)) == 1  # the memory bars (empty: no time passed, no share)
+    for why in ("no time bin was recorded", "no snapshot was kept", "no request finished"):
+        assert f"Not drawn: {why}" in page
+
+
 def test_load_run_keeps_policy_order_and_presets(small_run):
     run_tables = load_run(small_run)
     assert list(run_tables.policies.index) == ["orca-oracle", "vllm"]
