@@ -154,3 +154,19 @@ def test_user_text_cannot_run_and_page_still_renders(browser, tmp_path):
     assert browser.execute_script("return window.__kvsim_pwned === undefined")
     assert_rendered(state, 5)
     assert any("evil#2 / " + policy_name[:20] in f["legend"] for f in state)
+
+
+def test_sweep_report_renders_in_chromium(browser, tmp_path):
+    """A folder holding only a sweep's tidy table and capacity table: both sweep figures drawn."""
+    import pandas as pd
+    from tables import sweep_table
+
+    d = tmp_path / "sweep"
+    d.mkdir()
+    sweep_table(policies=("orca-oracle", "vllm", "<b>x</b>")).to_parquet(d / "sweep.parquet")
+    pd.DataFrame({"policy": ["orca-oracle", "vllm", "<b>x</b>"], "sustainable_request_rate": [1.5, 3.0, 2.0]}) \
+        .to_parquet(d / "capacity.parquet")
+    state = open_report(browser, build_report([d]), tmp_path / "sweep.png")
+    assert not console_errors(browser)
+    assert_rendered(state, 2)
+    assert "<b>x</b>" in state[0]["legend"]
