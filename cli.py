@@ -22,11 +22,12 @@ out = Console()
 
 @contextmanager
 def user_errors():
+    from reports.results import ResultsError
     from sim.config import ScenarioError
 
     try:
         yield
-    except ScenarioError as e:
+    except (ScenarioError, ResultsError) as e:
         for line in str(e).splitlines():
             err.print(f"[red]error:[/red] {line}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -60,6 +61,20 @@ def check(scenario: Path = typer.Argument(..., help="scenario YAML file")) -> No
         lines = check_scenario(scenario)
     for line in lines:
         out.print(line, highlight=False)
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="result folders written by `sim run` (several: compared)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/report.html; "
+                                            "several folders: compare-<names>.html beside the first)"),
+) -> None:
+    """Rebuild report.html from saved results (no re-simulation), or compare several runs side by side."""
+    from reports.html import build_report
+
+    with user_errors():
+        path = build_report(run_dirs, out_file)
+    out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console entry

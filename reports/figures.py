@@ -1,12 +1,32 @@
-"""Figure builders: result tables in, plotly figures out. No metric is computed here."""
+"""Figure builders: result tables in, plotly figures out.
+
+Each builder takes tables as ``sim run`` writes them (``policy`` column labelled for the page) and
+returns one ``go.Figure``. Nothing here computes a metric the simulator owns. What is done for the page
+only is downsampling, and each figure says so in its subtitle when it happens:
+
+- CDFs are drawn at most ``MAX_CDF_POINTS`` order statistics per curve (exact values, evenly spaced ranks);
+- timelines at most ``MAX_TIMELINE_POINTS`` points per policy: adjacent simulator bins merged (counts
+  summed, time averages weighted by bin width, which is exactly the average over the merged bin);
+- the KV address space, when a pool has more than ``MAX_STRIP_RUNS`` runs, in pixels of a power-of-two
+  number of slots, each showing the class that holds most of its slots.
+
+User text (policy labels) reaches plotly escaped: plotly renders a subset of HTML in its text.
+"""
 
 from __future__ import annotations
+
+import html
+import math
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+from reports.paper import PAPER_CITATION, PublishedBreakdown
+from sim.kv import MEMORY_CLASSES
+
 MEMORY_LABELS = {
     "token_states": "token states",
     "reservation": "reservation",
@@ -19,51 +39,423 @@ MEMORY_COLORS = {
     "reservation": "#1f77b4",
     "internal_fragmentation": "#ff7f0e",
     "external_fragmentation": "#d62728",
-    "free": "#c7c7c7",
+    "free": "#d9d9d9",
 }
-PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
-           "#eeca3b"]
+UNCLASSIFIED_COLOR = "#8c8c8c"
+# Tableau 10, then ten darker or lighter companions: 20 policies before a colour repeats.
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
+           "#eeca3b", "#1b3b6f", "#a0522d", "#2e7d32", "#8b1a1a", "#006d6f", "#6a3d9a", "#c2185b", "#5d4037",
+           "#616161", "#9e8600")
+
+MAX_CDF_POINTS = 1000
+MAX_TIMELINE_POINTS = 600
+MAX_STRIP_RUNS = 2000
+STRIP_PIXELS = 1600
+LABEL_CHARS = 32
+
+CDF_METRICS = (  # column, short name, axis title with unit, hover unit
+    ("ttft_ms", "TTFT", "time to first token (ms)", "ms"),
+    ("tpot_ms", "TPOT", "time per output token (ms)", "ms"),
+    ("e2el_ms", "E2E latency", "end-to-end latency (ms)", "ms"),
+    ("normalized_latency_s", "normalized latency", "normalized latency (s/token)", "s/token"),
+)
+
+# Axis titles (with units) for known sweep axes and metrics; other columns are titled by their name.
+AXIS_TITLES = {
+    "workload.arrival.rate": "request rate (req/s)",
+    "block_size": "block size (tokens)",
+    "max_num_seqs": "max sequences per step",
+    "max_num_batched_tokens": "token budget per step (tokens)",
+    "gpu_memory_utilization": "GPU memory utilization (share)",
+    "tensor_parallel": "tensor-parallel GPUs",
+    "swap_space_gib": "swap space (GiB)",
+    "mean_normalized_latency_s": "mean normalized latency (s/token)",
+    "request_throughput": "request throughput (req/s)",
+    "output_throughput": "output throughput (tok/s)",
+    "sustainable_request_rate": "sustainable request rate (req/s)",
+}
 
 
-def policy_colors(names: list[str]) -> dict[str, str]:
-    """One colour per policy, the same in every figure of a report."""
-    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+def text(s: object) -> str:
+    """User text made safe for plotly's pseudo-HTML labels (which decode &amp; &lt; &gt; back)."""
+    return html.escape(str(s), quote=False)
 
 
-def _layout(fig: go.Figure, title: str, **kw) -> go.Figure:
-    fig.update_layout(title=title, template="plotly_white", margin=dict(l=60, r=20, t=50, b=50),
-                      legend=dict(orientation="h", y=-0.2), **kw)
+def short_labels(names: Sequence[str], width: int = LABEL_CHARS) -> dict[str, str]:
+    """Labels for legends and ticks: escaped, cut to ``width`` characters with an ellipsis, unique (a
+    ``#k`` suffix where two cut names meet). Hover text shows the whole name (a trace's ``meta``)."""
+    out: dict[str, str] = {}
+    for n in dict.fromkeys(names):
+        s = str(n) if len(str(n)) <= width else str(n)[: width - 1] + "…"
+        cut, k = s, 2
+        while text(cut) in out.values():
+            cut, k = f"{s} #{k}", k + 1
+        out[n] = text(cut)
+    return out
+
+
+def policy_colors(names: Sequence[str]) -> dict[str, str]:
+    """One colour per policy label, in order, the same in every figure of a report."""
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(dict.fromkeys(names))}
+
+
+def _layout(fig: go.Figure, title: str, subtitle: str = "", height_px: int = 460, top_px: int = 90,
+            **kw) -> go.Figure:
+    """Title with a subtitle (what was downsampled), white template, legend on the right."""
+    fig.update_layout(title=dict(text=title, subtitle=dict(text=subtitle)), template="plotly_white",
+                      height=height_px, margin=dict(l=70, r=20, t=top_px, b=60),
+                      legend=dict(orientation="v", x=1.01, xanchor="left", y=1, yanchor="top"), **kw)
     return fig
 
 
-def memory_breakdown(summary: dict) -> go.Figure:
-    """Stacked bars: where the KV pool went, time-averaged, per policy (the paper's Fig. 2 shape)."""
-    names = list(summary["policies"])
+def _groups(df: pd.DataFrame, order: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows) per policy present in ``df``, in ``order`` (parquet categories sort by name)."""
+    by = {str(k): g for k, g in df.groupby(df["policy"].astype(str), sort=False)}
+    return [(n, by[n]) for n in order if n in by]
+
+
+# ------------------------------------------------------------------------------------------- memory waste
+
+
+def memory_breakdown(policies: pd.DataFrame, published: Mapping[str, PublishedBreakdown] | None = None
+                     ) -> go.Figure:
+    """Stacked bars: where the KV pool went, time-averaged, per policy (the paper's Fig. 2 shape).
+
+    ``policies``: one row per policy (index: label) with ``memory.<class>`` shares (0..1) and a ``preset``
+    column. With ``published`` (preset -> published bar), each preset's published bar is drawn, hatched,
+    right after the first of our policies whose ``preset`` it is.
+    """
+    short = short_labels(list(policies.index))
+    bars: list[tuple[str, str, dict[str, float], float, str]] = []  # tick, full name, shares %, unclassified %, source
+    shown: set[str] = set()
+    for label, row in policies.iterrows():
+        shares = pd.to_numeric(pd.Series([row.get(f"memory.{c}") for c in MEMORY_CLASSES]), errors="coerce")
+        bars.append((short[label], text(label), dict(zip(MEMORY_CLASSES, 100 * shares.to_numpy(float))), 0.0,
+                     "this run, time-weighted"))  # NaN (no time passed) draws no bar
+        preset = row.get("preset")
+        if published and preset in published and preset not in shown:
+            p = published[preset]
+            shown.add(preset)
+            bars.append((p.label, p.label, dict(p.shares_pct), p.unclassified_pct, PAPER_CITATION))
+    x = [b[0] for b in bars]
+    custom = [[b[1], b[4]] for b in bars]
+    pattern = ["/" if b[4] == PAPER_CITATION else "" for b in bars]
+    hover = "%{customdata[0]}<br>%{fullData.name}: %{y:.2f} %<br>%{customdata[1]}<extra></extra>"
     fig = go.Figure()
     for c in MEMORY_CLASSES:
-        vals = [100 * (summary["policies"][n].get(f"memory.{c}") or 0.0) for n in names]
-        fig.add_bar(name=MEMORY_LABELS[c], x=names, y=vals, marker_color=MEMORY_COLORS[c],
-                    hovertemplate="%{x}<br>" + MEMORY_LABELS[c] + ": %{y:.2f} %<extra></extra>")
-    fig.update_layout(barmode="stack")
+        name = MEMORY_LABELS[c] + (" (paper: & others)" if c == "external_fragmentation" and shown else "")
+        fig.add_bar(name=name, x=x, y=[b[2].get(c, 0.0) for b in bars], customdata=custom, hovertemplate=hover,
+                    marker=dict(color=MEMORY_COLORS[c], pattern=dict(shape=pattern, fillmode="overlay", size=6)))
+    if any(b[3] for b in bars):
+        fig.add_bar(name="not broken down (paper)", x=x, y=[b[3] for b in bars], customdata=custom, hovertemplate=hover,
+                    marker=dict(color=UNCLASSIFIED_COLOR, pattern=dict(shape=pattern, fillmode="overlay", size=6)))
+    fig.update_layout(barmode="stack", legend_traceorder="reversed")
     fig.update_yaxes(title="share of KV cache capacity (%)", range=[0, 100])
-    fig.update_xaxes(title="policy")
-    return _layout(fig, "KV cache memory: where it goes (time-weighted)")
+    fig.update_xaxes(title="policy", automargin=True, categoryorder="array", categoryarray=x)
+    subtitle = (f"hatched: published figures ({PAPER_CITATION}), which have no 'free' class" if shown else
+                "time-weighted over the run; idle time counts as free")
+    return _layout(fig, "KV cache memory: where it goes", subtitle)
 
 
-def latency_cdfs(requests: pd.DataFrame, colors: dict[str, str]) -> go.Figure:
-    """CDF of normalized latency (s/token) per policy, finished requests only."""
+# ------------------------------------------------------------------------------------------- timelines
+
+
+def display_bins(timeline: pd.DataFrame, max_points: int = MAX_TIMELINE_POINTS) -> pd.DataFrame:
+    """One policy's timeline with at most ``max_points`` rows: groups of adjacent bins merged.
+
+    Counts (``num_*``) are summed; time averages (``mean_*``, ``memory.*``) are weighted by bin width,
+    which is exactly their average over the merged bin. Rows must be one policy's, in time order."""
+    t = timeline.sort_values("bin_start_s")
+    k = max(1, math.ceil(len(t) / max_points))
+    if k == 1:
+        return t.reset_index(drop=True)
+    group = np.arange(len(t)) // k
+    width_s = t["bin_s"].groupby(group).sum().to_numpy()
+    out = {"bin_start_s": t["bin_start_s"].groupby(group).min().to_numpy(), "bin_s": width_s}
+    for col in t.columns:
+        if col.startswith("num_"):
+            out[col] = t[col].groupby(group).sum().to_numpy()
+        elif col.startswith(("mean_", "memory.")):
+            out[col] = (t[col] * t["bin_s"]).groupby(group).sum().to_numpy() / width_s
+    return pd.DataFrame(out)
+
+
+def _bin_note(timeline: pd.DataFrame, order: Sequence[str], max_points: int) -> str:
+    """Says the simulator's bin width (per policy where they differ: it doubles in long runs) and
+    whether bins were merged for the page."""
+    groups = _groups(timeline, order)
+    short = short_labels([n for n, _ in groups])
+    width = {n: float(g["bin_s"].max()) for n, g in groups}
+    common = max(set(width.values()), key=list(width.values()).count) if width else 0.0
+    others = [f"{short[n]}: {w:g} s" for n, w in width.items() if w != common]
+    note = f"time bins of {common:g} s" + (f" ({', '.join(others)})" if others else "")
+    if any(len(g) > max_points for _, g in groups):
+        note += f"; downsampled for the page: adjacent bins merged to at most {max_points} points per policy"
+    return note
+
+
+def f32(values: object) -> np.ndarray:
+    """Values as float32 for the page: half the bytes of float64, 7 significant digits."""
+    return np.asarray(values, dtype=np.float32)
+
+
+def _time_axis(d: pd.DataFrame) -> dict:
+    """Bin starts as plotly's ``x0``/``dx`` (bins are contiguous and of one width), else explicit ``x``."""
+    start = d["bin_start_s"].to_numpy()
+    step = np.diff(start)
+    if len(start) > 1 and np.allclose(step, step[0]):
+        return {"x0": float(start[0]), "dx": float(step[0])}
+    return {"x": f32(start)}
+
+
+def _preemption_note(timeline: pd.DataFrame) -> str:
+    return "" if timeline["num_preempted"].sum() > 0 else "; no policy preempted in this run"
+
+
+def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
+                    max_points: int = MAX_TIMELINE_POINTS) -> go.Figure:
+    """Per policy, a stacked area of the KV pool's classes over time; under them, on the same time axis,
+    the running batch size and the waiting-queue length of every policy (timeline.parquet). Each point is
+    a time bin, drawn at its start."""
+    groups = _groups(timeline, list(colors))
+    short = short_labels([n for n, _ in groups])
+    n = len(groups)
+    rows = n + 2
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.045, 0.35 / rows),
+                        row_heights=[1.0] * n + [1.4, 1.4],
+                        subplot_titles=[f"{short[name]}: KV pool" for name, _ in groups]
+                        + ["running batch (all policies)", "waiting queue (all policies)"])
+    for i, (name, g) in enumerate(groups):
+        d = display_bins(g, max_points)
+        t = _time_axis(d)
+        for c in MEMORY_CLASSES:
+            fig.add_scatter(**t, y=f32(100 * d[f"memory.{c}"]), row=i + 1, col=1, name=MEMORY_LABELS[c],
+                            meta=text(name), legendgroup=c, showlegend=i == 0, stackgroup=f"p{i}", mode="lines",
+                            line=dict(width=0, color=MEMORY_COLORS[c]), fillcolor=MEMORY_COLORS[c],
+                            hovertemplate="%{meta}, bin from %{x:,.1f} s<br>%{fullData.name}: %{y:.2f} %"
+                            "<extra></extra>")
+        fig.update_yaxes(title="% of KV", range=[0, 100], row=i + 1, col=1)
+        for row, col, what in ((n + 1, "mean_running", "running sequences"),
+                               (n + 2, "mean_waiting", "waiting requests")):
+            fig.add_scatter(**t, y=f32(d[col]), row=row, col=1, name=short[name], meta=text(name),
+                            legendgroup=f"policy-{i}", showlegend=row == n + 1, mode="lines",
+                            line=dict(color=colors[name], width=1.5),
+                            hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s<br>mean %{{y:.2f}} {what}<extra></extra>")
+    fig.update_yaxes(title="running (sequences)", rangemode="tozero", row=n + 1, col=1)
+    fig.update_yaxes(title="waiting (requests)", rangemode="tozero", row=n + 2, col=1)
+    fig.update_xaxes(title="time since first arrival (s)", row=rows, col=1)
+    fig.update_layout(hovermode="x")
+    return _layout(fig, "KV cache memory, batch size and queue over time",
+                   _bin_note(timeline, list(colors), max_points), height_px=170 * n + 440, top_px=120)
+
+
+def throughput_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
+                        max_points: int = MAX_TIMELINE_POINTS) -> go.Figure:
+    """Output tokens, finished requests and preemptions per second over time, per policy (counts per
+    time bin divided by the bin's width; timeline.parquet)."""
+    panels = (("num_sampled", "output tokens/s", "tokens sampled"),
+              ("num_finished", "finished requests/s", "requests finished"),
+              ("num_preempted", "preemptions/s", "preemptions"))
+    groups = _groups(timeline, list(colors))
+    short = short_labels([n for n, _ in groups])
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=["output throughput", "finished requests", "preemptions"])
+    for i, (name, g) in enumerate(groups):
+        d = display_bins(g, max_points)
+        t = _time_axis(d)
+        for row, (col, unit, what) in enumerate(panels, start=1):
+            fig.add_scatter(**t, y=f32(d[col] / d["bin_s"]), customdata=f32(d[[col, "bin_s"]]), row=row, col=1,
+                            name=short[name], meta=text(name), legendgroup=f"policy-{i}", showlegend=row == 1,
+                            mode="lines", line=dict(color=colors[name], width=1.5),
+                            hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s: %{{customdata[0]:,.0f}} {what} in "
+                            f"%{{customdata[1]:.3g}} s<br>%{{y:.3f}} {unit}<extra></extra>")
+    for row, (_, unit, _) in enumerate(panels, start=1):
+        fig.update_yaxes(title=unit, rangemode="tozero", row=row, col=1)
+    fig.update_xaxes(title="time since first arrival (s)", row=3, col=1)
+    fig.update_layout(hovermode="x")
+    return _layout(fig, "Throughput and preemptions over time",
+                   _bin_note(timeline, list(colors), max_points) + _preemption_note(timeline), height_px=780,
+                   top_px=120)
+
+
+# ------------------------------------------------------------------------------------------- address space
+
+
+def strip_runs(segments: pd.DataFrame, max_runs: int = MAX_STRIP_RUNS, pixels: int = STRIP_PIXELS
+               ) -> tuple[pd.DataFrame, int]:
+    """One policy's (start, length, memory_class) runs, tiling its pool, ready to draw; and the slots per
+    pixel (1: exact). Adjacent runs of one class merge. When more than ``max_runs`` remain, the pool is cut
+    into pixels of a power-of-two number of slots (so block and buddy boundaries stay on pixel edges) and
+    each pixel shows the class holding most of its slots."""
+    seg = segments.sort_values("start")
+    codes = pd.Categorical(seg["memory_class"].astype(str), categories=list(MEMORY_CLASSES)).codes
+    starts, lengths = seg["start"].to_numpy(np.int64), seg["length"].to_numpy(np.int64)
+    capacity = int(starts[-1] + lengths[-1]) if len(seg) else 0
+    per_px = 1
+    if len(seg) > max_runs:
+        per_px = 1 << max(0, math.ceil(math.log2(capacity / pixels)))
+        slots = np.repeat(codes.astype(np.int8), lengths)
+        ncols = math.ceil(capacity / per_px)
+        padded = np.full(ncols * per_px, -1, dtype=np.int8)
+        padded[: len(slots)] = slots
+        counts = np.stack([(padded.reshape(ncols, per_px) == c).sum(axis=1) for c in range(len(MEMORY_CLASSES))])
+        codes = counts.argmax(axis=0)
+        starts = np.arange(ncols, dtype=np.int64) * per_px
+        lengths = np.minimum(per_px, capacity - starts)
+    keep = np.r_[True, codes[1:] != codes[:-1]] if len(codes) else np.zeros(0, bool)
+    first = np.flatnonzero(keep)
+    merged_len = np.add.reduceat(lengths, first) if len(first) else lengths[:0]
+    runs = pd.DataFrame({"start": starts[first], "length": merged_len,
+                         "memory_class": np.asarray(MEMORY_CLASSES, dtype=object)[np.asarray(codes)[first]]})
+    return runs, per_px
+
+
+def address_space(snapshots: pd.DataFrame, order: Sequence[str], max_runs: int = MAX_STRIP_RUNS,
+                  pixels: int = STRIP_PIXELS) -> go.Figure:
+    """The KV address space at the kept moment (most requests waiting), one strip per policy: which slots
+    hold token states, reservations, fragmentation or nothing (kv_snapshots.parquet). One bar trace per
+    policy and class; the legend shows each class once."""
+    groups = _groups(snapshots, order)
+    short = short_labels([n for n, _ in groups])
     fig = go.Figure()
-    fin = requests[requests.status == "finished"]
-    for name, g in fin.groupby("policy", observed=True, sort=False):
-        v = np.sort(g.normalized_latency_s.to_numpy())
-        if not len(v):
-            continue
-        y = np.arange(1, len(v) + 1) / len(v)
-        if len(v) > 2000:  # draw 2000 evenly spaced quantiles
-            idx = np.linspace(0, len(v) - 1, 2000).astype(int)
-            v, y = v[idx], y[idx]
-        fig.add_scatter(x=v, y=y, mode="lines", name=str(name), line=dict(color=colors.get(str(name))),
-                        hovertemplate="%{x:.4f} s/token<br>CDF %{y:.3f}<extra>" + str(name) + "</extra>")
-    fig.update_xaxes(title="normalized latency (s/token)", type="log")
-    fig.update_yaxes(title="fraction of finished requests", range=[0, 1])
-    return _layout(fig, "Normalized latency (end-to-end / output tokens)")
+    ticks: list[str] = []
+    notes: list[str] = []
+    legend: set[str] = set()
+    for name, g in groups:
+        first = g.iloc[0]
+        tick = (f"{short[name]}<br><span style='font-size:10px'>t = {first['time_s']:,.1f} s · "
+                f"{int(first['num_waiting']):,} waiting · {int(first['num_running']):,} running</span>")
+        ticks.append(tick)
+        runs, per_px = strip_runs(g, max_runs, pixels)
+        if per_px > 1:
+            notes.append(f"{short[name]}: {per_px} slots per pixel")
+        mostly = "mostly " if per_px > 1 else ""
+        for c in MEMORY_CLASSES:
+            r = runs[runs["memory_class"] == c]
+            if not len(r):
+                continue
+            end = r["start"] + r["length"] - 1
+            fig.add_bar(orientation="h", y=[tick] * len(r), x=r["length"], base=r["start"], name=MEMORY_LABELS[c],
+                        meta=text(name), legendgroup=c, showlegend=c not in legend,
+                        customdata=np.column_stack([r["start"], end, r["length"]]),
+                        marker=dict(color=MEMORY_COLORS[c], line=dict(width=0)),
+                        hovertemplate=f"%{{meta}}<br>{mostly}%{{fullData.name}}: slots %{{customdata[0]:,}}–"
+                        "%{customdata[1]:,} (%{customdata[2]:,} slots)<extra></extra>")
+            legend.add(c)
+    fig.update_layout(barmode="overlay", bargap=0.25, legend_traceorder="grouped")
+    fig.update_xaxes(title="position in the KV pool (token slots)", rangemode="tozero")
+    fig.update_yaxes(title="policy", categoryorder="array", categoryarray=ticks[::-1], automargin=True)
+    subtitle = ("each policy at its moment of most waiting requests (then most memory allocated)"
+                + ("; downsampled: " + ", ".join(notes) + ", each showing its majority class" if notes else ""))
+    return _layout(fig, "KV address space at the busiest moment", subtitle, height_px=130 + 70 * max(1, len(ticks)))
+
+
+# ------------------------------------------------------------------------------------------- latency
+
+
+def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of ``values`` (NaN dropped) at most ``max_points`` exact order statistics:
+    (sorted values, fraction of values at or below each)."""
+    v = np.sort(values[~np.isnan(values)])
+    n = len(v)
+    idx = np.arange(n) if n <= max_points else np.unique(np.round(np.linspace(0, n - 1, max_points)).astype(int))
+    return v[idx], (idx + 1) / n if n else np.zeros(0)
+
+
+def latency_cdfs(requests: pd.DataFrame, colors: Mapping[str, str], max_points: int = MAX_CDF_POINTS) -> go.Figure:
+    """CDFs of TTFT, TPOT, end-to-end and normalized latency per policy, over finished requests
+    (requests.parquet)."""
+    fin = requests[requests["status"].astype(str) == "finished"]
+    groups = _groups(fin, list(colors))
+    short = short_labels([n for n, _ in groups])
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[m[1] for m in CDF_METRICS], vertical_spacing=0.16,
+                        horizontal_spacing=0.09)
+    for i, (name, g) in enumerate(groups):
+        for j, (col, what, _, unit) in enumerate(CDF_METRICS):
+            x, y = cdf_points(g[col].to_numpy(dtype=float), max_points)
+            fig.add_scatter(x=f32(x), y=f32(y), row=j // 2 + 1, col=j % 2 + 1, name=short[name], meta=text(name),
+                            legendgroup=f"policy-{i}", showlegend=j == 0, mode="lines",
+                            line=dict(color=colors[name], width=1.5, shape="hv"),
+                            hovertemplate=f"%{{meta}}<br>{what} %{{x:,.5~r}} {unit}<br>"
+                            "%{y:.2%} of finished requests at or below<extra></extra>")
+    for j, (_, _, title, _) in enumerate(CDF_METRICS):
+        fig.update_xaxes(title=title, type="log", row=j // 2 + 1, col=j % 2 + 1)
+        fig.update_yaxes(title="fraction of finished requests (0–1)", range=[0, 1.02], row=j // 2 + 1, col=j % 2 + 1)
+    largest = max((len(g) for _, g in groups), default=0)
+    note = (f"each curve drawn at {max_points} of its finished requests' exact values (evenly spaced ranks)"
+            if largest > max_points else "every finished request drawn")
+    return _layout(fig, "Latency distributions (finished requests)", note, height_px=820, top_px=110)
+
+
+# ------------------------------------------------------------------------------------------- sweeps
+
+
+def sweep_axes(sweep: pd.DataFrame) -> list[str]:
+    """The columns of a sweep table that are scenario fields and vary (``policy`` aside): a column is a
+    scenario field when its first dotted part names a field of a scenario or a policy (e.g.
+    ``workload.arrival.rate``, ``block_size``) or it is a seed."""
+    from sim.config import PolicyConfig, Scenario
+
+    fields = set(Scenario.model_fields) | set(PolicyConfig.model_fields) | {"seed"}
+    fields.discard("name")
+    return [c for c in sweep.columns
+            if c != "policy" and str(c).split(".")[0] in fields and sweep[c].nunique(dropna=False) > 1]
+
+
+def _axis_title(col: str) -> str:
+    return AXIS_TITLES.get(col) or AXIS_TITLES.get(col.split(".")[-1]) or col
+
+
+def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | None = None,
+                    y: str = "mean_normalized_latency_s", capacity: pd.DataFrame | None = None,
+                    capacity_col: str = "sustainable_request_rate") -> go.Figure:
+    """A metric against a sweep axis, one line per policy (the paper's Fig. 12 shape: normalized latency
+    vs request rate). ``x`` defaults to ``workload.arrival.rate`` when it varies, else the first varying
+    axis. Other varying axes split a policy into several lines (same colour, other dash); seeds that repeat
+    an x are drawn as separate markers, not averaged. With ``capacity``, each policy's sustainable rate is
+    a dotted vertical line in its colour."""
+    axes = sweep_axes(sweep)
+    if x is None:
+        x = "workload.arrival.rate" if "workload.arrival.rate" in axes or not axes else axes[0]
+    others = [a for a in axes if a != x and a.split(".")[-1] != "seed"]
+    dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+    groups = _groups(sweep, list(colors))
+    short = short_labels([n for n, _ in groups])
+    fig = go.Figure()
+    for i, (name, g) in enumerate(groups):
+        for k, (key, s) in enumerate(g.groupby(others, sort=True) if others else [((), g)]):
+            key = key if isinstance(key, tuple) else (key,)
+            suffix = ", ".join(f"{a.split('.')[-1]}={v}" for a, v in zip(others, key))
+            s = s.sort_values(x)
+            fig.add_scatter(x=s[x], y=s[y], name=short[name] + (f" ({text(suffix)})" if suffix else ""),
+                            meta=text(name) + (f" ({text(suffix)})" if suffix else ""), legendgroup=f"policy-{i}",
+                            mode="markers" if s[x].duplicated().any() else "lines+markers",
+                            line=dict(color=colors[name], dash=dashes[k % len(dashes)]),
+                            marker=dict(color=colors[name], size=7),
+                            hovertemplate=f"%{{meta}}<br>{text(_axis_title(x))}: %{{x:,.5~r}}<br>"
+                            f"{text(_axis_title(y))}: %{{y:,.5~r}}<extra></extra>")
+    if capacity is not None and capacity_col in capacity.columns:
+        for name, g in _groups(capacity, list(colors)):
+            for v in g[capacity_col].dropna():
+                fig.add_vline(x=float(v), line=dict(color=colors[name], dash="dot", width=1))
+    fig.update_xaxes(title=_axis_title(x))
+    fig.update_yaxes(title=_axis_title(y), type="log" if y.endswith("latency_s") else "linear")
+    sub = "one point per sweep point and policy" + (f"; other axes: {', '.join(others)}" if others else "")
+    if capacity is not None and capacity_col in capacity.columns:
+        sub += "; dotted: each policy's sustainable rate"
+    return _layout(fig, f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}", sub)
+
+
+def sustainable_rates(capacity: pd.DataFrame, colors: Mapping[str, str],
+                      value: str = "sustainable_request_rate") -> go.Figure:
+    """Bars: the highest request rate each policy sustains (capacity.parquet: ``policy``, ``value``)."""
+    groups = _groups(capacity, list(colors))
+    short = short_labels([n for n, _ in groups])
+    fig = go.Figure()
+    for name, g in groups:
+        fig.add_bar(x=[short[name]] * len(g), y=g[value], name=short[name], meta=text(name),
+                    marker_color=colors[name], hovertemplate="%{meta}<br>%{y:,.5~r} req/s<extra></extra>")
+    fig.update_xaxes(title="policy", automargin=True)
+    fig.update_yaxes(title=_axis_title(value), rangemode="tozero")
+    fig.update_layout(showlegend=False)
+    return _layout(fig, "Sustainable request rate per policy", "from the sweep's capacity table")

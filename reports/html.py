@@ -1,117 +1,317 @@
-"""One self-contained HTML page per run: plotly.js inlined once, every figure as escaped JSON."""
+"""One self-contained HTML page per report: plotly.js and the figure template inlined once, every
+figure's JSON in its own inert ``<script type="application/json">`` block, escaped so that no user text
+(scenario or policy names) can close it. Opens from disk with no network.
+
+    write_report(run_dir)                 # sim run: <run_dir>/report.html
+    build_report([run_a, run_b], out)     # sim report: one folder, or several side by side
+"""
 
 from __future__ import annotations
 
 import html
 import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import figures
+from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
+from reports.results import RunTables, concat, load_run, load_runs
 
-HEADLINE = [
+GB = 1e9
+GIB = 1 << 30
+
+HEADLINE = [  # summary key, column head, format, which is best
     ("request_throughput", "req/s", "{:.3f}", "max"),
-    ("output_throughput", "output tok/s", "{:.0f}", "max"),
+    ("output_throughput", "output tok/s", "{:,.0f}", "max"),
     ("mean_normalized_latency_s", "mean norm. latency (s/tok)", "{:.4f}", "min"),
-    ("median_ttft_ms", "median TTFT (ms)", "{:.0f}", "min"),
-    ("p99_ttft_ms", "P99 TTFT (ms)", "{:.0f}", "min"),
+    ("median_ttft_ms", "median TTFT (ms)", "{:,.0f}", "min"),
+    ("p99_ttft_ms", "P99 TTFT (ms)", "{:,.0f}", "min"),
     ("median_tpot_ms", "median TPOT (ms)", "{:.1f}", "min"),
-    ("mean_batch_size", "mean batch", "{:.1f}", "max"),
-    ("num_preemptions", "preemptions", "{}", "min"),
+    ("p99_tpot_ms", "P99 TPOT (ms)", "{:.1f}", "min"),
+    ("median_e2el_ms", "median E2E latency (ms)", "{:,.0f}", "min"),
+    ("mean_batch_size", "mean batch (seqs)", "{:.1f}", "max"),
+    ("num_preemptions", "preemptions", "{:,}", "min"),
     ("memory.token_states", "KV in token states", "{:.1%}", "max"),
 ]
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
-h1{margin-bottom:.2rem} .muted{color:#666} table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}
-th,td{border-bottom:1px solid #ddd;padding:.3rem .6rem;text-align:right} th:first-child,td:first-child{text-align:left}
-td.best{font-weight:bold;background:#eaf5ea} .figure{width:100%;height:460px;margin:1.5rem 0}
-dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem} dt{color:#666}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1280px;color:#222;
+padding:0 1rem} h1{margin-bottom:.2rem} h2{margin-top:2.2rem;border-bottom:1px solid #ddd} .muted{color:#666}
+table{border-collapse:collapse;margin:1rem 0;font-size:.88rem} th,td{border-bottom:1px solid #ddd;
+padding:.3rem .5rem;text-align:right;vertical-align:bottom} th:first-child,td:first-child{text-align:left}
+td.best{font-weight:bold;background:#e3f2e3} .missing{color:#a33} .figure{width:100%;margin:.5rem 0 1.5rem 0}
+dl{display:grid;grid-template-columns:max-content auto;gap:.25rem 1rem} dt{color:#666} dd{margin:0}
+.caption{max-width:70rem} code{background:#f4f4f4;padding:0 .2rem}
+"""
+
+RENDER_JS = """
+for (const el of document.querySelectorAll("script.kvsim-figure")) {
+  const spec = JSON.parse(el.textContent);
+  spec.layout.template = KVSIM_TEMPLATE;
+  Plotly.newPlot(el.dataset.target, spec.data, spec.layout, {responsive: true, displaylogo: false});
+}
 """
 
 
-def _safe_json(obj) -> str:
-    """JSON that cannot close the surrounding <script> element, whatever text it carries."""
-    return json.dumps(obj).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+@dataclass(frozen=True)
+class Section:
+    """One figure on the page: its heading, what it shows (HTML, already escaped) and the figure, or
+    ``None`` and why it is not drawn (e.g. no request finished)."""
+
+    heading: str
+    caption_html: str
+    figure: go.Figure | None
+    missing: str = ""
 
 
-def _figure_div(fig: go.Figure, idx: int) -> str:
-    spec = json.loads(fig.to_json())
-    return (f'<div id="fig{idx}" class="figure" data-figure="{idx}"></div>\n<script>Plotly.newPlot("fig{idx}", '
-            f'{_safe_json(spec.get("data", []))}, {_safe_json(spec.get("layout", {}))}, '
-            '{"responsive": true, "displaylogo": false});</script>')
+def _safe_json(obj: object) -> str:
+    """JSON that cannot end the surrounding <script> element, whatever text it carries."""
+    return (json.dumps(obj, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def _summary_table(summary: dict) -> str:
-    pols = summary["policies"]
-    best = {}
+def _figure_html(section: Section, idx: int) -> tuple[str, dict]:
+    """The figure's block on the page, and its template (drawn once for all figures)."""
+    head = f'<section><h3>{html.escape(section.heading)}</h3><p class="caption muted">{section.caption_html}</p>\n'
+    if section.figure is None:
+        return f'{head}<p class="missing">Not drawn: {html.escape(section.missing)}.</p></section>', {}
+    spec = json.loads(section.figure.to_json())
+    layout = spec.get("layout", {})
+    template = layout.pop("template", {})
+    height = int(layout.get("height") or 460)
+    block = (f'{head}<div id="fig{idx}" class="figure" style="height:{height}px"></div>\n'
+             f'<script type="application/json" class="kvsim-figure" data-target="fig{idx}">'
+             f'{_safe_json({"data": spec.get("data", []), "layout": layout})}</script></section>')
+    return block, template
+
+
+def _fmt(fmt: str, v: object) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return html.escape(fmt.format(v))
+
+
+def summary_table(policies: pd.DataFrame) -> str:
+    """Every policy's headline metrics; the best value of each column marked (none when all tie)."""
+    best: dict[str, float] = {}
     for key, _, _, how in HEADLINE:
-        vals = [m.get(key) for m in pols.values() if m.get(key) is not None]
-        if vals:
-            best[key] = max(vals) if how == "max" else min(vals)
+        if key in policies.columns:
+            vals = pd.to_numeric(policies[key], errors="coerce").dropna()
+            if vals.nunique() > 1:
+                best[key] = vals.max() if how == "max" else vals.min()
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _, _ in HEADLINE)
     rows = []
-    for name, m in pols.items():
+    for label, m in policies.iterrows():
         cells = []
         for key, _, fmt, _ in HEADLINE:
             v = m.get(key)
-            cls = ' class="best"' if v is not None and v == best.get(key) else ""
-            cells.append(f"<td{cls}>{'-' if v is None else html.escape(fmt.format(v))}</td>")
-        counts = f"{m['num_finished']} / {m['num_rejected']} / {m['num_unfinished']}"
-        rows.append(f"<tr><td>{html.escape(name)}</td>{''.join(cells)}<td>{counts}</td></tr>")
+            mark = ' class="best" title="best in this column"' if key in best and v == best[key] else ""
+            cells.append(f"<td{mark}>{_fmt(fmt, v)}</td>")
+        counts = " / ".join(_fmt("{:,}", m.get(k)) for k in ("num_finished", "num_rejected", "num_unfinished"))
+        rows.append(f"<tr><td>{html.escape(str(label))}</td>{''.join(cells)}<td>{counts}</td></tr>")
     return (f"<table><thead><tr><th>policy</th>{head}<th>finished / rejected / unfinished</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table><p class='muted'>Bold: best value in its column.</p>")
+            f"<tbody>{''.join(rows)}</tbody></table>"
+            "<p class='muted'>Bold: best value in its column. Latencies over finished requests; KV in token states: "
+            "time-weighted share of the KV pool holding computed K/V (summary.json).</p>")
 
 
-def _scenario_block(summary: dict) -> str:
-    s = summary["scenario"]
+def _policy_line(p: dict) -> str:
+    a = p.get("allocator", {})
+    alloc = (f"paged (block {p.get('block_size')})" if a.get("kind") == "paged"
+             else f"contiguous, reserve {a.get('reserve')}, {a.get('placement')}")
+    preset = f" (preset {p['preset']})" if p.get("preset") and p.get("preset") != p.get("name") else ""
+    return (f"{p.get('name')}{preset}: {p.get('batching')} batching, {alloc}, {p.get('prefill')} prefill, "
+            f"preemption by {p.get('preemption')}")
+
+
+def _kv_line(pools: dict) -> str:
+    def one(pool: dict) -> str:
+        gib = pool.get("kv_capacity_gib") or 0.0
+        return (f"{pool.get('kv_capacity_tokens', 0):,} tokens = {gib:.2f} GiB ({gib * GIB / GB:.2f} GB) per GPU, "
+                f"{pool.get('num_blocks', 0):,} blocks of {pool.get('block_size')}")
+    distinct = {one(p) for p in pools.values()}
+    if len(distinct) == 1:
+        return distinct.pop()
+    return "; ".join(f"{name}: {one(p)}" for name, p in pools.items())
+
+
+def scenario_block(run: RunTables) -> str:
+    """The scenario of one run: model, GPU, KV capacity, workload figures and policies."""
+    s = run.scenario
     r = s.get("resolved", {})
     m, g, w = r.get("model", {}), r.get("gpu", {}), r.get("workload", {})
-    pools = r.get("kv_pools", {})
-    pool = next(iter(pools.values()), {})
+    wl = s.get("workload", {})
+    arrival = ", ".join(f"{k} {v}" for k, v in (wl.get("arrival") or {}).items()) or "from the table"
+    lengths = wl.get("lengths") or ("table" if wl.get("kind") == "table" else "custom distributions")
+    rate = w.get("mean_request_rate")
+    kv_kb = (m.get("kv_bytes_per_token") or 0) / 1e3
+    workload = (f"{w.get('num_requests', 0):,} requests from {w.get('source')} over {w.get('span_s') or 0:,.0f} s"
+                + (f" (mean {rate:.3f} req/s)" if rate else "") + f"; arrivals: {arrival}; lengths: {lengths}, mean "
+                f"prompt {w.get('mean_prompt_tokens') or 0:.1f} and output {w.get('mean_output_tokens') or 0:.1f} "
+                f"tokens (max {w.get('max_prompt_tokens')} / {w.get('max_output_tokens')})")
     items = [
-        ("model", f"{m.get('name')} ({m.get('num_params', 0) / 1e9:.1f} B params, max length {m.get('max_model_len')})"),
+        ("model", f"{m.get('name')} ({(m.get('num_params') or 0) / 1e9:.1f} B parameters, {m.get('num_layers')} "
+                  f"layers, max length {m.get('max_model_len')} tokens, KV {kv_kb:,.0f} KB per token)"),
         ("GPU", f"{s.get('tensor_parallel', 1)} x {g.get('name')} ({g.get('memory_gib', 0):.0f} GiB, "
-                f"{g.get('hbm_gb_per_s', 0):.0f} GB/s)"),
-        ("KV cache", f"{pool.get('kv_capacity_tokens', 0):,} tokens, {pool.get('kv_capacity_gib', 0):.2f} GiB per GPU "
-                     f"({pool.get('num_blocks')} blocks of {pool.get('block_size')})"),
-        ("workload", f"{w.get('num_requests', 0):,} requests over {w.get('span_s', 0):.0f} s from {w.get('source')}; "
-                     f"mean prompt {w.get('mean_prompt_tokens') or 0:.1f}, mean output {w.get('mean_output_tokens') or 0:.1f} tokens"),
-        ("policies", ", ".join(summary["policies"])),
+                f"{g.get('hbm_gb_per_s', 0):,.0f} GB/s HBM, {g.get('tflops', 0):.0f} TFLOP/s); memory utilization "
+                f"{s.get('gpu_memory_utilization')}"),
+        ("KV cache", _kv_line(r.get("kv_pools", {}))),
+        ("workload", workload),
+        ("policies", "; ".join(_policy_line(p) for p in s.get("policies", []))),
+        ("step time", ", ".join(f"{k} {v}" for k, v in (s.get("step_time") or {}).items())),
+        ("generated", f"{s.get('generated_at', '?')} (Python {s.get('python', '?')})"),
     ]
-    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items) + "</dl>"
+    rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items)
+    desc = s.get("description")
+    name = html.escape(str(s.get("name", run.label)))
+    return (f"<h3>{name} <span class='muted'>({html.escape(run.label)})</span></h3>"
+            + (f"<p class='muted'>{html.escape(str(desc))}</p>" if desc else "") + f"<dl>{rows}</dl>")
 
 
-def render(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame) -> str:
-    colors = figures.policy_colors(list(summary["policies"]))
-    figs = [figures.memory_breakdown(summary), figures.latency_cdfs(requests, colors)]
-    name = html.escape(str(summary["scenario"].get("name", "")))
-    desc = html.escape(str(summary["scenario"].get("description", "")))
-    body = "\n".join(_figure_div(f, i) for i, f in enumerate(figs))
+def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Section]:
+    """The figures of simulated runs (those with summary.json), on their tables stacked."""
+    with_run = [r for r in runs if r.summary is not None]
+    if not with_run:
+        return []
+    policies = pd.concat([r.policies for r in with_run])
+    paper = [is_paper_scenario(r.scenario) for r in with_run]
+    # only policies of a run that is one of the paper's setups get the published bar beside them
+    paper_policy = pd.concat([pd.Series(p, index=r.policies.index) for r, p in zip(with_run, paper)])
+    requests = concat([r.requests for r in with_run])
+    timeline = concat([r.timeline for r in with_run])
+    snapshots = concat([r.snapshots for r in with_run])
+    esc = html.escape
+    sections = [Section(
+        "Memory waste per policy",
+        "Time-weighted share of the KV pool in each class, the shape of the PagedAttention paper's Fig. 2. "
+        + (f"Hatched bars are the paper's published figures ({esc(PAPER_CITATION)}), drawn because this scenario "
+           "is one of its setups (an OPT model, ShareGPT- or Alpaca-like lengths, Poisson arrivals); they were "
+           "measured under load and have no 'free' class, so compare them with our bars' non-free part."
+           if any(paper) else "The paper's published bars appear only for its setups (an OPT model, ShareGPT- or "
+                              "Alpaca-like lengths, Poisson arrivals)."),
+        figures.memory_breakdown(policies.assign(preset=policies["preset"].where(paper_policy)),
+                                 FIG2 if any(paper) else None))]
+    no_bins = "no time bin was recorded (no request was served)"
+    finished = requests is not None and bool((requests["status"].astype(str) == "finished").any())
+    sections += [
+        Section("Memory, batch and queue over time",
+                "Per policy, the KV pool's classes over time (stacked, % of capacity); below, on the same time axis, "
+                "the mean number of running sequences and of waiting requests in each time bin (timeline.parquet).",
+                figures.memory_timeline(timeline, colors) if timeline is not None else None, no_bins),
+        Section("KV address space",
+                "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous "
+                "policies hold one slab per request (reservation and internal fragmentation inside it, holes between "
+                "slabs), paged policies scatter blocks. External fragmentation: free slots while a request waits for "
+                "memory (kv_snapshots.parquet).",
+                figures.address_space(snapshots, list(colors)) if snapshots is not None else None,
+                "no snapshot was kept (no step ran)"),
+        Section("Latency distributions",
+                "Cumulative distributions over finished requests (log time axes): time to first token, time per "
+                "output token after the first, end-to-end latency, and normalized latency (end-to-end / output "
+                "tokens, the paper's metric) (requests.parquet).",
+                figures.latency_cdfs(requests, colors) if finished else None, "no request finished"),
+        Section("Throughput and preemptions over time",
+                "Tokens sampled, requests finished and sequences preempted per second, in each time bin "
+                "(timeline.parquet).", figures.throughput_timeline(timeline, colors) if timeline is not None else None,
+                no_bins),
+    ]
+    return sections
+
+
+def _sweep_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Section]:
+    sweep = concat([r.sweep for r in runs])
+    capacity = concat([r.capacity for r in runs])
+    sections = []
+    if sweep is not None:
+        sections.append(Section(
+            "Sweep: latency vs request rate",
+            "Mean normalized latency at each sweep point, one line per policy: the shape of the PagedAttention "
+            "paper's Fig. 12; a policy's line turns up where the rate exceeds what it sustains (sweep.parquet).",
+            figures.latency_vs_rate(sweep, colors, capacity=capacity)))
+    if capacity is not None:
+        sections.append(Section(
+            "Sweep: sustainable request rate",
+            "The highest request rate each policy sustains, as the sweep's capacity table gives it "
+            "(capacity.parquet).", figures.sustainable_rates(capacity, colors)))
+    return sections
+
+
+def _title(runs: Sequence[RunTables]) -> str:
+    if len(runs) == 1:
+        return str(runs[0].scenario.get("name") or runs[0].label)
+    return "Comparison: " + " vs ".join(r.label for r in runs)
+
+
+def render(runs: Sequence[RunTables]) -> str:
+    """The whole page for one run or several side by side."""
+    names: list[str] = []
+    for r in runs:
+        names += list(r.policies.index)
+        for t in (r.sweep, r.capacity):
+            if t is not None:
+                names += list(dict.fromkeys(t["policy"].astype(str)))
+    colors = figures.policy_colors(names)
+    sections = _run_sections(runs, colors) + _sweep_sections(runs, colors)
+    blocks, template = [], {}
+    for i, s in enumerate(sections):
+        block, figure_template = _figure_html(s, i)
+        blocks.append(block)
+        template = figure_template or template
+    with_run = [r for r in runs if r.summary is not None]
+    summary = summary_table(pd.concat([r.policies for r in with_run])) if with_run else ""
+    title = html.escape(_title(runs))
+    labelled = (" Policies are labelled <code>folder / policy</code>." if len(runs) > 1 else "")
+    desc = html.escape(str(runs[0].scenario.get("description", ""))) if len(runs) == 1 else ""
+    plotly_js = get_plotlyjs()
+    version = re.search(r"plotly\.js v([0-9.]+)", plotly_js[:400])
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{name}: KV cache policies</title>
+<html lang="en"><head><meta charset="utf-8"><title>{title}: KV cache policies</title>
 <style>{CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script></head>
+<script type="text/javascript">{plotly_js}</script></head>
 <body>
-<h1>{name}</h1><p class="muted">{desc}</p>
-{_scenario_block(summary)}
-<h2>Summary</h2>
-{_summary_table(summary)}
+<h1>{title}</h1><p class="muted">{desc}</p>
+<p class="muted">kvsim report, built {datetime.now(timezone.utc).isoformat(timespec="seconds")} from
+{html.escape(", ".join(str(r.path) for r in runs))}.{labelled} Self-contained: plotly.js
+{version.group(1) if version else ""} is inlined, nothing is fetched. Long timelines and CDFs are downsampled
+for the page; each figure says where.</p>
+{"<h2>Scenario</h2>" + "".join(scenario_block(r) for r in with_run) if with_run else ""}
+{"<h2>Summary</h2>" + summary if summary else ""}
 <h2>Figures</h2>
-{body}
+{chr(10).join(blocks)}
+<script type="text/javascript">const KVSIM_TEMPLATE = {_safe_json(template)};{RENDER_JS}</script>
 </body></html>
 """
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Build ``report.html`` from the result files in ``run_dir``."""
+    """Build ``report.html`` in a run folder from its result files (``sim run`` calls this)."""
     d = Path(run_dir)
-    summary = json.loads((d / "summary.json").read_text())
-    requests = pd.read_parquet(d / "requests.parquet")
-    steps = pd.read_parquet(d / "steps.parquet")
     out = d / "report.html"
-    out.write_text(render(summary, requests, steps), encoding="utf-8")
+    out.write_text(render([load_run(d)]), encoding="utf-8")
     return out
+
+
+def default_output(run_dirs: Sequence[Path]) -> Path:
+    """One folder: its report.html. Several: ``compare-<a>-<b>...html`` beside the first folder."""
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report.html"
+    stem = "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(p).resolve().name) for p in run_dirs)[:120]
+    return Path(run_dirs[0]).resolve().parent / f"compare-{stem}.html"
+
+
+def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """``sim report``: rebuild a run's report from its saved results, or compare several runs."""
+    paths = [Path(p) for p in run_dirs]
+    runs = load_runs(paths)
+    target = Path(out) if out is not None else default_output(paths)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(runs), encoding="utf-8")
+    return target

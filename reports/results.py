@@ -1,0 +1,151 @@
+"""Result folders, read back for a report: the tables ``sim run`` writes, and a sweep's tidy tables.
+
+A run folder holds ``summary.json``, ``requests.parquet``, ``timeline.parquet`` and (when a step ran)
+``kv_snapshots.parquet``; ``steps.parquet`` is not needed here (it can be large). A sweep folder holds
+``sweep.parquet`` (one row per point x policy: scenario fields as columns, e.g. ``workload.arrival.rate``,
+next to the summary metrics) and optionally ``capacity.parquet`` (one row per policy: its sustainable
+request rate). A folder may hold both.
+
+Several folders compare side by side: every policy is then labelled ``<folder name> / <policy>``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
+SNAPSHOT_FILE = "kv_snapshots.parquet"
+SWEEP_FILE = "sweep.parquet"
+CAPACITY_FILE = "capacity.parquet"
+
+
+class ResultsError(ValueError):
+    """A folder a report cannot be built from; the message is one line naming the folder and what is wrong."""
+
+
+@dataclass(frozen=True)
+class RunTables:
+    """One result folder's tables, with policies already labelled for the page.
+
+    ``policies`` has one row per policy (index: its label), the summary metrics as columns plus ``run``,
+    ``policy`` (the name in the scenario), ``preset`` and the KV pool's geometry. The other tables carry
+    the same labels in their ``policy`` column. A sweep-only folder has ``summary`` None and no run tables.
+    """
+
+    label: str
+    path: Path
+    summary: dict | None
+    policies: pd.DataFrame
+    requests: pd.DataFrame | None
+    timeline: pd.DataFrame | None
+    snapshots: pd.DataFrame | None
+    sweep: pd.DataFrame | None
+    capacity: pd.DataFrame | None
+
+    @property
+    def scenario(self) -> dict:
+        return (self.summary or {}).get("scenario", {})
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise ResultsError(f"{path}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})") from None
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("policies"), dict) or "scenario" not in summary:
+        raise ResultsError(f"{path}: not a sim run summary (no 'scenario' and 'policies')")
+    return summary
+
+
+def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd.DataFrame | None:
+    """The table with its ``policy`` column mapped to page labels (plain strings)."""
+    if df is None:
+        return None
+    if "policy" not in df.columns:
+        raise ResultsError(f"{where}: no 'policy' column")
+    out = df.copy()
+    out["policy"] = out["policy"].astype(str).map(lambda p: labels.get(p, p))
+    return out
+
+
+def _policy_table(summary: dict, labels: dict[str, str], run_label: str) -> pd.DataFrame:
+    """One row per policy: its summary metrics, preset and KV pool (from summary.json)."""
+    scenario = summary.get("scenario", {})
+    presets = {p.get("name"): p.get("preset") for p in scenario.get("policies", []) if isinstance(p, dict)}
+    pools = scenario.get("resolved", {}).get("kv_pools", {})
+    rows = []
+    for name, metrics in summary["policies"].items():
+        pool = {f"pool.{k}": v for k, v in pools.get(name, {}).items()}
+        rows.append({"label": labels[name], "run": run_label, "policy": name, "preset": presets.get(name),
+                     **pool, **metrics})
+    return pd.DataFrame(rows).set_index("label")
+
+
+def load_run(path: str | Path, label: str | None = None) -> RunTables:
+    """Read one result folder. With ``label``, policies are labelled ``<label> / <policy>``."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ResultsError(f"{d}: no such result folder")
+    has_run = (d / "summary.json").exists()
+    sweep = _read_parquet(d / SWEEP_FILE) if (d / SWEEP_FILE).exists() else None
+    capacity = _read_parquet(d / CAPACITY_FILE) if (d / CAPACITY_FILE).exists() else None
+    if not has_run and sweep is None:
+        raise ResultsError(f"{d}: not a result folder (no summary.json or {SWEEP_FILE}; write one with `sim run`)")
+    missing = [f for f in RUN_FILES if not (d / f).exists()] if has_run else []
+    if missing:
+        raise ResultsError(f"{d}: incomplete run, missing {', '.join(missing)} (re-run `sim run` to write it)")
+    run_label = label or d.resolve().name
+    summary = _read_summary(d / "summary.json") if has_run else None
+    names = list(summary["policies"]) if summary else []
+    for table in (sweep, capacity):
+        if table is not None and "policy" in table.columns:
+            names += [str(p) for p in pd.unique(table["policy"].astype(str)) if str(p) not in names]
+    labels = {n: (f"{label} / {n}" if label else n) for n in names}
+    snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
+    return RunTables(
+        label=run_label, path=d, summary=summary,
+        policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
+        requests=_relabel(_read_parquet(d / "requests.parquet"), labels, d / "requests.parquet") if has_run else None,
+        timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
+        snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
+        sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE))
+
+
+def run_labels(paths: Sequence[Path]) -> list[str]:
+    """Labels for compared folders: their names, made unique with ``#2``, ``#3``... where they repeat."""
+    labels: list[str] = []
+    for p in paths:
+        base = Path(p).resolve().name or str(p)
+        label, k = base, 2
+        while label in labels:
+            label, k = f"{base}#{k}", k + 1
+        labels.append(label)
+    return labels
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[RunTables]:
+    """Read one folder (policies keep their names) or several (policies labelled by folder)."""
+    if not paths:
+        raise ResultsError("no result folder given")
+    ps = [Path(p) for p in paths]
+    if len(ps) == 1:
+        return [load_run(ps[0])]
+    return [load_run(p, label) for p, label in zip(ps, run_labels(ps))]
+
+
+def concat(tables: Sequence[pd.DataFrame | None]) -> pd.DataFrame | None:
+    """The non-empty tables stacked (``policy`` labels are already unique across runs), or None."""
+    present = [t for t in tables if t is not None and len(t)]
+    return pd.concat(present, ignore_index=True) if present else None

@@ -1,0 +1,239 @@
+"""Figure builders on small hand-made result tables: the right traces, series, units and downsampling."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from tables import policies_table, requests_table, snapshot_table, sweep_table, timeline_table
+
+from reports import figures
+from reports.paper import FIG2, is_paper_scenario
+
+CLASSES = figures.MEMORY_CLASSES
+
+
+def axis_titles(fig) -> list[str]:
+    lay = fig.layout
+    return [lay[k].title.text for k in lay if k.startswith(("xaxis", "yaxis")) and lay[k].title.text]
+
+
+UNIT = re.compile(r"\((%|ms|s|s/token|req/s|tok/s|tokens|token slots|sequences|requests|GiB|share|0–1)\)|/s$")
+
+
+def assert_units(fig) -> None:
+    titles = axis_titles(fig)
+    assert titles
+    for t in titles:
+        assert UNIT.search(t) or t in ("policy", "% of KV"), t
+
+
+# ------------------------------------------------------------------------------------------- labels, colours
+
+
+def test_policy_colors_are_stable_and_distinct():
+    names = [f"p{i}" for i in range(12)]
+    c = figures.policy_colors(names)
+    assert list(c) == names and len(set(c.values())) == 12
+    assert figures.policy_colors(names[:3]) == {n: c[n] for n in names[:3]}
+
+
+def test_short_labels_escape_cut_and_stay_unique():
+    long_a = "<b>" + "x" * 40 + "a"
+    long_b = "<b>" + "x" * 40 + "b"
+    s = figures.short_labels([long_a, long_b, "ok & fine"], width=10)
+    assert s["ok & fine"] == "ok &amp; fine"
+    assert s[long_a].startswith("&lt;b&gt;") and "…" in s[long_a] and "<" not in s[long_a]
+    assert s[long_a] != s[long_b]
+
+
+# ------------------------------------------------------------------------------------------- memory waste
+
+
+def test_memory_breakdown_stacks_five_classes_per_policy():
+    fig = figures.memory_breakdown(policies_table([("a", None), ("b", None)]))
+    assert [t.name for t in fig.data] == [figures.MEMORY_LABELS[c] for c in CLASSES]
+    assert all(list(t.x) == ["a", "b"] for t in fig.data)
+    assert fig.layout.barmode == "stack"
+    assert sum(t.y[0] for t in fig.data) == pytest.approx(100)
+    assert_units(fig)
+    assert "(%)" in fig.layout.yaxis.title.text
+
+
+def test_memory_breakdown_puts_published_bars_beside_their_preset():
+    fig = figures.memory_breakdown(policies_table([("mine-max", "orca-max"), ("paged", "vllm"), ("x", None)]), FIG2)
+    x = list(fig.data[0].x)
+    assert x == ["mine-max", "Orca (Max), paper", "paged", "vLLM, paper", "x"]
+    by_name = {t.name: t for t in fig.data}
+    assert "not broken down (paper)" in by_name  # vLLM's published 3.7 % has no class
+    paper_total = sum(t.y[x.index("vLLM, paper")] for t in fig.data)
+    assert paper_total == pytest.approx(100)
+    assert by_name["token states"].y[1] == 20.4 and by_name["token states"].marker.pattern.shape[1] == "/"
+    assert by_name["token states"].marker.pattern.shape[0] == ""
+    assert "published figures" in fig.layout.title.subtitle.text
+
+
+def test_paper_scenario_detection():
+    q = {"model": "opt-13b", "workload": {"kind": "synthetic", "lengths": "sharegpt", "arrival": {"kind": "poisson"}}}
+    assert is_paper_scenario(q)
+    assert not is_paper_scenario({**q, "model": "llama-3-8b"})
+    assert not is_paper_scenario({**q, "workload": {**q["workload"], "lengths": None}})
+    assert not is_paper_scenario({**q, "workload": {**q["workload"], "arrival": {"kind": "gamma"}}})
+
+
+# ------------------------------------------------------------------------------------------- timelines
+
+
+def test_display_bins_merges_exactly():
+    t = timeline_table("a", 5)
+    t.loc[4, "bin_s"] = 0.5  # the last bin ends early
+    d = figures.display_bins(t, max_points=3)  # groups of 2: [0,1], [2,3], [4]
+    assert list(d.bin_start_s) == [0, 2, 4] and list(d.bin_s) == [2, 2, 0.5]
+    assert d.num_sampled[0] == t.num_sampled[0] + t.num_sampled[1]
+    w = t.bin_s.to_numpy()
+    expect = (t["memory.free"][2] * w[2] + t["memory.free"][3] * w[3]) / (w[2] + w[3])
+    assert d["memory.free"][1] == pytest.approx(expect)
+    assert d["mean_running"][2] == pytest.approx(t.mean_running[4])
+    shares = d[[f"memory.{c}" for c in CLASSES]].sum(axis=1)
+    assert np.allclose(shares, 1.0)
+
+
+def test_memory_timeline_has_stacks_and_queue_rows_on_one_time_axis():
+    t = pd.concat([timeline_table("a", 30), timeline_table("b", 12, bin_s=2.0, seed=1)])
+    colors = figures.policy_colors(["a", "b"])
+    fig = figures.memory_timeline(t, colors)
+    assert len(fig.data) == 2 * (len(CLASSES) + 2)
+    stacks = [tr for tr in fig.data if tr.stackgroup]
+    assert len(stacks) == 10 and {tr.stackgroup for tr in stacks} == {"p0", "p1"}
+    lines = [tr for tr in fig.data if not tr.stackgroup]
+    assert [tr.line.color for tr in lines] == [colors["a"]] * 2 + [colors["b"]] * 2
+    assert fig.data[len(CLASSES) + 2].dx == 2.0 and fig.data[0].dx == 1.0  # bins drawn at their starts
+    assert [fig.layout[f"xaxis{i}"].matches for i in ("", 2, 3, 4)] == ["x4", "x4", "x4", None]  # one time axis
+    assert_units(fig)
+    assert "time bins of 1 s (b: 2 s)" in fig.layout.title.subtitle.text
+
+
+def test_timelines_downsample_long_runs_and_say_so():
+    t = timeline_table("a", 2048)
+    fig = figures.memory_timeline(t, {"a": "#000"}, max_points=600)
+    assert all(len(tr.y) <= 600 for tr in fig.data)
+    assert "downsampled" in fig.layout.title.subtitle.text
+    fig = figures.throughput_timeline(t, {"a": "#000"}, max_points=600)
+    assert "downsampled" in fig.layout.title.subtitle.text
+
+
+def test_throughput_timeline_draws_rates_per_bin():
+    t = pd.concat([timeline_table("a", 10, bin_s=2.0), timeline_table("b", 10, seed=3)])
+    fig = figures.throughput_timeline(t, figures.policy_colors(["a", "b"]))
+    assert len(fig.data) == 6 and [tr.name for tr in fig.data[:3]] == ["a"] * 3
+    assert np.allclose(fig.data[0].y, t.num_sampled[:10] / 2.0)
+    assert np.allclose(fig.data[2].y, t.num_preempted[:10] / 2.0)
+    assert_units(fig)
+    assert [fig.layout[f"yaxis{i}"].title.text for i in ("", 2, 3)] == \
+        ["output tokens/s", "finished requests/s", "preemptions/s"]
+    assert "no policy preempted" not in fig.layout.title.subtitle.text
+    quiet = figures.throughput_timeline(t.assign(num_preempted=0.0), {"a": "#000", "b": "#111"})
+    assert "no policy preempted" in quiet.layout.title.subtitle.text
+
+
+# ------------------------------------------------------------------------------------------- address space
+
+
+def test_address_space_draws_each_policys_runs_exactly():
+    slabs = [(300, "token_states"), (100, "reservation"), (112, "internal_fragmentation"),
+             (488, "external_fragmentation"), (24, "free")]
+    paged = [(16, "token_states"), (16, "free"), (16, "token_states"), (5, "token_states"), (11, "reservation"),
+             (960, "free")]
+    snaps = pd.concat([snapshot_table("slabs", slabs), snapshot_table("paged", paged, waiting=0)])
+    fig = figures.address_space(snaps, ["slabs", "paged"])
+    slab_traces = [t for t in fig.data if t.meta == "slabs"]
+    assert [t.name for t in slab_traces] == [figures.MEMORY_LABELS[c] for c in CLASSES]
+    paged_tok = next(t for t in fig.data if t.meta == "paged" and t.name == "token states")
+    assert list(paged_tok.base) == [0, 32] and list(paged_tok.x) == [16, 21]  # adjacent runs of a class merge
+    for pol in ("slabs", "paged"):
+        runs = sorted((b, x) for t in fig.data if t.meta == pol for b, x in zip(t.base, t.x))
+        assert runs[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(runs, runs[1:]))  # tiles the pool
+        assert sum(x for _, x in runs) == 1024
+    assert sum(t.showlegend for t in fig.data) == len(CLASSES)  # each class once in the legend
+    assert "3 waiting" in str(fig.data[0].y[0])
+    assert "downsampled" not in fig.layout.title.subtitle.text
+    assert_units(fig)
+
+
+def test_address_space_downsamples_big_pools_to_pixels():
+    many = [(16, "token_states" if i % 3 else "free") for i in range(10_000)]  # 160,000 slots
+    runs, per_px = figures.strip_runs(snapshot_table("big", many), max_runs=2000, pixels=1600)
+    assert per_px == 128 and runs.length.sum() == 160_000 and len(runs) <= 1600
+    assert (runs.memory_class.to_numpy()[1:] != runs.memory_class.to_numpy()[:-1]).all()
+    fig = figures.address_space(snapshot_table("big", many), ["big"], max_runs=2000, pixels=1600)
+    assert "128 slots per pixel" in fig.layout.title.subtitle.text
+    assert sum(len(t.x) for t in fig.data) == len(runs)
+
+
+# ------------------------------------------------------------------------------------------- latency
+
+
+def test_latency_cdfs_four_panels_per_policy_over_finished_requests():
+    req = pd.concat([requests_table("a", 50), requests_table("b", 80, seed=2)])
+    fig = figures.latency_cdfs(req, figures.policy_colors(["a", "b"]))
+    assert len(fig.data) == 8
+    first = fig.data[0]
+    assert len(first.x) == 50 and first.y[-1] == pytest.approx(1.0) and np.all(np.diff(first.x) >= 0)
+    assert [fig.layout[f"xaxis{i}"].type for i in ("", 2, 3, 4)] == ["log"] * 4
+    assert [fig.layout[f"xaxis{i}"].title.text for i in ("", 2, 3, 4)] == [m[2] for m in figures.CDF_METRICS]
+    assert_units(fig)
+    assert sum(t.showlegend for t in fig.data) == 2
+
+
+def test_cdf_points_downsample_to_exact_order_statistics():
+    v = np.random.default_rng(0).lognormal(size=20_000)
+    x, y = figures.cdf_points(np.r_[v, np.nan], max_points=1000)
+    assert len(x) == 1000 and x[0] == v.min() and x[-1] == v.max() and y[-1] == 1.0
+    assert np.isin(x, v).all()
+    fig = figures.latency_cdfs(requests_table("a", 5000), {"a": "#000"}, max_points=1000)
+    assert "drawn at 1000" in fig.layout.title.subtitle.text
+
+
+# ------------------------------------------------------------------------------------------- sweeps
+
+
+def test_sweep_axes_are_the_scenario_fields_that_vary():
+    t = sweep_table()
+    assert figures.sweep_axes(t) == ["workload.arrival.rate"]
+    t2 = pd.concat([t.assign(block_size=16), t.assign(block_size=32)])
+    assert figures.sweep_axes(t2) == ["workload.arrival.rate", "block_size"]
+
+
+def test_latency_vs_rate_one_line_per_policy():
+    colors = figures.policy_colors(["orca-oracle", "vllm"])
+    t = sweep_table().sample(frac=1, random_state=0)  # row order must not matter
+    fig = figures.latency_vs_rate(t, colors)
+    assert [tr.name for tr in fig.data] == ["orca-oracle", "vllm"]
+    assert list(fig.data[1].x) == [1.0, 2.0, 4.0] and fig.data[1].mode == "lines+markers"
+    assert fig.layout.xaxis.title.text == "request rate (req/s)" and fig.layout.yaxis.type == "log"
+    assert fig.layout.yaxis.title.text == "mean normalized latency (s/token)"
+    cap = pd.DataFrame({"policy": ["orca-oracle", "vllm"], "sustainable_request_rate": [1.5, 3.0]})
+    fig = figures.latency_vs_rate(t, colors, capacity=cap)
+    assert [s.x0 for s in fig.layout.shapes] == [1.5, 3.0]
+
+
+def test_latency_vs_rate_splits_other_axes_and_keeps_seeds_apart():
+    colors = figures.policy_colors(["orca-oracle", "vllm"])
+    t = pd.concat([sweep_table().assign(block_size=16), sweep_table().assign(block_size=32)])
+    fig = figures.latency_vs_rate(t, colors)
+    assert len(fig.data) == 4 and fig.data[0].line.dash != fig.data[1].line.dash
+    assert fig.data[0].line.color == fig.data[1].line.color == colors["orca-oracle"]
+    seeds = pd.concat([sweep_table().assign(seed=0), sweep_table().assign(seed=1)])
+    fig = figures.latency_vs_rate(seeds, colors)
+    assert len(fig.data) == 2 and fig.data[0].mode == "markers" and len(fig.data[0].x) == 6
+
+
+def test_sustainable_rates_one_bar_per_policy():
+    cap = pd.DataFrame({"policy": ["vllm", "orca-oracle"], "sustainable_request_rate": [3.0, 1.5]})
+    fig = figures.sustainable_rates(cap, figures.policy_colors(["orca-oracle", "vllm"]))
+    assert [tr.name for tr in fig.data] == ["orca-oracle", "vllm"] and list(fig.data[1].y) == [3.0]
+    assert fig.layout.yaxis.title.text == "sustainable request rate (req/s)"
+
+

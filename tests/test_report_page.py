@@ -1,0 +1,176 @@
+"""The HTML page from real run folders, `sim report` (rebuild, compare, sweeps, errors), and the size bound."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+from plotly.offline import get_plotlyjs
+from tables import requests_table, snapshot_table, sweep_table, timeline_table
+from typer.testing import CliRunner
+
+from cli import app
+from reports.html import build_report, write_report
+from reports.results import load_run, run_labels
+from sim.config import parse_scenario
+from sim.run import run, write_results
+
+runner = CliRunner()
+
+
+# ------------------------------------------------------------------------------------------- the page
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A real run folder: 60 Alpaca-like requests, an Orca and a vLLM policy."""
+    scenario = parse_scenario({
+        "name": "small", "model": "opt-13b", "gpu": "a100-40gb",
+        "workload": {"arrival": {"kind": "poisson", "rate": 3.0}, "lengths": "alpaca", "num_requests": 60, "seed": 5},
+        "policies": ["orca-oracle", "vllm"]})
+    d = tmp_path_factory.mktemp("run") / "small"
+    write_results(run(scenario), d, report=False)
+    return d
+
+
+FIGURE_JSON = re.compile(r'<script type="application/json" class="kvsim-figure"[^>]*>(.*?)</script>', re.S)
+
+
+def figure_specs(page: str) -> list[dict]:
+    """Every figure's {data, layout} as the page carries it."""
+    return [json.loads(m) for m in FIGURE_JSON.findall(page)]
+
+
+def test_page_inlines_plotly_once_and_every_figure(small_run):
+    page = write_report(small_run).read_text(encoding="utf-8")
+    js = get_plotlyjs()
+    assert page.count(js[:2000]) == 1
+    ours = page.replace(js, "")  # plotly.js itself names CDNs for features we do not use (maps, MathJax)
+    assert "<script src" not in ours and "http" not in ours.lower()
+    specs = figure_specs(page)
+    titles = [s["layout"]["title"]["text"] for s in specs]
+    assert titles == ["KV cache memory: where it goes", "KV cache memory, batch size and queue over time",
+                      "KV address space at the busiest moment", "Latency distributions (finished requests)",
+                      "Throughput and preemptions over time"]
+    assert all("template" not in s["layout"] for s in specs) and page.count("const KVSIM_TEMPLATE") == 1
+    assert "Orca (Oracle), paper" in json.dumps(specs[0])  # OPT-13B, Alpaca-like, Poisson: one of the paper's
+    assert "14,720 tokens = 11.23 GiB (12.06 GB)" in page
+    table = page[page.index("<h2>Summary</h2>"):page.index("<h2>Figures</h2>")]
+    assert table.count("<tr>") == 3 and 'class="best"' in table
+
+
+def test_same_colour_for_a_policy_in_every_figure(small_run):
+    specs = figure_specs((small_run / "report.html").read_text() if (small_run / "report.html").exists()
+                         else write_report(small_run).read_text())
+    seen: dict[str, set] = {}
+    for s in specs:
+        for tr in s["data"]:
+            color = (tr.get("line") or {}).get("color") or (tr.get("marker") or {}).get("color")
+            if tr.get("meta") in ("orca-oracle", "vllm") and "stackgroup" not in tr and tr.get("type") != "bar":
+                seen.setdefault(tr["meta"], set()).add(color)
+    assert set(seen) == {"orca-oracle", "vllm"} and all(len(c) == 1 for c in seen.values())
+    assert seen["orca-oracle"] != seen["vllm"]
+
+
+def test_compare_labels_policies_by_run(small_run, tmp_path):
+    out = build_report([small_run, small_run], tmp_path / "c.html")
+    specs = figure_specs(out.read_text())
+    names = {tr.get("meta") for s in specs for tr in s["data"]}
+    assert {"small / vllm", "small#2 / vllm", "small / orca-oracle", "small#2 / orca-oracle"} <= names
+    assert run_labels([small_run, small_run]) == ["small", "small#2"]
+
+
+def test_sweep_folder_shows_sweep_figures(small_run, tmp_path):
+    d = tmp_path / "sweep"
+    d.mkdir()
+    sweep_table().to_parquet(d / "sweep.parquet")
+    pd.DataFrame({"policy": ["orca-oracle", "vllm"], "sustainable_request_rate": [1.5, 3.0]}).to_parquet(
+        d / "capacity.parquet")
+    specs = figure_specs(build_report([d]).read_text())
+    assert [s["layout"]["title"]["text"] for s in specs] == ["Mean normalized latency vs request rate",
+                                                             "Sustainable request rate per policy"]
+    # a run folder with a sweep table beside its results shows both
+    both = tmp_path / "both"
+    both.mkdir()
+    for f in small_run.iterdir():
+        (both / f.name).write_bytes(f.read_bytes())
+    sweep_table().to_parquet(both / "sweep.parquet")
+    assert len(figure_specs(build_report([both]).read_text())) == 6
+
+
+# ------------------------------------------------------------------------------------------- sim report
+
+
+def test_sim_report_rebuilds_from_saved_results(small_run, tmp_path):
+    (small_run / "report.html").unlink(missing_ok=True)
+    r = runner.invoke(app, ["report", str(small_run)])
+    assert r.exit_code == 0, r.output
+    assert (small_run / "report.html").exists() and "bytes" in r.output
+    out = tmp_path / "sub" / "cmp.html"
+    r = runner.invoke(app, ["report", str(small_run), str(small_run), "--out", str(out)])
+    assert r.exit_code == 0, r.output and out.exists()
+
+
+def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    (incomplete / "summary.json").write_text((small_run / "summary.json").read_text())
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in small_run.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "requests.parquet").write_bytes(b"not parquet")
+    cases = {str(tmp_path / "missing"): "no such result folder", str(tmp_path): "not a result folder",
+             str(incomplete): "missing requests.parquet, timeline.parquet",
+             str(broken): "requests.parquet: cannot read"}
+    for path, message in cases.items():
+        r = runner.invoke(app, ["report", path])
+        assert r.exit_code == 2, (path, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
+    """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
+    scenario = parse_scenario({
+        "name": "all rejected", "model": "opt-13b", "gpu": "a100-40gb",
+        "workload": {"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "fixed", "tokens": 3000},
+                     "output": {"kind": "fixed", "tokens": 10}, "num_requests": 5},
+        "policies": ["orca-max", "vllm"]})
+    page = write_results(run(scenario), tmp_path / "r")["report"].read_text()
+    assert len(figure_specs(page)) == 1  # the memory bars (empty: no time passed, no share)
+    for why in ("no time bin was recorded", "no snapshot was kept", "no request finished"):
+        assert f"Not drawn: {why}" in page
+
+
+def test_load_run_keeps_policy_order_and_presets(small_run):
+    run_tables = load_run(small_run)
+    assert list(run_tables.policies.index) == ["orca-oracle", "vllm"]
+    assert list(run_tables.policies.preset) == ["orca-oracle", "vllm"]
+    assert set(run_tables.requests.policy) == {"orca-oracle", "vllm"}
+
+
+# ------------------------------------------------------------------------------------------- size bound
+
+
+def test_report_of_a_long_run_stays_under_10_mb(small_run, tmp_path):
+    """The tables of a 20,000-request, five-policy run at their largest (the simulator keeps at most
+    2048 timeline bins per policy; a paged pool's snapshot of 20,000 scattered runs) render under 10 MB."""
+    d = tmp_path / "long"
+    d.mkdir()
+    summary = json.loads((small_run / "summary.json").read_text())
+    names = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]
+    template = summary["policies"]["vllm"]
+    summary["policies"] = {n: template for n in names}
+    (d / "summary.json").write_text(json.dumps(summary))
+    pd.concat([requests_table(n, 20_000, seed=i) for i, n in enumerate(names)]).to_parquet(d / "requests.parquet")
+    pd.concat([timeline_table(n, 2048, seed=i) for i, n in enumerate(names)]).to_parquet(d / "timeline.parquet")
+    scattered = [(16, "token_states" if i % 2 else "free") for i in range(20_000)]
+    pd.concat([snapshot_table(n, scattered) for n in names]).to_parquet(d / "kv_snapshots.parquet")
+    page = write_report(d)
+    size = page.stat().st_size
+    assert size < 10_000_000, size
+    assert size - len(get_plotlyjs().encode()) < 2_000_000, size  # the figures themselves stay small
+    assert len(figure_specs(page.read_text())) == 5
