@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, SyntheticWorkload, Uniform
+from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, Uniform
 
 
 def _gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,5 +195,9 @@ def load_requests(s: Scenario) -> RequestTable:
         return generate(w)
     from traces.workload import load_trace  # the trace readers are a separate package
 
+    path = s.resolve_path(w.path)
+    if not path.exists():
+        raise ScenarioError(f"workload.path: {path}: no such trace file (relative paths start at the scenario's "
+                            "folder; real traces are not part of the project: see the README's Traces section)")
     max_model_len = s.model_spec().max_model_len if w.cap_lengths == "truncate" else None
-    return load_trace(w, s.resolve_path(w.path), max_model_len)
+    return load_trace(w, path, max_model_len)

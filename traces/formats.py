@@ -112,7 +112,13 @@ def header(path: Path, container: Container) -> list[str]:
             if not line.strip():
                 continue
             if container == "csv":
-                return next(csv.reader([line]))
+                names = next(csv.reader([line]))
+                # NOTE: pandas reports a row with more fields than the header, except the first one,
+                # which it silently cuts: check that one here.
+                first = next(csv.reader([next(f, "")]), [])
+                if len(first) > len(names):
+                    raise ScenarioError(f"{path}:{line_no + 1}: {len(first)} fields, expected {len(names)} as in the header")
+                return names
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
@@ -153,6 +159,8 @@ def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = No
     try:
         container = container_of(path)
         names = header(path, container)
+    except ScenarioError:
+        raise
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
     except Exception as e:  # pyarrow raises its own types for a damaged parquet file

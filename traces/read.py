@@ -51,13 +51,13 @@ class Chunk:
 def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator[Chunk]:
     # NOTE: skip_blank_lines=False keeps one row per line, so a row's line is its index + 2 (header first).
     try:
-        with pd.read_csv(tf.path, usecols=columns, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
+        with pd.read_csv(tf.path, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
                          skip_blank_lines=False, keep_default_na=False, na_values=[""], index_col=False,
                          compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8") as reader:
-            for frame in reader:
-                yield Chunk(frame, frame.index.to_numpy() + 2)
+            for frame in reader:  # NOTE: every column is read, so that pandas checks each row's field count
+                yield Chunk(frame[columns], frame.index.to_numpy() + 2)
     except pd.errors.ParserError as e:  # "Expected 3 fields in line 7, saw 4": pandas names the line
-        raise ScenarioError(f"{tf.path}: not a valid CSV ({str(e).strip().removeprefix('Error tokenizing data. ')})") from None
+        raise ScenarioError(f"{tf.path}: not a valid CSV ({str(e).strip().removeprefix('Error tokenizing data. C error: ')})") from None
     except (UnicodeDecodeError, OSError, EOFError) as e:
         raise ScenarioError(f"{tf.path}: cannot read ({e.__class__.__name__}: {e})") from None
 
@@ -91,12 +91,16 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
 
 
 def _parquet_chunks(tf: TraceFile, columns: list[str], chunk_rows: int) -> Iterator[Chunk]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     done = 0
-    for batch in pq.ParquetFile(tf.path).iter_batches(batch_size=chunk_rows, columns=columns):
-        yield Chunk(batch.to_pandas(), np.arange(done + 1, done + batch.num_rows + 1))
-        done += batch.num_rows
+    try:
+        for batch in pq.ParquetFile(tf.path).iter_batches(batch_size=chunk_rows, columns=columns):
+            yield Chunk(batch.to_pandas(), np.arange(done + 1, done + batch.num_rows + 1))
+            done += batch.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise ScenarioError(f"{tf.path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None
 
 
 # ---------------------------------------------------------------------------------------------- values

@@ -77,9 +77,6 @@ def load_trace(w: TraceWorkload, path: Path, max_model_len: int | None = None, *
                allow_untimed: bool = False) -> RequestTable:
     """Read ``path`` as the workload says and transform it. A length-only trace needs ``arrival``
     (unless ``allow_untimed``: then its requests all arrive at 0, for statistics)."""
-    if not path.exists():
-        raise ScenarioError(f"workload.path: {path}: no such trace file (real traces are not part of the "
-                            "project; see the README's Traces section)")
     tf = open_trace(path, w.format, w.columns)
     if tf.fmt.arrival is None:
         if w.window is not None or w.rate_scale is not None:
