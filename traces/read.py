@@ -221,8 +221,8 @@ class _Collector:
         self.num_rows += n
         drop = np.zeros(n, dtype=object)  # reason per row, 0 = kept
 
-        blank = frame.isna().all(axis=1).to_numpy()
-        drop[blank] = "blank_line"
+        if self.tf.container == "csv":  # an empty line reads as a row of empty cells (JSONL skips it)
+            drop[frame.isna().all(axis=1).to_numpy()] = "blank_line"
         for key, allowed in self.filters.items():
             out = ~frame[fmt.filters[key]].isin(allowed).to_numpy()
             drop[(drop == 0) & out] = f"not_in_{key}"
