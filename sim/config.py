@@ -419,8 +419,8 @@ def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> di
     return out
 
 
-_UNION_TAGS = {"synthetic", "table", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged", "contiguous",
-               "roofline", "GpuConfig", "str"}
+_UNION_TAGS = {"synthetic", "table", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged",
+               "contiguous", "roofline", "GpuConfig", "str"}
 
 
 def _key_path(loc: tuple) -> tuple:

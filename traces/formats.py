@@ -117,12 +117,14 @@ def header(path: Path, container: Container) -> list[str]:
                 # which it silently cuts: check that one here.
                 first = next(csv.reader([next(f, "")]), [])
                 if len(first) > len(names):
-                    raise ScenarioError(f"{path}:{line_no + 1}: {len(first)} fields, expected {len(names)} as in the header")
+                    raise ScenarioError(f"{path}:{line_no + 1}: {len(first)} fields, expected {len(names)} as in "
+                                        "the header")
                 return names
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object per line") from None
+                raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object "
+                                    "per line") from None
             if not isinstance(obj, dict):
                 raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {type(obj).__name__}")
             return list(obj)

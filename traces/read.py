@@ -57,7 +57,8 @@ def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chun
             for frame in reader:  # NOTE: every column is read, so that pandas checks each row's field count
                 yield Chunk(frame[columns], frame.index.to_numpy() + 2)
     except pd.errors.ParserError as e:  # "Expected 3 fields in line 7, saw 4": pandas names the line
-        raise ScenarioError(f"{tf.path}: not a valid CSV ({str(e).strip().removeprefix('Error tokenizing data. C error: ')})") from None
+        why = str(e).strip().removeprefix("Error tokenizing data. C error: ")
+        raise ScenarioError(f"{tf.path}: not a valid CSV ({why})") from None
     except (UnicodeDecodeError, OSError, EOFError) as e:
         raise ScenarioError(f"{tf.path}: cannot read ({e.__class__.__name__}: {e})") from None
 
@@ -287,9 +288,10 @@ class _Collector:
         if back.any():
             j = int(np.flatnonzero(back)[0])
             before = self.last_arrival_s if j == 0 else a[j - 1]
-            raise ScenarioError(f"{self.tf.where(int(chunk.lines[keep[j]]))}: {self.tf.fmt.arrival} = "
-                                f"{_show(chunk.frame[self.tf.fmt.arrival].iloc[keep[j]])} is {before - a[j]:.6g} s before "
-                                "the previous request; expected rows in arrival order (sort the file)")
+            col = self.tf.fmt.arrival
+            raise ScenarioError(f"{self.tf.where(int(chunk.lines[keep[j]]))}: {col} = {_show(chunk.frame[col].iloc[keep[j]])} "
+                                f"is {before - a[j]:.6g} s before the previous request; expected rows in arrival order "
+                                "(sort the file)")
         self.last_arrival_s = float(a[-1])
 
     def table(self) -> RequestTable:
