@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -75,6 +75,42 @@ def report(
     with user_errors():
         path = build_report(run_dirs, out_file)
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------- sim trace
+
+trace_app = typer.Typer(no_args_is_help=True, help="Inspect and convert request traces (Azure, BurstGPT, Mooncake, "
+                        "Vidur/Splitwise, length-only CSVs, generic tables; plain or gzip).")
+app.add_typer(trace_app, name="trace")
+TraceFile = Annotated[Path, typer.Argument(help="trace file: CSV, JSONL or parquet, plain or gzip")]
+WorkloadKeys = Annotated[Optional[List[str]], typer.Option(
+    "--workload", "-w", metavar="KEY=VALUE", help="a key of a scenario's trace workload (repeatable): format=azure, "
+    "window.start_s=600, window.end_s=1200, sample=0.5, rate_scale=2, 'arrival={kind: poisson, rate: 5}', "
+    "num_requests=1000, duration_s=600, cap_lengths=truncate, bad_rows=drop, models=[ChatGPT], seed=1")]
+MaxModelLen = Annotated[Optional[int], typer.Option(help="the model's max length, for cap_lengths=truncate")]
+
+
+@trace_app.command("info")
+def trace_info(file: TraceFile, workload: WorkloadKeys = None, max_model_len: MaxModelLen = None) -> None:
+    """Rows, span, request rate, burstiness, token percentiles and prefix-block reuse of FILE."""
+    from traces.commands import trace_info
+
+    with user_errors():
+        lines = trace_info(file, workload or [], max_model_len)
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+@trace_app.command("convert")
+def trace_convert(file: TraceFile, out_file: Annotated[Path, typer.Argument(help="OUT.parquet")],
+                  workload: WorkloadKeys = None, max_model_len: MaxModelLen = None) -> None:
+    """Write FILE's canonical request table (after any transforms) to OUT.parquet."""
+    from traces.commands import trace_convert
+
+    with user_errors():
+        lines = trace_convert(file, out_file, workload or [], max_model_len)
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -138,17 +138,73 @@ class SyntheticWorkload(Strict):
         return self
 
 
-class TableWorkload(Strict):
-    """Replay of a canonical request table (CSV or parquet with columns arrival_s, prompt_tokens,
-    output_tokens). Real trace formats plug in here."""
+class TraceColumns(Strict):
+    """Where a generic table (CSV, JSONL or parquet) keeps each field of a request."""
 
-    kind: Literal["table"]
-    path: str
+    arrival: str | None = Field(None, description="arrival time column; none: give an arrival process")
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = Field(
+        "s", description="numbers in seconds, milliseconds or microseconds, or date-times (ISO 8601)")
+    prompt_tokens: str
+    output_tokens: str
+    hash_ids: str | None = Field(None, description="list column: one hash id per prompt block")
+    hash_block_size: PosInt | None = Field(None, description="tokens per hashed block")
+    session_id: str | None = None
+
+    @model_validator(mode="after")
+    def _block_size(self) -> "TraceColumns":
+        if (self.hash_ids is None) != (self.hash_block_size is None):
+            raise ValueError("give 'hash_ids' and 'hash_block_size' together")
+        return self
+
+
+class TimeWindow(Strict):
+    """Arrivals in [start_s, end_s) of the trace's own clock, re-based so the window starts at 0."""
+
+    start_s: float = Field(0.0, ge=0)
+    end_s: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _order(self) -> "TimeWindow":
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+        return self
+
+
+class TraceWorkload(Strict):
+    """Replay of a request trace file (plain or gzip): a real format, detected from its header or named
+    by ``format``, or a generic table with ``columns``; then the transforms, in this order: ``window``,
+    ``sample``, re-timing (``arrival``) or ``rate_scale``, ``num_requests``/``duration_s``,
+    ``cap_lengths``. ``kind: table`` is the older name of ``kind: trace``."""
+
+    kind: Literal["trace", "table"]
+    path: str = Field(description="trace file, relative to the scenario file")
+    format: Literal["auto", "azure", "burstgpt", "mooncake", "vidur", "lengths", "canonical"] = "auto"
+    columns: TraceColumns | None = Field(None, description="column mapping of a generic table")
+    models: list[str] | None = Field(None, min_length=1, description="burstgpt: keep only these models")
+    log_types: list[str] | None = Field(None, min_length=1, description="burstgpt: keep only these log types")
+    bad_rows: Literal["error", "drop"] = Field(
+        "error", description="a row with a missing, non-numeric or negative value: stop with an error, or drop it")
+    window: TimeWindow | None = None
+    sample: float | None = Field(None, gt=0, le=1, description="keep this fraction of the requests, at random")
+    arrival: Arrival | None = Field(None, description="re-time: new arrivals, the trace's own lengths in order")
+    rate_scale: PosFloat | None = Field(None, description="multiply the request rate (arrival times / rate_scale)")
     num_requests: PosInt | None = None
     duration_s: PosFloat | None = None
+    cap_lengths: Literal["reject", "truncate"] = Field(
+        "reject", description="prompt + output over the model's max length: the engine rejects it, or it is "
+        "truncated (prompt to max - 1, output to what is left) and counted")
+    seed: int = Field(0, description="seeds sample and arrival")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "TraceWorkload":
+        if self.columns is not None and self.format != "auto":
+            raise ValueError(f"give either 'format' ({self.format}) or 'columns' (a generic table), not both")
+        if self.arrival is not None and self.rate_scale is not None:
+            raise ValueError("give either 'arrival' (new arrival times) or 'rate_scale', not both")
+        return self
 
 
-Workload = Annotated[Union[SyntheticWorkload, TableWorkload], Field(discriminator="kind")]
+Workload = Annotated[Union[SyntheticWorkload, TraceWorkload], Field(discriminator="kind")]
 
 
 def _default_kind(data: Any) -> Any:
@@ -363,9 +419,8 @@ def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> di
     return out
 
 
-_UNION_TAGS = {"synthetic", "table", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged", "contiguous",
-               "roofline", "GpuConfig", "str", "function-before[_expand_policy(), PolicyConfig]",
-               "function-before[_default_kind(), tagged-union[SyntheticWorkload,TableWorkload]]"}
+_UNION_TAGS = {"synthetic", "table", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged",
+               "contiguous", "roofline", "GpuConfig", "str"}
 
 
 def _key_path(loc: tuple) -> tuple:

@@ -48,6 +48,7 @@ class RunResult:
         span = float(r.arrival_s[-1] - r.arrival_s[0]) if n > 1 else 0.0
         return {
             "source": r.source,
+            "num_rows_read": r.num_rows_read,  # = num_requests + the dropped rows
             "num_requests": n,
             "span_s": span,
             "mean_request_rate": (n - 1) / span if span > 0 else None,
@@ -56,6 +57,7 @@ class RunResult:
             "max_prompt_tokens": int(r.prompt_tokens.max()) if n else None,
             "max_output_tokens": int(r.output_tokens.max()) if n else None,
             "dropped_rows": dict(r.dropped),
+            "truncated_requests": dict(r.truncated),
         }
 
     def summary(self) -> dict:
@@ -188,6 +190,9 @@ def check_scenario(scenario_path: str | Path) -> list[str]:
         raise ScenarioError(f"{scenario_path}: the workload has no requests")
     lines = [f"{scenario_path}: ok", f"model {model.name} on {scenario.tensor_parallel} x {gpu.name}; "
              f"{len(requests):,} requests from {requests.source}"]
+    for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
+        if any(counts.values()):
+            lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     for policy in scenario.policies:
         pool = policy_pool(scenario, model, gpu, policy)
         lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator, KV pool "

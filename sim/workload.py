@@ -2,29 +2,75 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, TableWorkload, Uniform
+from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, Uniform
 
-CANONICAL_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+def _gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the runs ``[starts[i], starts[i] + lengths[i])`` laid end to end, and their offsets."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+    return positions, offsets
+
+
+@dataclass(frozen=True)
+class PrefixHashes:
+    """Each request's prompt as hash ids of ``block_size``-token blocks (equal ids at equal positions: a
+    shared prefix, as in Mooncake's traces). Stored flat, as Arrow stores a list column::
+
+        ids      [a0 a1 a2 | b0 b1 | c0 ...]
+        offsets  [0,        3,      5, ...]      request i: ids[offsets[i]:offsets[i + 1]]
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    block_size: int
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def of(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def take(self, index: np.ndarray) -> "PrefixHashes":
+        positions, offsets = _gather(self.offsets[:-1][index], np.diff(self.offsets)[index])
+        return PrefixHashes(self.ids[positions], offsets, self.block_size)
+
+    def cut(self, prompt_tokens: np.ndarray) -> "PrefixHashes":
+        """Keep only the blocks that the first ``prompt_tokens`` tokens of each prompt touch."""
+        num_blocks = np.minimum(np.diff(self.offsets), -(-prompt_tokens // self.block_size))
+        positions, offsets = _gather(self.offsets[:-1], num_blocks)
+        return PrefixHashes(self.ids[positions], offsets, self.block_size)
+
+    def seen_fraction(self) -> float:
+        """Share of all prompt blocks whose hash id appeared earlier in the trace (a prefix-cache hit
+        with an unbounded cache)."""
+        return 1.0 - len(np.unique(self.ids)) / len(self.ids) if len(self.ids) else 0.0
 
 
 @dataclass
 class RequestTable:
     """Requests sorted by arrival: seconds from the trace's start, prompt and output tokens (>= 1).
 
-    ``dropped`` counts input rows a reader skipped, by reason (rows in = requests + dropped)."""
+    Optional: each prompt's prefix-block hashes, each request's session id. The engine reads only the
+    three arrays. ``dropped`` counts input rows left out, by reason, so that rows in = requests +
+    dropped; ``truncated`` counts requests whose prompt or output was cut to the model's max length."""
 
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     source: str = "generated"
     dropped: dict[str, int] = field(default_factory=dict)
+    prefix_hashes: PrefixHashes | None = None
+    session_id: np.ndarray | None = None
+    truncated: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.arrival_s = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
@@ -33,23 +79,48 @@ class RequestTable:
         n = len(self.arrival_s)
         if not (len(self.prompt_tokens) == len(self.output_tokens) == n):
             raise ValueError("request table columns differ in length")
+        for extra in (self.prefix_hashes, self.session_id):
+            if extra is not None and len(extra) != n:
+                raise ValueError("request table columns differ in length")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
+
+    @property
+    def num_rows_read(self) -> int:
+        """Input rows this table came from: its requests and every dropped row."""
+        return len(self) + sum(self.dropped.values())
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
+    def replace(self, **changes) -> "RequestTable":
+        """A copy with some fields replaced (the counts are copied, never shared)."""
+        changes.setdefault("dropped", dict(self.dropped))
+        changes.setdefault("truncated", dict(self.truncated))
+        return dataclasses.replace(self, **changes)
+
+    def take(self, index: np.ndarray, reason: str) -> "RequestTable":
+        """The requests at ``index`` (increasing); the others are counted as dropped for ``reason``."""
+        index = np.asarray(index, dtype=np.int64)
+        dropped = dict(self.dropped)
+        if len(index) < len(self):
+            dropped[reason] = dropped.get(reason, 0) + len(self) - len(index)
+        return self.replace(arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
+                            output_tokens=self.output_tokens[index], dropped=dropped,
+                            prefix_hashes=None if self.prefix_hashes is None else self.prefix_hashes.take(index),
+                            session_id=None if self.session_id is None else self.session_id[index])
+
     def head(self, n: int | None = None, duration_s: float | None = None) -> "RequestTable":
-        """The first ``n`` requests and/or those arriving before ``duration_s``."""
-        keep = len(self)
+        """The requests arriving before ``duration_s``, then the first ``n`` of them (the rest counted
+        as dropped: ``beyond_duration_s``, ``beyond_num_requests``)."""
+        t = self
         if duration_s is not None:
-            keep = int(np.searchsorted(self.arrival_s, duration_s, side="left"))
+            t = t.take(np.arange(np.searchsorted(t.arrival_s, duration_s, side="left")), "beyond_duration_s")
         if n is not None:
-            keep = min(keep, n)
-        return RequestTable(self.arrival_s[:keep], self.prompt_tokens[:keep], self.output_tokens[:keep],
-                            self.source, dict(self.dropped))
+            t = t.take(np.arange(min(n, len(t))), "beyond_num_requests")
+        return t
 
 
 def _norm_cdf(x: float) -> float:
@@ -117,49 +188,16 @@ def generate(w: SyntheticWorkload) -> RequestTable:
                         source=f"synthetic(seed={w.seed})")
 
 
-def _where(path: Path, i: int) -> str:
-    """Row ``i`` (0-based) of a table: its line in a CSV (after the header), else its row number."""
-    return f"line {i + 2}" if path.suffix != ".parquet" else f"row {i + 1}"
-
-
-def _show(v) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
-
-
-def read_table(path: Path) -> RequestTable:
-    """A canonical request table (CSV or parquet). Real trace formats are read by ``traces``."""
-    try:
-        df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such request table") from None
-    except Exception as e:  # pandas raises many types for unreadable files
-        raise ScenarioError(f"{path}: cannot read as a table ({e.__class__.__name__}: {e})") from None
-    missing = [c for c in CANONICAL_COLUMNS if c not in df.columns]
-    if missing:
-        raise ScenarioError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(CANONICAL_COLUMNS)}")
-    if len(df) == 0:
-        raise ScenarioError(f"{path}: no requests")
-    for c in CANONICAL_COLUMNS:
-        col = pd.to_numeric(df[c], errors="coerce")
-        bad = col.isna() | (col < (0 if c == "arrival_s" else 1))
-        if c != "arrival_s":
-            bad |= col != np.floor(col)
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            want = "a number >= 0" if c == "arrival_s" else "an integer >= 1"
-            raise ScenarioError(f"{path}: {_where(path, i)}: {c} = {_show(df[c].iloc[i])}, expected {want}")
-        df[c] = col
-    arr = df["arrival_s"].to_numpy(dtype=np.float64)
-    if np.any(np.diff(arr) < 0):
-        i = int(np.flatnonzero(np.diff(arr) < 0)[0]) + 1
-        raise ScenarioError(f"{path}: {_where(path, i)}: arrival_s goes backwards ({arr[i - 1]} then {arr[i]}); "
-                            "sort the table")
-    return RequestTable(arr, df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(), source=str(path))
-
-
 def load_requests(s: Scenario) -> RequestTable:
+    """The scenario's requests: generated, or read from a trace file and transformed."""
     w = s.workload
     if isinstance(w, SyntheticWorkload):
         return generate(w)
-    assert isinstance(w, TableWorkload)
-    return read_table(s.resolve_path(w.path)).head(w.num_requests, w.duration_s)
+    from traces.workload import load_trace  # the trace readers are a separate package
+
+    path = s.resolve_path(w.path)
+    if not path.exists():
+        raise ScenarioError(f"workload.path: {path}: no such trace file (relative paths start at the scenario's "
+                            "folder; real traces are not part of the project: see the README's Traces section)")
+    max_model_len = s.model_spec().max_model_len if w.cap_lengths == "truncate" else None
+    return load_trace(w, path, max_model_len)

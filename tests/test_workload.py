@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from sim.config import LENGTH_PRESETS, LogNormal, ScenarioError, SyntheticWorkload
-from sim.workload import generate, lognormal_mu, read_table
+from sim.workload import generate, load_requests, lognormal_mu
 
 
 def wl(**kw):
@@ -56,18 +56,22 @@ def test_fixed_and_uniform_lengths():
     assert set(r.prompt_tokens) == {7} and set(r.output_tokens) == {2, 3, 4}
 
 
-def test_table_replay_and_its_errors(tmp_path):
+def test_table_replay_and_its_errors(tmp_path, make_scenario):
+    """``kind: table`` (the older name of ``kind: trace``) replays a canonical table as written."""
     p = tmp_path / "t.csv"
-    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1.5,20,1\n")
-    r = read_table(p)
-    assert list(r.prompt_tokens) == [10, 20] and r.arrival_s[1] == 1.5
-    for text, msg in [("a,b\n1,2\n", "missing column"),
-                      ("arrival_s,prompt_tokens,output_tokens\n", "no requests"),
-                      ("arrival_s,prompt_tokens,output_tokens\n0,10,0\n", "line 2: output_tokens = 0, expected an integer >= 1"),
-                      ("arrival_s,prompt_tokens,output_tokens\n0,x,1\n", "line 2: prompt_tokens = 'x'"),
-                      ("arrival_s,prompt_tokens,output_tokens\n5,1,1\n2,1,1\n", "line 3: arrival_s goes backwards")]:
+
+    def load(text, **kw):
         p.write_text(text)
+        return load_requests(make_scenario(workload={"kind": "table", "path": str(p), **kw}))
+
+    r = load("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1.5,20,1\n2,5,0\n")
+    assert list(r.prompt_tokens) == [10, 20] and r.arrival_s[1] == 1.5 and r.dropped == {"zero_output_tokens": 1}
+    assert len(load("arrival_s,prompt_tokens,output_tokens\n3,10,5\n4,20,1\n", num_requests=1)) == 1
+    for text, msg in [("a,b\n1,2\n", "cannot tell the trace format"),
+                      ("arrival_s,prompt_tokens,output_tokens\n", "no requests"),
+                      ("arrival_s,prompt_tokens,output_tokens\n0,x,1\n", "t.csv:2: prompt_tokens = 'x'"),
+                      ("arrival_s,prompt_tokens,output_tokens\n5,1,1\n2,1,1\n", "t.csv:3: arrival_s = 2 is 3 s before")]:
         with pytest.raises(ScenarioError, match=msg):
-            read_table(p)
-    with pytest.raises(ScenarioError, match="no such request table"):
-        read_table(tmp_path / "missing.csv")
+            load(text)
+    with pytest.raises(ScenarioError, match="no such trace file"):
+        load_requests(make_scenario(workload={"kind": "table", "path": str(tmp_path / "missing.csv")}))

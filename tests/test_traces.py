@@ -1,0 +1,304 @@
+"""Trace readers on the shared samples (figures from ../shared/traces/README.md), round trips through
+``sim trace convert``, formats without a shared sample, and the documented errors on malformed files."""
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from conftest import shared_trace
+from sim.config import ScenarioError, TraceWorkload
+from traces.commands import trace_stats, workload_from_options
+from traces.formats import FORMATS
+from traces.workload import load_trace
+
+runner = CliRunner()
+AZURE = "azure_2023/AzureLLMInferenceTrace_conv.csv"
+
+# ../shared/traces/README.md, "Figures": rows, span s, mean req/s, prompt and output (mean, p50, p99, max);
+# None where the README gives no figure. The README rounds: a figure without decimals is compared to 0.5.
+README_FIGURES = {
+    AZURE: ("azure", 19_366, 3501.7, 5.53, (1154.7, 1020, 4142, 14050), (211.1, 129, 601, 1000)),
+    "vidur/splitwise_conv.csv": ("vidur", 19_366, 3501.7, 5.53, (1154.7, 1020, 4142, 14050), (211.1, 129, 601, 1000)),
+    "mooncake/conversation_trace.jsonl": ("mooncake", 12_031, 3537.0, 3.40, (12035, 6909, 85400, 126195),
+                                          (342.6, 350, 1118.5, 2000)),
+    "mooncake/synthetic_trace.jsonl": ("mooncake", 3_993, 1022.0, 3.91, (15325, 11587, 66456, 191378),
+                                       (149.1, 69, 768, 893)),
+    "lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv": ("lengths", 30_731, None, None,
+                                                                (2340.0, 1730, 7434, None), (438.7, 415, 998, None)),
+    "lengths/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv": ("lengths", 28_257, None, None,
+                                                                           (2588.1, 2730, 3933, None),
+                                                                           (291.4, 167, 3271, None)),
+    "lengths/bwb_stats_llama2_tokenizer_filtered_v2.csv": ("lengths", 33_768, None, None, (1067.2, 1037, 1800, None),
+                                                           (1612.8, 1601, 2533, None)),
+}
+STAT_KEYS = ("mean", "p50", "p99", "max")
+
+
+def _tol(readme_value: float) -> float:
+    return 0.05 if readme_value != int(readme_value) or isinstance(readme_value, float) else 0.5
+
+
+def load(path, *settings, **kw):
+    return load_trace(workload_from_options(Path(path), list(settings)), Path(path), **kw)
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- samples
+
+
+@pytest.mark.parametrize("rel", list(README_FIGURES))
+def test_shared_sample_matches_readme_figures(rel):
+    fmt, rows, span, rate, prompt, output = README_FIGURES[rel]
+    t = load(shared_trace(rel), allow_untimed=True)
+    s = trace_stats(t, timed=fmt != "lengths")
+    assert t.source.endswith(f"({fmt})") and len(t) == rows and t.num_rows_read == rows and not t.dropped
+    if span is not None:
+        assert s["span_s"] == pytest.approx(span, abs=0.05)
+        assert s["mean_rate_per_min"] / 60 == pytest.approx(rate, abs=0.005)
+    for key, want in (("prompt_tokens", prompt), ("output_tokens", output)):
+        for stat, v in zip(STAT_KEYS, want):
+            if v is not None:
+                assert s[key][stat] == pytest.approx(v, abs=_tol(v)), (key, stat)
+
+
+@pytest.mark.parametrize("rel", list(README_FIGURES))
+def test_sim_trace_info_prints_the_readme_figures(rel):
+    fmt, rows, span, rate, prompt, output = README_FIGURES[rel]
+    r = runner.invoke(app, ["trace", "info", str(shared_trace(rel))])
+    assert r.exit_code == 0, r.output
+    assert f"format {fmt}, {rows:,} requests from {rows:,} rows" in r.output
+    if span is not None:
+        assert f"span            {span:,.1f} s" in r.output and f"({rate:.2f} /s)" in r.output
+    printed = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in r.output.splitlines()
+               if line.startswith(("prompt ", "output "))}
+    for key, want in (("prompt", prompt), ("output", output)):
+        mean, p50, _p90, p99, mx = printed[key]
+        for got, v in zip((mean, p50, p99, mx), want):
+            if v is not None:
+                assert got == pytest.approx(v, abs=_tol(v)), (key, got, v)
+
+
+def test_mooncake_prefix_blocks_match_the_readme():
+    t = load(shared_trace("mooncake/conversation_trace.jsonl"))
+    h = t.prefix_hashes
+    assert h.block_size == 512 and len(h.ids) == 288_500 and len(np.unique(h.ids)) == 182_790
+    assert h.seen_fraction() == pytest.approx(1 - 182_790 / 288_500)
+    assert np.array_equal(np.diff(h.offsets), -(-t.prompt_tokens // 512))  # one id per 512-token block
+    r = runner.invoke(app, ["trace", "info", str(shared_trace("mooncake/conversation_trace.jsonl"))])
+    assert "288,500 of 512 tokens, 36.6 % seen earlier in the trace" in r.output
+
+
+def test_azure_and_vidur_files_hold_the_same_requests():
+    a, v = load(shared_trace(AZURE)), load(shared_trace("vidur/splitwise_conv.csv"))
+    assert np.allclose(a.arrival_s, v.arrival_s, atol=1e-6)
+    assert np.array_equal(a.prompt_tokens, v.prompt_tokens) and np.array_equal(a.output_tokens, v.output_tokens)
+    assert a.arrival_s[0] == 0.0 and a.arrival_s[1] == pytest.approx(4.314579)  # 7-digit timestamps, from the start
+
+
+CONVERT_SETTINGS = {"lengths/bwb_stats_llama2_tokenizer_filtered_v2.csv": ["arrival={kind: poisson, rate: 4}"]}
+
+
+@pytest.mark.parametrize("rel", [AZURE, "vidur/splitwise_conv.csv", "mooncake/conversation_trace.jsonl",
+                                 "lengths/bwb_stats_llama2_tokenizer_filtered_v2.csv"])
+def test_each_format_round_trips_through_convert(rel, tmp_path):
+    src = shared_trace(rel)
+    settings = CONVERT_SETTINGS.get(rel, [])
+    out = tmp_path / "t.parquet"
+    r = runner.invoke(app, ["trace", "convert", str(src), str(out), *sum((["-w", s] for s in settings), [])])
+    assert r.exit_code == 0, r.output
+    a, b = load(src, *settings), load(out)
+    assert b.source.endswith("(canonical)")
+    for col in ("arrival_s", "prompt_tokens", "output_tokens"):
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    assert (a.prefix_hashes is None) == (b.prefix_hashes is None)
+    if a.prefix_hashes is not None:
+        assert b.prefix_hashes.block_size == 512
+        assert np.array_equal(a.prefix_hashes.ids, b.prefix_hashes.ids)
+        assert np.array_equal(a.prefix_hashes.offsets, b.prefix_hashes.offsets)
+
+
+@pytest.mark.parametrize("rel", [AZURE, "mooncake/synthetic_trace.jsonl"])
+def test_gzip_reads_the_same_as_plain(rel, tmp_path):
+    src = shared_trace(rel)
+    gz = tmp_path / (src.name + ".gz")
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    a, b = load(src), load(gz)
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.prompt_tokens, b.prompt_tokens)
+
+
+def test_small_chunks_read_the_same_as_one(tmp_path):
+    from traces.formats import open_trace
+    from traces.read import read_trace
+
+    tf = open_trace(shared_trace(AZURE))
+    a, b = read_trace(tf), read_trace(tf, chunk_rows=1000)
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.output_tokens, b.output_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- formats
+
+
+def test_config_and_readers_name_the_same_formats():
+    assert set(get_args(TraceWorkload.model_fields["format"].annotation)) == {"auto", *FORMATS}
+
+
+BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+5,GPT-4,1087,0,1087,Conversation log
+7,ChatGPT,120,30,150,API log
+9,GPT-4,300,200,500,API log
+12,ChatGPT,88,0,88,Conversation log
+"""
+
+
+def test_burstgpt_drops_failed_rows_and_filters_by_model_and_log_type(tmp_path):
+    p = write(tmp_path, "burst.csv", BURSTGPT)
+    t = load(p)
+    assert t.source.endswith("(burstgpt)") and list(t.arrival_s) == [0, 2, 4] and list(t.output_tokens) == [18, 30, 200]
+    assert t.dropped == {"failed_request": 2} and t.num_rows_read == 5
+    f = load(p, "models=[ChatGPT]", "log_types=[Conversation log]")
+    assert list(f.prompt_tokens) == [472] and f.num_rows_read == 5
+    assert f.dropped == {"not_in_models": 2, "not_in_log_types": 1, "failed_request": 1}
+    with pytest.raises(ScenarioError, match="'models' selects rows of burstgpt traces; this is format azure"):
+        load(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.0000000,1,1\n"),
+             "models=[x]")
+
+
+def test_azure_2024_timestamps_across_midnight(tmp_path):
+    p = write(tmp_path, "AzureLLMInferenceTrace_code_1week.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2024-05-10 23:59:59.9999999,2048,28\n2024-05-11 00:00:00.0000001,17,3\n2024-05-12 00:00:00.5000000,5,1\n")
+    t = load(p)
+    assert t.arrival_s[0] == 0 and t.arrival_s[1] == pytest.approx(2e-7, abs=2e-6)
+    assert t.arrival_s[2] == pytest.approx(86400.5, abs=1e-5)
+
+
+def test_generic_tables_by_column_mapping(tmp_path):
+    csv = write(tmp_path, "g.csv", "t_ms,in,out,conv\n1000,10,2,a\n1500,20,3,b\n4000,30,4,a\n")
+    cols = "columns={arrival: t_ms, arrival_unit: ms, prompt_tokens: in, output_tokens: out, session_id: conv}"
+    t = load(csv, cols)
+    assert list(t.arrival_s) == [0, 0.5, 3.0] and list(t.session_id) == ["a", "b", "a"]
+    jl = tmp_path / "g.jsonl"
+    jl.write_text("".join(json.dumps({"at": f"2024-01-01T00:00:0{i}Z", "p": 20, "o": 1, "blocks": [7, 8 + i]}) + "\n"
+                          for i in range(3)))
+    t = load(jl, "columns={arrival: at, arrival_unit: datetime, prompt_tokens: p, output_tokens: o, "
+                 "hash_ids: blocks, hash_block_size: 16}")
+    assert list(t.arrival_s) == [0, 1, 2] and t.prefix_hashes.block_size == 16 and list(t.prefix_hashes.of(2)) == [7, 10]
+    assert t.prefix_hashes.seen_fraction() == pytest.approx(2 / 6)
+    pq = tmp_path / "g.parquet"
+    pd.DataFrame({"s": [0.0, 1.0], "p": [5, 6], "o": [1, 2]}).to_parquet(pq)
+    t = load(pq, "columns={arrival: s, prompt_tokens: p, output_tokens: o}")
+    assert list(t.prompt_tokens) == [5, 6] and t.source.endswith("(generic)")
+    with pytest.raises(ScenarioError, match=r"g.csv:1: missing column\(s\) turn"):
+        load(csv, "columns={arrival: t_ms, prompt_tokens: in, output_tokens: out, session_id: turn}")
+    with pytest.raises(ScenarioError, match="holds lists of hash ids, which only JSONL or parquet can carry"):
+        load(csv, "columns={arrival: t_ms, prompt_tokens: in, output_tokens: out, hash_ids: conv, hash_block_size: 4}")
+
+
+def test_length_only_traces_need_an_arrival_process(tmp_path):
+    p = write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n10,5,15,2\n20,4,24,5\n")
+    with pytest.raises(ScenarioError, match="format lengths has no arrival times; give 'arrival'"):
+        load(p)
+    with pytest.raises(ScenarioError, match="no arrival times to window or scale"):
+        load(p, "window.end_s=10", "arrival={kind: poisson, rate: 1}")
+    t = load(p, "arrival={kind: gamma, rate: 2, cv: 3}", "seed=4")
+    assert t.arrival_s[0] == 0 and t.arrival_s[1] > 0 and list(t.prompt_tokens) == [10, 20]
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+TS = "2023-11-16 18:15:47.0000000"
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("missing.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n", "cannot tell the trace format from "
+     "its columns (TIMESTAMP, ContextTokens); expected one of: azure (TIMESTAMP,ContextTokens,GeneratedTokens)"),
+    ("nonnum.csv", HEAD + f"{TS},x,3\n", "nonnum.csv:3: ContextTokens = 'x', expected an integer >= 0"),
+    ("negative.csv", HEAD + f"{TS},5,-3\n", "negative.csv:3: GeneratedTokens = -3, expected an integer >= 0"),
+    ("nan.csv", HEAD + f"{TS},NaN,3\n", "nan.csv:3: ContextTokens = 'NaN', expected an integer >= 0"),
+    ("blank.csv", HEAD + f"{TS},,3\n", "blank.csv:3: ContextTokens is empty, expected an integer >= 0"),
+    ("fraction.csv", HEAD + f"{TS},2.5,3\n", "fraction.csv:3: ContextTokens = 2.5, expected an integer >= 0"),
+    ("empty.csv", "", "empty.csv: empty file; expected a header line naming the columns"),
+    ("header.csv", HEAD.splitlines()[0] + "\n", "header.csv: no requests (the file has a header but no rows)"),
+    ("time.csv", HEAD + "2023-11-16 25:15:47.0000000,5,3\n", "time.csv:3: TIMESTAMP = '2023-11-16 25:15:47.0000000', "
+     "expected a date and time such as 2023-11-16 18:15:46.6805900"),
+    ("order.csv", HEAD + "2023-11-16 18:15:45.6805900,5,3\n", "order.csv:3: TIMESTAMP = '2023-11-16 18:15:45.6805900' "
+     "is 1 s before the previous request; expected rows in arrival order (sort the file)"),
+    ("fields.csv", HEAD + f"{TS},5,3,9\n", "fields.csv: not a valid CSV (Expected 3 fields in line 3, saw 4)"),
+    ("fields1.csv", HEAD.splitlines()[0] + f"\n{TS},5,3,9\n", "fields1.csv:2: 4 fields, expected 3 as in the header"),
+    ("vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n-1,5,5\n",
+     "vidur.csv:3: arrived_at = -1, expected a number of s >= 0"),
+    ("bad.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5\n',
+     "bad.jsonl:2: not valid JSON"),
+    ("list.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n[1, 2]\n',
+     "list.jsonl:2: expected a JSON object, got list"),
+    ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "two"]}\n',
+     "hashes.jsonl:1: hash_ids = [1, 'two'], expected a list of integer hash ids"),
+    ("lost.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n',
+     "lost.jsonl:2: output_length is empty, expected an integer >= 0"),
+    ("zero.csv", HEAD.splitlines()[0] + f"\n{TS},5,0\n", "no requests left: all 1 rows were dropped (zero_output_tokens: 1)"),
+])
+def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message):
+    p = write(tmp_path, name, text)
+    with pytest.raises(ScenarioError) as e:
+        load(p)
+    assert message in str(e.value) and str(p) in str(e.value)
+    r = runner.invoke(app, ["trace", "info", str(p)])
+    assert r.exit_code == 2 and "Traceback" not in r.output and message in r.output.replace("\n", "")
+
+
+def test_unreadable_files(tmp_path):
+    for name, data, message in [("bin.csv", bytes(range(128, 256)), "cannot read (UnicodeDecodeError"),
+                                ("t.csv.gz", b"\x1f\x8b\x08broken", "cannot read"),
+                                ("t.parquet", b"PAR1 not really", "cannot read as parquet")]:
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(ScenarioError, match=re.escape(message)):
+            load(p)
+    with pytest.raises(ScenarioError, match="no such trace file"):
+        load(tmp_path / "absent.csv")
+    with pytest.raises(ScenarioError, match="not a file"):
+        load(tmp_path)
+
+
+def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
+    text = HEAD + f"{TS},x,3\n{TS},5,-3\n{TS},,3\n2023-11-16 99:00:00,5,3\n{TS},0,3\n{TS},7,0\n\n{TS},8,2\n"
+    t = load(write(tmp_path, "mixed.csv", text), "bad_rows=drop")
+    assert list(t.prompt_tokens) == [374, 8]
+    assert t.dropped == {"not_a_number": 1, "negative_value": 1, "missing_value": 1, "unreadable_timestamp": 1,
+                         "zero_prompt_tokens": 1, "zero_output_tokens": 1, "blank_line": 1}
+    assert t.num_rows_read == len(text.splitlines()) - 1  # every line but the header
+    jl = write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+               'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
+    t = load(jl, "bad_rows=drop")
+    assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_workload_keys_on_the_command_line_are_checked(tmp_path):
+    p = write(tmp_path, "a.csv", HEAD)
+    for settings, message in [(["sample=2"], "-w: sample: Input should be less than or equal to 1 (got 2)"),
+                              (["window.end_s=-1"], "-w: window.end_s: Input should be greater than 0"),
+                              (["colour=red"], "-w: colour: unknown key"),
+                              (["sample"], "-w 'sample': expected KEY=VALUE"),
+                              (["path=x"], "the trace file is the FILE argument"),
+                              (["arrival={kind: poisson, rate: 1}", "rate_scale=2"], "give either 'arrival'"),
+                              (["format=azure", "columns={prompt_tokens: a, output_tokens: b}"], "give either 'format'"),
+                              (["columns={prompt_tokens: a, output_tokens: b, hash_ids: h}"], "give 'hash_ids' and "
+                               "'hash_block_size' together")]:
+        with pytest.raises(ScenarioError, match=re.escape(message)):
+            workload_from_options(p, settings)
+    r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
+    assert r.exit_code == 2 and "name it *.parquet" in r.output

@@ -1,0 +1,189 @@
+"""Trace formats: which column of a file holds which field of a request, and how to tell a format from
+its header.
+
+Every format reads into the canonical request table (``sim.workload.RequestTable``): arrival seconds
+from the trace's start, prompt tokens, output tokens, and where the file has them, prefix-block hash ids
+and session ids. A format is only a column mapping plus a few rules, so one reader (``traces.read``)
+serves them all, and a generic table with a user's column mapping is one more ``TraceFormat``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sim.config import ScenarioError, TraceColumns
+
+Container = Literal["csv", "jsonl", "parquet"]
+ArrivalUnit = Literal["s", "ms", "us", "datetime"]
+SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    """One trace format: its columns and rules.
+
+    ``hash_ids`` and ``session_id`` are read when the file has them (a generic mapping requires every
+    column it names). ``filters`` maps a workload key (``models``) to the column it selects on."""
+
+    name: str
+    arrival: str | None
+    arrival_unit: ArrivalUnit
+    prompt_tokens: str
+    output_tokens: str
+    hash_ids: str | None = None
+    hash_block_size: int | None = None
+    session_id: str | None = None
+    rebase: bool = True  # arrivals from the first row's time (the canonical table is kept as written)
+    zero_output_reason: str = "zero_output_tokens"  # drop reason of a row with 0 output tokens
+    filters: dict[str, str] = field(default_factory=dict)
+    extras_required: bool = False
+
+    def required(self) -> list[str]:
+        cols = [c for c in (self.arrival, self.prompt_tokens, self.output_tokens) if c is not None]
+        if self.extras_required:
+            cols += [c for c in (self.hash_ids, self.session_id) if c is not None]
+        return cols
+
+    def optional(self) -> list[str]:
+        return [] if self.extras_required else [c for c in (self.hash_ids, self.session_id) if c is not None]
+
+    def describe(self) -> str:
+        return f"{self.name} ({','.join(self.required())})"
+
+
+# NOTE: detection tries these in order and takes the first whose required columns the header has:
+# vidur before lengths (vidur's header is lengths' plus arrived_at).
+FORMATS: dict[str, TraceFormat] = {
+    "azure": TraceFormat("azure", "TIMESTAMP", "datetime", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": TraceFormat("burstgpt", "Timestamp", "s", "Request tokens", "Response tokens",
+                            zero_output_reason="failed_request", filters={"models": "Model", "log_types": "Log Type"}),
+    "mooncake": TraceFormat("mooncake", "timestamp", "ms", "input_length", "output_length",
+                            hash_ids="hash_ids", hash_block_size=512),
+    "vidur": TraceFormat("vidur", "arrived_at", "s", "num_prefill_tokens", "num_decode_tokens"),
+    "canonical": TraceFormat("canonical", "arrival_s", "s", "prompt_tokens", "output_tokens",
+                             hash_ids="hash_ids", session_id="session_id", rebase=False),
+    "lengths": TraceFormat("lengths", None, "s", "num_prefill_tokens", "num_decode_tokens"),
+}
+
+
+def generic_format(c: TraceColumns) -> TraceFormat:
+    """A user's column mapping as a format."""
+    return TraceFormat("generic", c.arrival, c.arrival_unit, c.prompt_tokens, c.output_tokens, c.hash_ids,
+                       c.hash_block_size, c.session_id, extras_required=True)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    """The file as text, decompressed when it is gzip (told by its first bytes, not its name)."""
+    return gzip.open(path, "rt", encoding="utf-8") if is_gzip(path) else open(path, encoding="utf-8")
+
+
+def container_of(path: Path) -> Container:
+    """parquet (magic bytes), JSONL (first character ``{``) or CSV."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":
+            return "parquet"
+    with open_text(path) as f:
+        first = f.read(4096).lstrip()
+    return "jsonl" if first.startswith("{") else "csv"
+
+
+def header(path: Path, container: Container) -> list[str]:
+    """Column names: a CSV's first line, a JSONL file's first object's keys, a parquet schema's names."""
+    if container == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    with open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if container == "csv":
+                names = next(csv.reader([line]))
+                # NOTE: pandas reports a row with more fields than the header, except the first one,
+                # which it silently cuts: check that one here.
+                first = next(csv.reader([next(f, "")]), [])
+                if len(first) > len(names):
+                    raise ScenarioError(f"{path}:{line_no + 1}: {len(first)} fields, expected {len(names)} as in "
+                                        "the header")
+                return names
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object "
+                                    "per line") from None
+            if not isinstance(obj, dict):
+                raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {type(obj).__name__}")
+            return list(obj)
+    raise ScenarioError(f"{path}: empty file; expected a header line naming the columns")
+
+
+def check_readable(path: Path) -> None:
+    if not path.exists():
+        raise ScenarioError(f"{path}: no such trace file")
+    if not path.is_file():
+        raise ScenarioError(f"{path}: not a file")
+    if path.stat().st_size == 0:
+        raise ScenarioError(f"{path}: empty file; expected a header line naming the columns")
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A trace file whose header fits its format."""
+
+    path: Path
+    container: Container
+    fmt: TraceFormat
+    names: tuple[str, ...]  # the file's columns
+
+    def where(self, line: int) -> str:
+        """``path:line`` (CSV, JSONL) or ``path: row N`` (parquet)."""
+        return f"{self.path}: row {line}" if self.container == "parquet" else f"{self.path}:{line}"
+
+
+def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = None) -> TraceFile:
+    """The file's format (named, detected from the header, or a generic mapping) and container; raises
+    :class:`ScenarioError` naming the missing columns when the header does not fit."""
+    check_readable(path)
+    try:
+        container = container_of(path)
+        names = header(path, container)
+    except ScenarioError:
+        raise
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
+    except Exception as e:  # pyarrow raises its own types for a damaged parquet file
+        raise ScenarioError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None
+    if columns is not None:
+        fmt = generic_format(columns)
+    elif name != "auto":
+        fmt = FORMATS[name]
+    else:
+        found = [f for f in FORMATS.values() if set(f.required()) <= set(names)]
+        if not found:
+            raise ScenarioError(f"{path}: cannot tell the trace format from its columns ({', '.join(names)}); "
+                                f"expected one of: {'; '.join(f.describe() for f in FORMATS.values())}; "
+                                "or give 'columns' for a generic table")
+        fmt = found[0]
+    missing = [c for c in fmt.required() if c not in names]
+    if missing:
+        where = f"{path}:1" if container == "csv" else str(path)
+        raise ScenarioError(f"{where}: missing column(s) {', '.join(missing)}; format {fmt.describe()} "
+                            f"(the file has {', '.join(names)})")
+    if container == "csv" and fmt.hash_ids is not None and fmt.hash_ids in names:
+        raise ScenarioError(f"{path}: column {fmt.hash_ids} holds lists of hash ids, which only JSONL or "
+                            "parquet can carry")
+    return TraceFile(path, container, fmt, tuple(names))
