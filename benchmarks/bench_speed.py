@@ -48,12 +48,7 @@ def child(spec: dict) -> None:
     from sim.workload import load_requests
 
     s = parse_scenario(spec["scenario"])
-    if spec.get("azure"):
-        from traces import read_trace  # the project's own reader (issue 3)
-
-        requests = read_trace(spec["azure"])
-    else:
-        requests = load_requests(s)
+    requests = load_requests(s)
     t0, c0 = time.perf_counter(), time.process_time()
     r = run(s, requests=requests)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -89,8 +84,8 @@ def main() -> None:
         if AZURE.exists():
             print(f"\n(a) Azure conv trace ({AZURE.name}) at its own rate")
             for p in a.presets:
-                r = measure({"scenario": scenario(generated(1), p, a.exact), "azure": str(AZURE)})
-                print(f"  {p:<18} {r['wall_s']:7.2f} s  {r['requests'] / r['wall_s']:10,.0f} req/s  "
+                r = measure({"scenario": scenario({"kind": "trace", "path": str(AZURE)}, p, a.exact)})
+                print(f"  {p:<18} {r['wall_s']:7.2f} s (cpu {r['cpu_s']:5.2f} s) {r['requests'] / r['wall_s']:9,.0f} req/s  "
                       f"peak RSS {r['peak_rss_mib']:6.0f} MiB  ({r['finished']:,} finished, {r['steps']:,} steps)")
         else:
             print(f"\n(a) skipped: {AZURE} not found (real traces live outside the project)")
@@ -100,7 +95,7 @@ def main() -> None:
         for n in a.sizes:
             r = measure({"scenario": scenario(generated(n), p, a.exact)})
             ratio = f"  x{r['wall_s'] / prev:5.2f} time for x{n // last_n}" if prev else ""
-            print(f"  {p:<18} {n:>9,} req {r['wall_s']:8.2f} s  {n / r['wall_s']:10,.0f} req/s  "
+            print(f"  {p:<18} {n:>9,} req {r['wall_s']:8.2f} s (cpu {r['cpu_s']:7.2f} s) {n / r['wall_s']:9,.0f} req/s  "
                   f"peak RSS {r['peak_rss_mib']:6.0f} MiB{ratio}")
             prev, last_n = r["wall_s"], n
 

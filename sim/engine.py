@@ -12,6 +12,7 @@ spans must reproduce.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
@@ -98,7 +99,7 @@ class Engine:
         self.timeline = Timeline(timeline_bin_s)
         self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
-        self.steps: list[tuple] = []
+        self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
         self.mem_slot_seconds = [0.0] * len(MEMORY_CLASSES)
         self.num_steps = 0
         self.seq_steps = 0
@@ -133,7 +134,10 @@ class Engine:
         duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
         summary = summarize(req, self.itl, np.array(self.mem_slot_seconds), duration, self.kv.capacity, self.step_seconds,
                             self.num_steps, self.seq_steps, self.num_preemptions)
-        steps = pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))
+        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
+                             columns=list(STEP_COLUMNS))
+        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
+        steps[counts] = steps[counts].astype(np.int64)
         timeline = self.timeline.frame(self.kv.capacity, self._end_s)
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
@@ -171,6 +175,11 @@ class Engine:
                 continue
             self._maybe_capture(now)  # the address space as this step holds it
             k = 1 if self.exact else sched.span_limit(plan)
+            if k > 1:
+                stop = self._next_event_s() if sched.arrivals_matter() else self._horizon
+                if stop < math.inf:  # price only the steps that can start before it (step times only grow
+                    # along a span; if a model's did not, the span would just end sooner: still exact)
+                    k = min(k, int((stop - now) / self.executor.step_time_s(plan)) + 2)
             times = self.executor.decode_span_s(plan, k) if k > 1 else None
             if times is None:
                 dt = self.executor.step_time_s(plan)
@@ -179,7 +188,7 @@ class Engine:
                 self._record(now, [dt], plan, mem)
             else:
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
-                cut = bisect_left(ends, self._next_event_s() if sched.arrivals_matter() else self._horizon)
+                cut = bisect_left(ends, stop)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
                 yield env.timeout(ends[-1] - now)
@@ -243,7 +252,8 @@ class Engine:
                          plan.prefill_attention_pairs, plan.decode_context_tokens, waiting, s.num_running,
                          len(s.swapped), plan.num_preempted, len(plan.swap_in) + len(plan.swap_out))
             row = (self.num_steps - k, start_s, total, k) + shape
-            self.steps.append(row + tuple(v / total if total > 0 else v for v in slot_s))
+            self.steps.extend(row)
+            self.steps.extend([v / total if total > 0 else v for v in slot_s])
 
     def _maybe_capture(self, now: float) -> None:
         """Keep the address space at (about) the moment of most waiting requests, or of most memory

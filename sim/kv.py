@@ -119,13 +119,6 @@ class BlockPool:
         self._head = h + n
         return self._queue[h:h + n]
 
-    def allocate_one(self) -> int:
-        h = self._head
-        if h >= len(self._queue):
-            raise RuntimeError("allocate(1) with no free block")
-        self._head = h + 1
-        return self._queue[h]
-
     def free(self, block_ids: list[int]) -> None:
         if self._head > len(self._queue) // 2:
             del self._queue[:self._head]
@@ -383,13 +376,18 @@ class PagedKv:
         segs.extend((b * B, B, idle) for b in free)
         return _merge_segments(segs)
 
-    def add_block(self, seq) -> None:
-        """One more block for a decoding sequence whose next token starts a new block (hot path)."""
-        table = seq.block_table
-        table.append(self.pool.allocate_one())
-        B = self.block_size
-        self.alloc += B
-        self.capped += min(B, seq.prompt_tokens + seq.output_tokens - 1 - (len(table) - 1) * B)
+    def add_blocks(self, seqs: list) -> None:
+        """One more block for each decoding sequence whose next token starts a new block, in order.
+        The hot path of decoding: the caller checked that enough blocks are free."""
+        pool, B = self.pool, self.block_size
+        ids = pool.allocate(len(seqs))
+        capped = 0
+        for seq, b in zip(seqs, ids):
+            table = seq.block_table
+            table.append(b)
+            capped += min(B, seq.prompt_tokens + seq.output_tokens - 1 - (len(table) - 1) * B)
+        self.alloc += B * len(seqs)
+        self.capped += capped
 
 
 class ContiguousKv:

@@ -233,8 +233,8 @@ class Scheduler:
         if not stragglers and n <= budget:
             cross = self._crossers(self.clock.ticks + 1)
             if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
-                for seq in cross:
-                    self.kv.add_block(seq)
+                if cross:
+                    self.kv.add_blocks(cross)
                 self._tick = n > 0
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled
@@ -423,11 +423,12 @@ class Scheduler:
         kv = self.kv
         filled = [self.filled + n * j for j in range(1, k + 1)]
         if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
-            t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_block
+            t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_blocks
             alloc, capped = [kv.alloc], [kv.capped]
             for j in range(1, k):
-                for seq in cross[(t0 + 1 + j) % B]:
-                    add(seq)
+                movers = cross[(t0 + 1 + j) % B]
+                if movers:
+                    add(movers)
                 alloc.append(kv.alloc)
                 capped.append(kv.capped)
             reserved = [c - f for c, f in zip(capped, filled)]

@@ -60,6 +60,7 @@ class RooflineStepTime:
         self._host = gpu.host_bytes_per_s
         self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
+        self._decode_fixed: dict[int, float] = {}  # batch size -> fixed cost of a decode step
 
     def _fixed_s(self, num_tokens: int, num_seqs: int, num_sampled: int) -> float:
         """Everything but attention: it depends on the token and sequence counts only."""
@@ -86,5 +87,8 @@ class RooflineStepTime:
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
         n = plan.num_seqs
-        fixed, key_s, keys = self._fixed_s(n, n, n), self._key_s, plan.decode_context_tokens
+        fixed = self._decode_fixed.get(n)
+        if fixed is None:
+            fixed = self._decode_fixed[n] = self._fixed_s(n, n, n)
+        key_s, keys = self._key_s, plan.decode_context_tokens
         return [fixed + (keys + n * j) * key_s for j in range(k)]
