@@ -105,6 +105,21 @@ LENGTH_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+class SharedPrefixes(Strict):
+    """A few system prompts, one put before each request's own prompt, chosen by popularity. They make
+    prefix caching measurable on generated traffic (a trace's own hash ids do it for real traces)."""
+
+    lengths: list[PosInt] = Field(min_length=1, description="tokens of each system prompt")
+    popularity: list[PosFloat] | None = Field(None, description="relative weights (default: equal)")
+    hash_block: PosInt = Field(16, description="tokens per content id in the generated prefix hashes")
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "SharedPrefixes":
+        if self.popularity is not None and len(self.popularity) != len(self.lengths):
+            raise ValueError(f"popularity has {len(self.popularity)} weights for {len(self.lengths)} lengths")
+        return self
+
+
 class SyntheticWorkload(Strict):
     """Generated requests: an arrival process and two length distributions (or a preset)."""
 
@@ -116,6 +131,7 @@ class SyntheticWorkload(Strict):
     num_requests: PosInt | None = None
     duration_s: PosFloat | None = None
     seed: int = 0
+    shared_prefixes: SharedPrefixes | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -213,6 +229,31 @@ def _default_kind(data: Any) -> Any:
     return data
 
 
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+class ParallelSampling(Strict):
+    """Every request asks for ``n`` outputs: one prefill, then ``n`` samples sharing the prompt's cache."""
+
+    kind: Literal["parallel"]
+    n: int = Field(ge=2, le=63)
+
+
+class BeamSearch(Strict):
+    """Every request runs beam search of ``width`` beams. NOTE: which beams survive each step is a seeded
+    random process, not a model's scores: each new beam continues its own beam with
+    ``keep_probability``, else a beam chosen uniformly; beams nobody continues are dropped, beams
+    continued twice are forked."""
+
+    kind: Literal["beam"]
+    width: int = Field(ge=2, le=63)
+    keep_probability: float = Field(0.8, ge=0, le=1)
+    seed: int = 0
+
+
+Sampling = Annotated[Union[ParallelSampling, BeamSearch], Field(discriminator="kind")]
+
+
 # ---------------------------------------------------------------------------------------------- policies
 
 
@@ -254,9 +295,12 @@ class PolicyConfig(Strict):
     )
     preemption: Literal["recompute", "swap"] = "recompute"
     swap_space_gib: float = Field(4.0, ge=0)
+    prefix_caching: bool = Field(False, description="reuse cached blocks of identical prompt prefixes (paged only)")
 
     @model_validator(mode="after")
     def _coherent(self) -> "PolicyConfig":
+        if self.prefix_caching and self.allocator.kind != "paged":
+            raise ValueError("prefix_caching shares blocks: it needs the paged allocator")
         if self.batching == "static" and self.allocator.kind != "contiguous":
             raise ValueError("static batching reserves memory per batch: it needs a contiguous allocator")
         if self.batching == "static" and self.prefill != "separate":
@@ -362,6 +406,7 @@ class Scenario(Strict):
     activation_reserve_tokens: PosInt = Field(2048, description="tokens of the activation-memory profiling pass")
     workload: Annotated[Workload, BeforeValidator(_default_kind)]
     policies: list[Policy] = Field(min_length=1)
+    sampling: Sampling | None = Field(None, description="parallel samples or beam search for every request")
     step_time: StepTime = RooflineConfig()
     horizon_s: PosFloat | None = Field(None, description="stop the simulation here; later requests are unfinished")
     exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
@@ -419,7 +464,7 @@ def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> di
     return out
 
 
-_UNION_TAGS = {"synthetic", "table", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged",
+_UNION_TAGS = {"synthetic", "table", "parallel", "beam", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged",
                "contiguous", "roofline", "GpuConfig", "str"}
 
 

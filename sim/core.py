@@ -15,6 +15,29 @@ class Clock:
         self.ticks = 0
 
 
+GROUP_SLOTS = 64  # order key = request id * GROUP_SLOTS + index in its group (groups of at most 63)
+
+
+class Group:
+    """The sequences of one request that asked for several outputs (parallel samples) or beams.
+
+    The leader prefills the prompt alone; at its first sample the others fork from it (sharing its blocks,
+    or copying into slabs reserved at admission). They are preempted and swapped together, and the
+    request finishes when all of them have."""
+
+    __slots__ = ("kind", "width", "members", "reserved", "num_finished", "keep_probability", "rng", "swapped")
+
+    def __init__(self, kind: str, width: int, keep_probability: float = 1.0, rng=None) -> None:
+        self.kind = kind  # "parallel" | "beam"
+        self.width = width
+        self.members: list[Sequence] = []  # the live sequences, leader first
+        self.reserved: list[int] = []  # contiguous: slab starts held for the members still to fork
+        self.num_finished = 0
+        self.keep_probability = keep_probability
+        self.rng = rng
+        self.swapped: list[Sequence] = []  # the members swapped out together, when the group is
+
+
 class Sequence:
     """One request while the server holds it.
 
@@ -30,12 +53,18 @@ class Sequence:
     below always give the true values.
     """
 
-    __slots__ = ("seq_id", "arrival_s", "prompt_tokens", "output_tokens", "_computed", "_output", "clock",
+    __slots__ = ("seq_id", "request_id", "order", "group", "arrival_s", "prompt_tokens", "output_tokens",
+                 "_computed", "_output", "clock",
                  "block_table", "cpu_blocks", "slab_start", "slab_tokens", "slab_rounded",
-                 "first_token_s", "last_token_s", "num_preemptions")
+                 "first_token_s", "last_token_s", "num_preemptions",
+                 "prefix_ids", "hash_block", "block_hashes", "num_registered", "prefix_hit_tokens")
 
-    def __init__(self, seq_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
-        self.seq_id = seq_id
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 prefix_ids=None, hash_block: int = 0, seq_id: int | None = None, index: int = 0) -> None:
+        self.seq_id = request_id if seq_id is None else seq_id  # unique; a request's first sequence: its id
+        self.request_id = request_id
+        self.order = request_id * GROUP_SLOTS + index  # FCFS: by arrival, then by place in the group
+        self.group: Group | None = None
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
@@ -50,6 +79,12 @@ class Sequence:
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
         self.num_preemptions = 0
+        # prefix caching (sharing.py): the prompt's content ids, its blocks' hashes, how many are cached
+        self.prefix_ids = prefix_ids  # hash ids of hash_block-token segments, or None
+        self.hash_block = hash_block
+        self.block_hashes: list | None = None
+        self.num_registered = 0
+        self.prefix_hit_tokens: int | None = None  # at first admission
 
     @property
     def num_computed_tokens(self) -> int:
@@ -106,7 +141,8 @@ class StepPlan:
 
     Per-sequence fields are read from the live sequences on first use: they are valid until the step
     completes (an executor reads them while running the step). ``swap_out`` / ``swap_in`` are (source
-    block, destination block) pairs copied before the step runs (GPU->CPU and CPU->GPU)."""
+    block, destination block) pairs copied before the step runs (GPU->CPU and CPU->GPU); then the
+    ``copy_blocks`` / ``copy_slots`` copies (forks, copy-on-write), all before the forward pass."""
 
     num_seqs: int
     num_tokens: int
@@ -119,6 +155,9 @@ class StepPlan:
     paged: bool
     swap_out: tuple[tuple[int, int], ...] = ()
     swap_in: tuple[tuple[int, int], ...] = ()
+    copy_blocks: tuple[tuple[int, int], ...] = ()  # (source, destination) block copies (copy-on-write)
+    copy_slots: tuple[tuple[int, int, int], ...] = ()  # (source slot, destination slot, slots): slab copies
+    forks: tuple[tuple[int, int], ...] = ()  # (source, target) sequence ids: target's history is source's
     num_preempted: int = 0
     _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
     _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied

@@ -12,6 +12,7 @@ spans must reproduce.
 from __future__ import annotations
 
 import math
+import random
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -25,10 +26,11 @@ import simpy
 
 from sim.catalog import GIB, ModelSpec
 from sim.config import PolicyConfig
-from sim.core import Sequence
+from sim.core import Group, Sequence
 from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
 from sim.metrics import FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, Timeline, summarize
 from sim.scheduler import Scheduler
+from sim.sharing import SharedBlockPool, SharedPagedKv
 from sim.steptime import Executor
 from sim.workload import RequestTable
 
@@ -50,21 +52,25 @@ def resolved_token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
     return 2048 if policy.prefill == "chunked" else max(2048, model.max_model_len)
 
 
-def make_kv(policy: PolicyConfig, pool: KvPool, model: ModelSpec) -> PagedKv | ContiguousKv:
+def make_kv(policy: PolicyConfig, pool: KvPool, model: ModelSpec, sharing: bool = False) -> PagedKv | ContiguousKv:
+    """The policy's KV manager; ``sharing`` (prefix caching, samples or beams) needs reference counts."""
     a = policy.allocator
     if a.kind == "paged":
-        return PagedKv(BlockPool(pool.num_blocks, pool.block_size, int(a.watermark * pool.num_blocks)))
+        watermark = int(a.watermark * pool.num_blocks)
+        if sharing or policy.prefix_caching:
+            return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, watermark), policy.prefix_caching)
+        return PagedKv(BlockPool(pool.num_blocks, pool.block_size, watermark))
     alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
     return ContiguousKv(alloc, a.reserve, model.max_model_len)
 
 
 def rejection_reasons(policy: PolicyConfig, kv, model: ModelSpec, budget: int, prompt: np.ndarray,
-                      output: np.ndarray) -> np.ndarray:
+                      output: np.ndarray, width: int = 1) -> np.ndarray:
     """Why each request can never be served (0 = it can). Checked up front, so the simulation always
     progresses: a request admitted alone always fits, and the oldest running one is never preempted."""
     reason = np.zeros(len(prompt), dtype=np.int8)
     total = prompt + output
-    over_pool = kv.never_fits(prompt, output)
+    over_pool = kv.never_fits(prompt, output, width)
     if policy.batching == "continuous" and policy.prefill != "chunked":
         # a prefill is never split: a preempted (recomputed) request re-prefills all its tokens
         prefill_max = total - 1 if kv.kind == "paged" else prompt
@@ -77,7 +83,7 @@ def rejection_reasons(policy: PolicyConfig, kv, model: ModelSpec, budget: int, p
 class Engine:
     def __init__(self, requests: RequestTable, policy: PolicyConfig, model: ModelSpec, pool: KvPool,
                  executor: Executor, *, horizon_s: float | None = None, exact: bool = False,
-                 record_steps: bool = True, timeline_bin_s: float = 1.0,
+                 record_steps: bool = True, timeline_bin_s: float = 1.0, sampling=None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.requests = requests
         self.policy = policy
@@ -89,15 +95,19 @@ class Engine:
         self.exact = exact
         self.record_steps = record_steps
         self.progress = progress
-        self.kv = make_kv(policy, pool, model)
+        self.sampling = sampling  # parallel samples or beams: every request is a group
+        self.width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
+        self.kv = make_kv(policy, pool, model, sharing=sampling is not None)
         swap_pool = None
-        if policy.preemption == "swap" and self.kv.kind == "paged":
+        if (policy.preemption == "swap" or sampling is not None) and self.kv.kind == "paged":
             cpu_blocks = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
             swap_pool = BlockPool(cpu_blocks, pool.block_size)
         self.budget = resolved_token_budget(policy, model)
         self.itl = ItlHistogram()
         self.timeline = Timeline(timeline_bin_s)
         self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
+        self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
+        self.shared_slot_s = 0.0  # slot-seconds that sharing saved (held blocks' extra references)
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
         self.mem_slot_seconds = [0.0] * len(MEMORY_CLASSES)
@@ -113,7 +123,8 @@ class Engine:
 
     def run(self) -> PolicyResult:
         r = self.requests
-        reason = rejection_reasons(self.policy, self.kv, self.model, self.budget, r.prompt_tokens, r.output_tokens)
+        reason = rejection_reasons(self.policy, self.kv, self.model, self.budget, r.prompt_tokens, r.output_tokens,
+                                   self.width)
         self.log.status[reason > 0] = REJECTED
         self.log.reason[:] = reason
         self._ids = np.flatnonzero(reason == 0).tolist()
@@ -121,6 +132,7 @@ class Engine:
         self._arrivals = r.arrival_s[self._ids].tolist() + [math.inf]
         self._prompts = r.prompt_tokens[self._ids].tolist()
         self._outputs = r.output_tokens[self._ids].tolist()
+        self._hashes = r.prefix_hashes if self.kv.caching else None
         self._next = 0
         env = simpy.Environment()
         env.process(self._serve(env))
@@ -134,6 +146,10 @@ class Engine:
         duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
         summary = summarize(req, self.itl, np.array(self.mem_slot_seconds), duration, self.kv.capacity, self.step_seconds,
                             self.num_steps, self.seq_steps, self.num_preemptions)
+        if isinstance(self.kv, SharedPagedKv):
+            summary.update(self._sharing_summary(req))
+        elif self.sampling is not None:  # contiguous slabs cannot share: samples and beams are copies
+            summary.update({"memory_saved_by_sharing": 0.0, "num_slab_copies": self.scheduler.num_slot_copies})
         steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
                              columns=list(STEP_COLUMNS))
         counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
@@ -141,11 +157,35 @@ class Engine:
         timeline = self.timeline.frame(self.kv.capacity, self._end_s)
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
+    def _sharing_summary(self, req: pd.DataFrame) -> dict:
+        """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies."""
+        kv, B = self.kv, self.kv.block_size
+        fin = req[req.status == "finished"]
+        prompt, hit = fin.prompt_tokens.to_numpy(), fin.prefix_hit_tokens.to_numpy()
+        used = sum(self.mem_slot_seconds[:3])  # token states + reservation + internal: allocated slots
+        out = {"prefill_tokens_saved": self.scheduler.prefill_tokens_saved, "num_cow_copies": kv.num_copies,
+               "num_evicted_blocks": kv.pool.num_evicted,
+               # the paper's Fig. 15 measure: 1 - blocks used with sharing / blocks without
+               "memory_saved_by_sharing": self.shared_slot_s / (used + self.shared_slot_s) if used else None}
+        if kv.caching:
+            out["prefix_hit_rate_tokens"] = float(hit.sum() / prompt.sum()) if prompt.sum() else None
+            full = (prompt // B).sum()
+            out["prefix_hit_rate_blocks"] = float((hit // B).sum() / full) if full else None
+        return out
+
     def _admit_arrivals(self, now: float) -> None:
         arr, nxt = self._arrivals, self._next
         while arr[nxt] <= now:
             i = self._ids[nxt]
-            self.scheduler.add(Sequence(i, arr[nxt], self._prompts[nxt], self._outputs[nxt]))
+            seq = Sequence(i, arr[nxt], self._prompts[nxt], self._outputs[nxt])
+            if self._hashes is not None:
+                seq.prefix_ids, seq.hash_block = self._hashes.of(i), self._hashes.block_size
+            if self.sampling is not None:
+                sp = self.sampling
+                seq.group = Group(sp.kind, self.width, getattr(sp, "keep_probability", 1.0),
+                                  random.Random(getattr(sp, "seed", 0) * 1_000_003 + i))
+                seq.group.members.append(seq)
+            self.scheduler.add(seq)
             nxt += 1
         self._next = nxt
 
@@ -214,6 +254,7 @@ class Engine:
         acc = self.mem_slot_seconds
         for i, v in enumerate(slot_s):
             acc[i] += v
+        self.shared_slot_s += self.scheduler.shared_blocks * self.kv.block_size * total if self.kv.kind == "paged" else 0.0
         s = self.scheduler
         waiting = len(s.waiting)
         waiting_s = waiting * total

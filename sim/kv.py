@@ -308,6 +308,10 @@ class PagedKv:
     """Blocks taken on demand: a sequence holds ``ceil(slots needed / block_size)`` blocks."""
 
     kind = "paged"
+    caching = False  # see sharing.SharedPagedKv
+    shared_filled = 0
+    shared_blocks = 0
+    copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
@@ -318,15 +322,18 @@ class PagedKv:
         self.rounding = 0
         self.held = 0
 
-    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
-        """Per request: even alone, its blocks exceed the pool above the admission watermark."""
-        need = blocks_for(np.asarray(prompt_tokens) + np.asarray(output_tokens) - 1, self.block_size)
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+        """Per request: even alone, its blocks exceed the pool above the admission watermark. With
+        ``width`` samples or beams, each may hold its own copy of everything past the full prompt blocks."""
+        p = np.asarray(prompt_tokens)
+        need = blocks_for(p + np.asarray(output_tokens) - 1, self.block_size)
+        need = need + (width - 1) * (need - p // self.block_size)
         return need > self.pool.num_blocks - self.pool.watermark_blocks
 
     def _needed(self, seq, num_new: int) -> int:
         return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
 
-    def can_admit(self, seq, num_new: int) -> bool:
+    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
 
     def can_grow(self, seq, num_new: int) -> bool:
@@ -337,7 +344,8 @@ class PagedKv:
         if n:
             self._add_blocks(seq, self.pool.allocate(n))
 
-    admit = grow
+    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+        self.grow(seq, num_new)
 
     def _add_blocks(self, seq, block_ids: list[int]) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
@@ -394,6 +402,10 @@ class ContiguousKv:
     """One slab per request, reserved whole at admission; decodes never need memory."""
 
     kind = "contiguous"
+    caching = False
+    shared_filled = 0
+    shared_blocks = 0
+    copies: tuple = ()
 
     def __init__(self, allocator: BuddyAllocator | FirstFitAllocator, reserve: str, max_model_len: int) -> None:
         self.allocator = allocator
@@ -408,8 +420,8 @@ class ContiguousKv:
     def slab_for(self, seq) -> int:
         return slab_tokens(self.reserve, seq.prompt_tokens, seq.output_tokens, self.max_model_len)
 
-    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
-        """Per request: its slab exceeds the largest block the allocator can ever form."""
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+        """Per request: its ``width`` slabs (one per sample or beam) never fit the empty pool together."""
         p, o = np.asarray(prompt_tokens, np.int64), np.asarray(output_tokens, np.int64)
         if self.reserve == "max":
             slab = np.full(p.shape, self.max_model_len, dtype=np.int64)
@@ -417,23 +429,64 @@ class ContiguousKv:
             slab = np.minimum(p + np.left_shift(1, np.ceil(np.log2(o)).astype(np.int64)), self.max_model_len)
         else:
             slab = p + o
-        largest = (1 << self.allocator.max_order) if isinstance(self.allocator, BuddyAllocator) else self.capacity
-        return (slab > largest) | (self.capacity == 0)
+        a = self.allocator
+        if isinstance(a, BuddyAllocator):  # blocks of the slab's order that the roots can give
+            order = np.ceil(np.log2(np.maximum(slab, 1))).astype(np.int64)
+            room = sum(np.where(order <= o, np.left_shift(1, np.maximum(o - order, 0)), 0) for _, o in a.roots)
+        else:
+            room = self.capacity // np.maximum(slab, 1)
+        return (room < width) | (self.capacity == 0)
 
-    def can_admit(self, seq, num_new: int) -> bool:
-        return seq.slab_start is not None or self.allocator.can_allocate(self.slab_for(seq))
-
-    def admit(self, seq, num_new: int) -> None:
+    def _slabs_needed(self, seq) -> int:
+        """Slabs to reserve when ``seq`` is admitted: its own, and one per sample or beam still to fork."""
         if seq.slab_start is not None:
-            return
+            return 0
+        g = seq.group
+        return g.width if g is not None and len(g.members) == 1 else 1
+
+    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
+        n = self._slabs_needed(seq)
+        if n <= 1:
+            return n == 0 or self.allocator.can_allocate(self.slab_for(seq))
+        taken = []  # ask by trying: place them all, then give them back (the allocator ends as it began)
+        for _ in range(n):
+            start = self.allocator.allocate(self.slab_for(seq))
+            if start is None:
+                break
+            taken.append(start)
+        for start in reversed(taken):
+            self.allocator.free(start)
+        return len(taken) == n
+
+    def _take_slab(self, seq) -> int:
         n = self.slab_for(seq)
         start = self.allocator.allocate(n)
         if start is None:
             raise RuntimeError(f"no slab of {n} slots free")
-        seq.slab_start, seq.slab_tokens, seq.slab_rounded = start, n, self.allocator.rounded(n)
         self.alloc += n
         self.capped += min(n, seq.max_kv_tokens)
-        self.rounding += seq.slab_rounded - n
+        self.rounding += self.allocator.rounded(n) - n
+        return start
+
+    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+        n = self._slabs_needed(seq)
+        if not n:
+            return
+        seq.slab_start = self._take_slab(seq)
+        seq.slab_tokens = self.slab_for(seq)
+        seq.slab_rounded = self.allocator.rounded(seq.slab_tokens)
+        if n > 1:  # the other samples' or beams' slabs, reserved now (their memory counts as reservation)
+            seq.group.reserved = [self._take_slab(seq) for _ in range(n - 1)]
+
+    def fork(self, parent, child) -> tuple[int, int, int]:
+        """``child`` takes a reserved slab; the parent's cached slots are copied into it."""
+        child.slab_start = parent.group.reserved.pop()
+        child.slab_tokens, child.slab_rounded = parent.slab_tokens, parent.slab_rounded
+        return (parent.slab_start, child.slab_start, parent.num_computed_tokens)
+
+    def reassign(self, moves: list[tuple]) -> list[tuple[int, int, int]]:
+        """Beam search: each (target, source) gets the source's history copied into its own slab."""
+        return [(source.slab_start, target.slab_start, source.num_computed_tokens) for target, source in moves]
 
     def can_grow(self, seq, num_new: int) -> bool:
         return True  # the slab covers the whole request

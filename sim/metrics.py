@@ -40,23 +40,30 @@ class RequestLog:
         self.finish_s = np.full(n, np.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
+        self.prefix_hit_tokens = np.zeros(n, dtype=np.int64)  # served from the prefix cache at admission
+
+    def _common(self, seq) -> None:
+        """Per request: a group's tokens are all its samples' or beams' tokens."""
+        i = seq.request_id
+        self.num_preemptions[i] = seq.num_preemptions
+        g = seq.group
+        self.generated_tokens[i] = sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens
+        self.prefix_hit_tokens[i] = seq.prefix_hit_tokens or 0
 
     def finish(self, seq, end_s: float) -> None:
-        i = seq.seq_id
+        i = seq.request_id
         self.status[i] = FINISHED
         self.first_token_s[i] = seq.first_token_s
         self.finish_s[i] = end_s
-        self.num_preemptions[i] = seq.num_preemptions
-        self.generated_tokens[i] = seq.num_output_tokens
+        self._common(seq)
 
     def unfinished(self, seq, reason: int) -> None:
-        i = seq.seq_id
+        i = seq.request_id
         self.status[i] = UNFINISHED
         self.reason[i] = reason
         if seq.first_token_s is not None:
             self.first_token_s[i] = seq.first_token_s
-        self.num_preemptions[i] = seq.num_preemptions
-        self.generated_tokens[i] = seq.num_output_tokens
+        self._common(seq)
 
     def frame(self) -> pd.DataFrame:
         df = pd.DataFrame({
@@ -70,6 +77,7 @@ class RequestLog:
             "finish_s": self.finish_s,
             "num_preemptions": self.num_preemptions,
             "generated_tokens": self.generated_tokens,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
         })
         df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
         df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
@@ -155,8 +163,8 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
         "num_unfinished": int((requests.status == "unfinished").sum()),
         "duration_s": duration_s,
         "request_throughput": len(fin) / duration_s if duration_s > 0 else math.nan,
-        "output_throughput": float(fin.output_tokens.sum()) / duration_s if duration_s > 0 else math.nan,
-        "total_token_throughput": float((fin.prompt_tokens + fin.output_tokens).sum()) / duration_s
+        "output_throughput": float(fin.generated_tokens.sum()) / duration_s if duration_s > 0 else math.nan,
+        "total_token_throughput": float((fin.prompt_tokens + fin.generated_tokens).sum()) / duration_s
         if duration_s > 0 else math.nan,
     }
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):

@@ -116,7 +116,7 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
         engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy, requests),
                         horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=scenario.record_steps,
-                        timeline_bin_s=scenario.timeline_bin_s, progress=cb)
+                        timeline_bin_s=scenario.timeline_bin_s, sampling=scenario.sampling, progress=cb)
         result.policies[policy.name] = engine.run()
     return result
 

@@ -42,7 +42,7 @@ from sim.kv import BlockPool, ContiguousKv, PagedKv, breakdown
 def _insert_by_arrival(queue, seq: Sequence) -> None:
     """Put ``seq`` before the first queued sequence that arrived after it."""
     for i, s in enumerate(queue):  # preempted sequences are old: they land near the front
-        if s.seq_id > seq.seq_id:
+        if s.order > seq.order:
             queue.insert(i, seq)
             return
     queue.append(seq)
@@ -50,8 +50,8 @@ def _insert_by_arrival(queue, seq: Sequence) -> None:
 
 def _add_sorted(d: dict, seq: Sequence) -> dict:
     """Insert into an insertion-ordered dict kept in arrival order (rebuilt only for an old sequence)."""
-    if d and next(reversed(d)).seq_id > seq.seq_id:
-        items = sorted([*d, seq], key=lambda s: s.seq_id)
+    if d and next(reversed(d)).order > seq.order:
+        items = sorted([*d, seq], key=lambda s: s.order)
         return dict.fromkeys(items)
     d[seq] = None
     return d
@@ -77,6 +77,13 @@ class Scheduler:
         self.filled = 0  # token slots holding computed K/V, over all sequences in GPU memory
         self.blocked = False  # a request waits because memory (not policy) keeps it out
         self.done: list[tuple[Sequence, float]] = []  # finished since the engine last looked
+        self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
+        self.shared_blocks = 0  # extra block references when the memory classes were last taken
+        self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
+        self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
+        self.num_slot_copies = 0  # contiguous: forks and beam moves copied between slabs
+        self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
+        self._pending_slot_copies: list[tuple[int, int, int]] = []
         # the decode clock
         self.clock = Clock()
         self.clocked: dict[Sequence, None] = {}  # in arrival order
@@ -97,7 +104,7 @@ class Scheduler:
     @property
     def running(self) -> list[Sequence]:
         """All running sequences in arrival order (O(n): for inspection, not the hot path)."""
-        return sorted([*self.clocked, *self.explicit], key=lambda s: s.seq_id)
+        return sorted([*self.clocked, *self.explicit], key=lambda s: s.order)
 
     @property
     def num_running(self) -> int:
@@ -116,9 +123,12 @@ class Scheduler:
         return not (self.waiting or self.swapped or self.static)
 
     def memory(self):
-        """The five memory classes (token slots) of the current state."""
+        """The five memory classes (token slots) of the current state (and, noted for the engine, the
+        blocks sharing saves now)."""
         kv = self.kv
-        return breakdown(kv.capacity, self.filled, kv.alloc, kv.capped, kv.rounding, kv.held, self.blocked)
+        self.shared_blocks = kv.shared_blocks
+        return breakdown(kv.capacity, self.filled - kv.shared_filled, kv.alloc, kv.capped, kv.rounding, kv.held,
+                         self.blocked)
 
     # ------------------------------------------------------------------------------------ the clock
 
@@ -131,10 +141,10 @@ class Scheduler:
         self.clocked = _add_sorted(self.clocked, seq)
         self._offset_sum += seq._computed
         self._fresh[seq] = None
-        heapq.heappush(self._finish_at, (self._finish_tick(seq), seq.seq_id, seq))
+        heapq.heappush(self._finish_at, (self._finish_tick(seq), seq.order, seq))
         if self.paged:  # it needs a block at tick t when (offset + t - 1) % block_size == 0
             cls = self._cross[(1 - seq._computed) % self.block_size]
-            if cls and cls[-1].seq_id > seq.seq_id:
+            if cls and cls[-1].order > seq.order:
                 _insert_by_arrival(cls, seq)
             else:
                 cls.append(seq)
@@ -172,6 +182,8 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Decide the next step and place the K/V slots it writes; None when nothing can run."""
         self._entries, self._tick, self._swap_out, self._swap_in, self._num_preempted = [], False, [], [], 0
+        if self.kv.copies:
+            self.kv.copies = []
         if self.static:
             self._schedule_static()
         else:
@@ -189,40 +201,57 @@ class Scheduler:
                         self._admit_waiting(budget, chunked=self.prefill == "chunked")
         if not self._entries and not self._tick:
             return None
-        return self._plan()
+        plan = self._plan()
+        self._pending_forks, self._pending_slot_copies = [], []
+        return plan
 
     def _schedule_static(self) -> None:
         if not self.batch:  # the previous batch is done: form the next one, FCFS
             self.blocked = False
-            while self.waiting and len(self.batch) < self.max_num_seqs:
+            while self.waiting and len(self.batch) + self._width(self.waiting[0]) <= self.max_num_seqs:
                 seq = self.waiting[0]
                 if not self.kv.can_admit(seq, seq.num_uncomputed_tokens):
                     self.blocked = True
                     break
                 self._admit(self.waiting.popleft(), seq.num_uncomputed_tokens)
                 self.batch.append(seq)
-        self._tick = bool(self.clocked)  # after its prefill step the whole batch decodes in lockstep
+        else:  # after its prefill step the whole batch decodes (no token budget, contiguous slabs never run out)
+            self._schedule_decodes(sum(1 for _ in self.batch))
 
     def _admit_waiting(self, budget: int, chunked: bool) -> bool:
         """Admit waiting sequences FCFS; True if any was admitted."""
         admitted = False
-        while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
-            n = seq.num_uncomputed_tokens
+            if self.num_running + self._width(seq) > self.max_num_seqs:
+                break
+            hits = self.kv.match_prefix(seq) if self.kv.caching else ()  # cached blocks need no prefill
+            n = seq.num_uncomputed_tokens - len(hits) * self.block_size
             if chunked:
                 n = min(n, budget)
             elif n > budget:
                 break
-            if not self.kv.can_admit(seq, n):
+            if not self.kv.can_admit(seq, n, hits):
                 self.blocked = True
                 break
-            self._admit(self.waiting.popleft(), n)
+            self._admit(self.waiting.popleft(), n, hits)
             budget -= n
             admitted = True
         return admitted
 
-    def _admit(self, seq: Sequence, n: int) -> None:
-        self.kv.admit(seq, n)
+    @staticmethod
+    def _width(seq: Sequence) -> int:
+        """Sequences ``seq`` will run as: all its samples or beams when it has yet to fork."""
+        g = seq.group
+        return g.width if g is not None and len(g.members) == 1 else 1
+
+    def _admit(self, seq: Sequence, n: int, hits=()) -> None:
+        self.kv.admit(seq, n, hits)
+        if hits:
+            self.filled += seq.num_computed_tokens
+            self.prefill_tokens_saved += seq.num_computed_tokens
+        if seq.prefix_hit_tokens is None:
+            seq.prefix_hit_tokens = len(hits) * self.block_size
         self.explicit = _add_sorted(self.explicit, seq)
         self._entries.append((seq, n))
 
@@ -238,7 +267,7 @@ class Scheduler:
                 self._tick = n > 0
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled
-        order = sorted([*self.clocked, *stragglers], key=lambda s: s.seq_id)
+        order = sorted([*self.clocked, *stragglers], key=lambda s: s.order)
         scheduled: set[Sequence] = set()
         for seq in order:
             if seq not in self.clocked and seq not in self.explicit:
@@ -251,7 +280,7 @@ class Scheduler:
             while not self.kv.can_grow(seq, 1):
                 victim = self._newest_unscheduled(scheduled)
                 self._preempt(victim)
-                if victim is seq:
+                if victim is seq or (seq.group is not None and victim.group is seq.group):
                     break
             else:
                 self.kv.grow(seq, 1)
@@ -283,7 +312,8 @@ class Scheduler:
                 continue
             while not self.kv.can_grow(seq, n):
                 victim = self._newest_unscheduled(scheduled | {seq})
-                if victim is None or victim.seq_id < seq.seq_id:  # only newer ones make room; it waits
+                if (victim is None or victim.order < seq.order  # only newer ones make room; it waits
+                        or (seq.group is not None and victim.group is seq.group)):
                     break
                 self._preempt(victim)
             else:
@@ -297,6 +327,23 @@ class Scheduler:
         """Step 3: swap sequences back in, oldest first, while blocks (above the watermark) allow."""
         while self.swapped and self.num_running < self.max_num_seqs:
             seq = self.swapped[0]
+            g = seq.group
+            if g is not None and g.swapped:  # a group comes back whole
+                if self.num_running + len(g.swapped) > self.max_num_seqs or budget < len(g.swapped):
+                    break
+                if not self.kv.can_swap_in_group(g.swapped):
+                    self.blocked = True
+                    break
+                self.swapped.pop(0)
+                self._swap_in.extend(self.kv.swap_in_group(g.swapped, self.swap_pool))
+                for m in g.swapped:
+                    self.kv.grow(m, 1)
+                    self.filled += m.num_computed_tokens
+                    self.explicit = _add_sorted(self.explicit, m)
+                    self._entries.append((m, 1))
+                budget -= len(g.swapped)
+                g.swapped = []
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             if n == 0:
                 break
@@ -314,19 +361,54 @@ class Scheduler:
             budget -= n
         return budget
 
+    def _leave(self, seq: Sequence) -> None:
+        """Take a running sequence out of running (and out of the step being planned)."""
+        if seq.clock is not None:
+            self._clock_out(seq)
+        else:
+            del self.explicit[seq]
+            self._entries = [(s, n) for s, n in self._entries if s is not seq]
+
+    def _preempt_group(self, g) -> None:
+        """A group is preempted whole: swapped out together (vLLM v0 swaps multi-sequence groups) when
+        the swap space holds its blocks; else each live member recomputes on its own, as separate
+        requests would (vLLM v1's view of parallel samples), sharing again only through the prefix cache."""
+        live = [m for m in g.members if m in self.clocked or m in self.explicit]
+        for m in live:
+            self._leave(m)
+            self.filled -= m.num_computed_tokens
+            m.num_registered = 0
+        g.members[0].num_preemptions += 1
+        self._num_preempted += 1
+        self.blocked = True
+        pairs = self.kv.swap_out_group(live, self.swap_pool) if self.swap_pool is not None else None
+        if pairs is not None:
+            self._swap_out.extend(pairs)
+            g.swapped = live
+            _insert_by_arrival(self.swapped, live[0])
+            return
+        for m in live:
+            self.kv.free(m)
+            m.num_computed_tokens = 0
+            _insert_by_arrival(self.waiting, m)
+
     def _preempt(self, seq: Sequence) -> None:
         """Free (recompute) or swap out all of ``seq``'s blocks. "Preempted" means exactly that."""
+        if seq.group is not None and len(seq.group.members) > 1:
+            self._preempt_group(seq.group)
+            return
         if seq.clock is not None:
             self._clock_out(seq)
         else:
             del self.explicit[seq]
             self._entries = [(s, n) for s, n in self._entries if s is not seq]
         seq.num_preemptions += 1
+        seq.num_registered = 0  # its next blocks are new ones
         self._num_preempted += 1
         self.blocked = True
         self.filled -= seq.num_computed_tokens
         table = seq.block_table
-        if self.swap_pool is not None and self.swap_pool.can_allocate(len(table)):
+        if self.swap_singles and self.swap_pool.can_allocate(len(table)):
             seq.cpu_blocks = self.swap_pool.allocate(len(table))
             self._swap_out.extend(zip(table, seq.cpu_blocks))
             self.kv.free(seq)
@@ -357,8 +439,9 @@ class Scheduler:
                         num_decode_tokens=decode, num_sampled=sampled, decode_context_tokens=keys,
                         prefill_attention_pairs=pairs, block_size=self.block_size, paged=self.paged,
                         swap_out=tuple(self._swap_out), swap_in=tuple(self._swap_in),
-                        num_preempted=self._num_preempted, _decoding=self.clocked if n_clk else (),
-                        _entries=e)
+                        copy_blocks=tuple(self.kv.copies), copy_slots=tuple(self._pending_slot_copies),
+                        forks=tuple(self._pending_forks), num_preempted=self._num_preempted,
+                        _decoding=self.clocked if n_clk else (), _entries=e)
 
     # ------------------------------------------------------------------------------------ complete
 
@@ -366,9 +449,12 @@ class Scheduler:
         """The planned step ran and ended at ``end_s``: count its tokens, sample, finish.
         Returns the memory classes as the step left them (before finished requests are freed)."""
         finished, sampled = [], []
+        caching = self.kv.caching
         for seq, n in self._entries:
             seq.num_computed_tokens += n
             self.filled += n
+            if caching:
+                self.kv.register(seq)
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.num_output_tokens += 1
                 if seq.first_token_s is None:
@@ -382,11 +468,57 @@ class Scheduler:
             finished += self._pop_finished()
         mem = self.memory()
         self._finish(finished, end_s)
-        for seq in sampled:  # now decoding: join the clock
-            if seq in self.explicit:
-                del self.explicit[seq]
-                self._clock_in(seq)
+        beams = {}
+        for seq in sampled:
+            g = seq.group
+            if g is None or (g.kind == "parallel" and len(g.members) > 1):
+                if seq in self.explicit:  # now decoding: join the clock
+                    del self.explicit[seq]
+                    self._clock_in(seq)
+            elif len(g.members) == 1:
+                self._fork(seq, end_s)  # the leader's first sample: the other samples or beams start here
+            else:
+                beams[id(g)] = g  # beams stay explicit: they are reselected every step
+        for g in beams.values():
+            self._reselect(g)
         return mem
+
+    def _fork(self, leader: Sequence, end_s: float) -> None:
+        g = leader.group
+        for j in range(1, g.width):
+            child = Sequence(leader.request_id, leader.arrival_s, leader.prompt_tokens, leader.output_tokens,
+                             leader.prefix_ids, leader.hash_block, seq_id=self.next_seq_id, index=j)
+            self.next_seq_id += 1
+            child.group = g
+            child.num_computed_tokens = leader.num_computed_tokens
+            child.num_output_tokens = leader.num_output_tokens
+            child.first_token_s = child.last_token_s = end_s
+            copy = self.kv.fork(leader, child)
+            if copy is not None:
+                self._pending_slot_copies.append(copy)
+                self.num_slot_copies += 1
+            self._pending_forks.append((leader.seq_id, child.seq_id))
+            g.members.append(child)
+            self.filled += child.num_computed_tokens
+            self.explicit = _add_sorted(self.explicit, child)
+            if self.static:
+                self.batch.append(child)
+
+    def _reselect(self, g) -> None:
+        """Beam search's step: each new beam continues its own beam with probability keep_probability,
+        else one chosen uniformly (seeded per request); a beam nobody continues is dropped, one
+        continued twice is forked: its history is shared, and copied only where written."""
+        live = [m for m in g.members if m in self.explicit]
+        if len(live) != len(g.members):
+            return  # members out of step (one was preempted alone): no reselection this step
+        rng, w = g.rng, len(live)
+        parents = [j if rng.random() < g.keep_probability else rng.randrange(w) for j in range(w)]
+        moves = [(live[j], live[p]) for j, p in enumerate(parents) if p != j]
+        if moves:
+            copies = self.kv.reassign(moves)
+            self._pending_slot_copies.extend(copies)
+            self.num_slot_copies += len(copies)
+            self._pending_forks.extend((src.seq_id, dst.seq_id) for dst, src in moves)
 
     def span_limit(self, plan: StepPlan) -> int:
         """How many decode steps, this planned one included, would be scheduled exactly like it.
@@ -421,7 +553,7 @@ class Scheduler:
         k = len(ends_s)
         n = len(self.clocked)
         kv = self.kv
-        filled = [self.filled + n * j for j in range(1, k + 1)]
+        filled = [self.filled - kv.shared_filled + n * j for j in range(1, k + 1)]  # physical slots
         if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
             t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_blocks
             alloc, capped = [kv.alloc], [kv.capped]
@@ -440,6 +572,7 @@ class Scheduler:
             token, reserved, internal, ext, free = breakdown(kv.capacity, 0, kv.alloc, kv.capped, kv.rounding,
                                                              kv.held, self.blocked)
             mem = (filled, [reserved - f for f in filled], internal, ext, free)
+        self.shared_blocks = kv.shared_blocks  # constant along a span: no fork, hit or copy happens in one
         self._advance(k, ends_s)
         self._finish(self._pop_finished(), ends_s[-1])
         return mem
@@ -475,15 +608,22 @@ class Scheduler:
                 del self.explicit[seq]
             seq.last_token_s = end_s
             self.filled -= seq.num_computed_tokens
+            g = seq.group
+            if g is not None:
+                g.num_finished += 1
+                if g.width > 1 and len(g.members) == 1:  # done at its first token: no fork to make
+                    g.num_finished = g.width
             if self.static:
                 self.kv.hold(seq)
             else:
                 self.kv.free(seq)
-                self.done.append((seq, end_s))
+                if g is None or g.num_finished == g.width:  # a request is done when all its outputs are
+                    self.done.append((g.members[0] if g else seq, end_s))
         if self.static and self.batch and not self.clocked and not self.explicit:
             for seq in self.batch:  # the batch ends: all results return now
                 self.kv.release(seq)
-                self.done.append((seq, end_s))
+                if seq.group is None or seq is seq.group.members[0]:
+                    self.done.append((seq, end_s))
             self.batch = []
 
     # ------------------------------------------------------------------------------------ pictures

@@ -79,9 +79,16 @@ class RooflineStepTime:
         return (num_blocks * block_size * self._kv_bytes_per_token / self._host
                 + num_blocks * self._block_copies * self.cfg.swap_copy_overhead_s)
 
+    def copy_s(self, plan: StepPlan) -> float:
+        """Forks and copy-on-write: each copied slot read and written once in HBM, one launch."""
+        slots = len(plan.copy_blocks) * plan.block_size + sum(n for _, _, n in plan.copy_slots)
+        return 2 * slots * self._kv_bytes_per_token / self._bw + self.cfg.swap_copy_overhead_s if slots else 0.0
+
     def step_time_s(self, plan: StepPlan) -> float:
         t = self._fixed_s(plan.num_tokens, plan.num_seqs, plan.num_sampled)
         t += plan.prefill_attention_pairs * self._pair_s + plan.decode_context_tokens * self._key_s
+        if plan.copy_blocks or plan.copy_slots:
+            t += self.copy_s(plan)
         return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:

@@ -180,12 +180,34 @@ def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_reques
 
 
 def generate(w: SyntheticWorkload) -> RequestTable:
-    """Same workload and seed, same requests: arrivals are drawn first, then prompts, then outputs."""
+    """Same workload and seed, same requests: arrivals are drawn first, then prompts, then outputs,
+    then (with shared prefixes) each request's system prompt."""
     rng = np.random.default_rng(w.seed)
     t = arrival_times(w.arrival, rng, w.num_requests, w.duration_s)
     n = len(t)
-    return RequestTable(t, sample_lengths(w.prompt, n, rng), sample_lengths(w.output, n, rng),
-                        source=f"synthetic(seed={w.seed})")
+    prompt, output = sample_lengths(w.prompt, n, rng), sample_lengths(w.output, n, rng)
+    hashes = None
+    if w.shared_prefixes is not None:
+        prompt, hashes = with_shared_prefixes(w.shared_prefixes, prompt, rng)
+    return RequestTable(t, prompt, output, source=f"synthetic(seed={w.seed})", prefix_hashes=hashes)
+
+
+def with_shared_prefixes(sp, prompt: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, PrefixHashes]:
+    """Put a system prompt before each prompt and name the content: a system prompt's whole
+    ``hash_block``-token segments get ids shared by every request that uses it; every other segment
+    (the request's own tokens, and a segment where the system prompt ends mid-way) gets an id of its own."""
+    H = sp.hash_block
+    weights = np.asarray(sp.popularity if sp.popularity is not None else [1.0] * len(sp.lengths), dtype=float)
+    choice = rng.choice(len(sp.lengths), size=len(prompt), p=weights / weights.sum())
+    sys_len = np.asarray(sp.lengths, dtype=np.int64)[choice]
+    total = prompt + sys_len
+    shared = sys_len // H  # whole segments of the system prompt
+    segs = -(-total // H)
+    offsets = np.concatenate(([0], np.cumsum(segs)))
+    pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], segs)  # segment index within its request
+    owner = np.repeat(np.arange(len(prompt)), segs)
+    ids = np.where(pos < shared[owner], choice[owner] * 1_000_000 + pos, 10**12 + np.arange(offsets[-1]))
+    return total, PrefixHashes(ids.astype(np.int64), offsets.astype(np.int64), H)
 
 
 def load_requests(s: Scenario) -> RequestTable:

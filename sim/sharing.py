@@ -1,0 +1,316 @@
+"""Block sharing: reference-counted blocks, automatic prefix caching, forks with copy-on-write.
+
+Used instead of the plain paged pool when a policy enables ``prefix_caching`` or the workload asks for
+parallel sampling or beam search (the exclusive pool stays the fast default).
+
+Prefix identity. A trace names each prompt's content by hash ids of ``H``-token segments (Mooncake:
+one id per 512 tokens; the shared-prefix generator: one per 16). A KV block of ``B`` tokens at token
+``p`` is named by the ids of the segments it touches and ``p``'s offset in the first one; when ``B``
+divides ``H`` that is (id, sub-block) -- 512 / 16 = 32 sub-blocks per Mooncake id. When ``B`` does not
+divide ``H`` a block may straddle two segments and is named by both, so it matches only a request whose
+two segments both match. Only *full* prompt blocks covered by ids are ever cached. A block's hash chains
+its identity to the previous block's hash, as vLLM's does; a hit also compares the stored identity and
+parent block, so a hash collision can only cause a miss, never a wrong block::
+
+    prompt   |<- seg a0 (H) ->|<- seg a1 (H) ->|<- seg a2 ..
+    blocks   |b0|b1|b2| .. |bk|..                      identity(b_i) = ((ids touched), offset)
+    hash     h0 = hash((None, id0)), h_i = hash((h_{i-1}, id_i))
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from sim.kv import BlockPool, PagedKv, blocks_for
+
+
+def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, prompt_tokens: int) -> list[tuple]:
+    """Identities of a prompt's full blocks that the hash ids cover, in order (see the module doc)."""
+    out = []
+    n_ids = len(hash_ids)
+    ids = hash_ids.tolist()
+    H, B = hash_block, block_size
+    for i in range(prompt_tokens // B):
+        start = i * B
+        j0, j1 = start // H, (start + B - 1) // H
+        if j1 >= n_ids:
+            break
+        out.append((ids[j0] if j0 == j1 else tuple(ids[j0:j1 + 1]), start - j0 * H))
+    return out
+
+
+class SharedBlockPool(BlockPool):
+    """Reference-counted blocks with an automatic prefix cache (vLLM v1's design).
+
+    Guarantees: ``ref_cnt[b]`` equals the number of block tables holding ``b``; a block with no holder
+    is in the free queue, least recently freed first, and a cached one (it has a key) stays findable
+    there until allocation takes it (eviction). Freeing a table queues its blocks tail first, so a
+    chain's tail is evicted before its head."""
+
+    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.watermark_blocks = watermark_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.key: list[tuple | None] = [None] * num_blocks  # (hash, identity, parent block) when cached
+        self.cache: dict[int, int] = {}  # hash -> block
+        self.num_evicted = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.queue)
+
+    @property
+    def free_blocks(self) -> list[int]:
+        return list(self.queue)
+
+    def can_allocate(self, n: int, admission: bool = False) -> bool:
+        return n <= len(self.queue) - (self.watermark_blocks if admission else 0)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.queue):
+            raise RuntimeError(f"allocate({n}) with {len(self.queue)} free blocks")
+        out = []
+        q, ref, key = self.queue, self.ref_cnt, self.key
+        for _ in range(n):
+            b, _ = q.popitem(last=False)
+            if key[b] is not None:  # evict: the least recently freed cached block goes first
+                h = key[b][0]
+                if self.cache.get(h) == b:
+                    del self.cache[h]
+                key[b] = None
+                self.num_evicted += 1
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def free(self, block_ids: list[int]) -> None:
+        ref, q = self.ref_cnt, self.queue
+        for b in reversed(block_ids):
+            ref[b] -= 1
+            if ref[b] == 0:
+                q[b] = None
+
+    def incref(self, b: int) -> None:
+        if self.ref_cnt[b] == 0:
+            del self.queue[b]  # a cached block comes back from the free queue
+        self.ref_cnt[b] += 1
+
+    def lookup(self, h: int, identity, parent: int | None) -> int | None:
+        b = self.cache.get(h)
+        if b is None:
+            return None
+        _, ident, par = self.key[b]
+        return b if ident == identity and par == parent else None  # a collision is a miss
+
+    def register(self, b: int, h: int, identity, parent: int | None) -> None:
+        if self.key[b] is None and h not in self.cache:
+            self.key[b] = (h, identity, parent)
+            self.cache[h] = b
+
+
+class SharedPagedKv(PagedKv):
+    """Paged blocks that sequences may share: prefix-cache hits, forked samples and beams.
+
+    Accounting stays physical: ``alloc`` counts held blocks once; the scheduler's ``filled`` (a sum over
+    sequences) is corrected by ``shared_filled``, and ``capped`` by the shared part, because a block
+    with several holders is immutable (a holder that writes into it copies it first) and every holder
+    counts the same slots for it."""
+
+    def __init__(self, pool: SharedBlockPool, caching: bool) -> None:
+        super().__init__(pool)
+        self.caching = caching
+        self.shared_filled = 0
+        self.shared_blocks = 0  # extra references: blocks the holders would need without sharing
+        self._shared: dict[int, tuple[int, int]] = {}  # block -> (filled, capped) each extra holder counts
+        self.num_copies = 0  # copy-on-write block copies
+        self.copies: list[tuple[int, int]] = []  # (source, destination) of this step, for the executor
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _sync_alloc(self) -> None:
+        self.alloc = (self.pool.num_blocks - self.pool.num_free) * self.block_size
+
+    def _hold(self, seq, b: int, index: int) -> None:
+        """``seq`` takes another reference to ``b``, its ``index``-th block."""
+        pool = self.pool
+        if pool.ref_cnt[b] >= 1:  # already held: the slots exist once, count the extra holder out
+            B = self.block_size
+            filled = min(B, max(0, seq.num_computed_tokens - index * B))
+            capped = min(B, max(0, seq.max_kv_tokens - index * B))
+            if b not in self._shared:
+                self._shared[b] = (filled, capped)
+            f, c = self._shared[b]
+            self.shared_filled += f
+            self.capped -= c
+            self.shared_blocks += 1
+        pool.incref(b)
+
+    def _release(self, seq, blocks: list[int]) -> None:
+        pool = self.pool
+        for b in blocks:
+            if pool.ref_cnt[b] >= 2:
+                f, c = self._shared[b]
+                self.shared_filled -= f
+                self.capped += c
+                self.shared_blocks -= 1
+                if pool.ref_cnt[b] == 2:
+                    del self._shared[b]
+        pool.free(blocks)
+
+    def _needs_copy(self, seq, num_new: int) -> bool:
+        """The next token lands in a block that others hold too: it must be copied first."""
+        c, table = seq.num_computed_tokens, seq.block_table
+        return bool(num_new and table and c % self.block_size and c < len(table) * self.block_size
+                    and self.pool.ref_cnt[table[c // self.block_size]] > 1)
+
+    # -- the manager interface ---------------------------------------------------------------------
+
+    def _needed(self, seq, num_new: int) -> int:
+        return super()._needed(seq, num_new) + self._needs_copy(seq, num_new)
+
+    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
+        revived = sum(1 for b in hits if self.pool.ref_cnt[b] == 0)  # cached blocks now in the free queue
+        need = blocks_for(len(hits) * self.block_size + num_new, self.block_size) - len(hits)
+        return self.pool.can_allocate(need + revived, admission=True)
+
+    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+        if hits:
+            for i, b in enumerate(hits):
+                seq.block_table.append(b)
+                seq.num_computed_tokens = (i + 1) * self.block_size  # so the holder counts the block full
+                self._hold(seq, b, i)
+            self.capped += min(len(hits) * self.block_size, seq.max_kv_tokens)
+        self.grow(seq, num_new)
+
+    def grow(self, seq, num_new: int) -> None:
+        if self._needs_copy(seq, num_new):
+            self._copy_on_write(seq)
+        n = PagedKv._needed(self, seq, num_new)
+        if n:
+            self._add_blocks(seq, self.pool.allocate(n))
+        self._sync_alloc()
+
+    def _copy_on_write(self, seq) -> None:
+        B, table = self.block_size, seq.block_table
+        i = seq.num_computed_tokens // B
+        old = table[i]
+        new = self.pool.allocate(1)[0]
+        self.copies.append((old, new))
+        self.num_copies += 1
+        self._release(seq, [old])  # this holder leaves the shared block for its own copy: its slots,
+        table[i] = new  # which its own counts already include, now exist twice physically
+
+    def add_blocks(self, seqs: list) -> None:
+        super().add_blocks(seqs)
+        self._sync_alloc()
+
+    def free(self, seq) -> None:
+        B, cap = self.block_size, seq.max_kv_tokens
+        self.capped -= min(len(seq.block_table) * B, cap)
+        self._release(seq, seq.block_table)
+        seq.block_table = []
+        self._sync_alloc()
+
+    def fork(self, parent, child) -> None:
+        """``child`` shares every block of ``parent`` (its samples or beams start from the same cache)."""
+        self._share_table(child, parent.block_table)
+        self.capped += min(len(child.block_table) * self.block_size, child.max_kv_tokens)
+
+    def _share_table(self, seq, table: list[int]) -> None:
+        seq.block_table = []
+        for i, b in enumerate(table):
+            seq.block_table.append(b)
+            self._hold(seq, b, i)
+
+    def reassign(self, moves: list[tuple]) -> list:
+        """Beam search: each (target, source) pair gives ``target`` the source's history (as it was
+        before any move). All the new references are taken before any old table is let go, so no block
+        passes through the free queue. Nothing is copied now: a shared block is copied when written."""
+        before = {id(s): list(s.block_table) for _, s in moves}
+        old = [(t, t.block_table) for t, _ in moves]
+        for target, source in moves:
+            self._share_table(target, before[id(source)])  # same length as its own: beams move in lockstep
+        for target, table in old:
+            self._release(target, table)
+        self._sync_alloc()
+        return []
+
+    def swap_out_group(self, members: list, swap_pool: BlockPool) -> list[tuple[int, int]] | None:
+        """Copy a group's blocks (each shared block once) to the swap space and free them; None when
+        the swap space cannot hold them."""
+        unique = list(dict.fromkeys(b for m in members for b in m.block_table))
+        if not swap_pool.can_allocate(len(unique)):
+            return None
+        where = dict(zip(unique, swap_pool.allocate(len(unique))))
+        for m in members:
+            m.cpu_blocks = [where[b] for b in m.block_table]
+            self.free(m)
+        return list(where.items())
+
+    def can_swap_in_group(self, members: list) -> bool:
+        unique = len({b for m in members for b in m.cpu_blocks})
+        return self.pool.can_allocate(unique + len(members), admission=True)  # + a new block each, at most
+
+    def swap_in_group(self, members: list, swap_pool: BlockPool) -> list[tuple[int, int]]:
+        """Bring a swapped group back, its sharing intact; returns the (CPU, GPU) copies."""
+        unique = list(dict.fromkeys(c for m in members for c in m.cpu_blocks))
+        where = dict(zip(unique, self.pool.allocate(len(unique))))  # each allocated block: one holder
+        placed: set[int] = set()
+        for m in members:
+            table = [where[c] for c in m.cpu_blocks]
+            m.block_table = []
+            for j, b in enumerate(table):
+                m.block_table.append(b)
+                if b in placed:
+                    self._hold(m, b, j)  # a later holder of a shared block
+                placed.add(b)
+            self.capped += min(len(table) * self.block_size, m.max_kv_tokens)
+            m.cpu_blocks = []
+        swap_pool.free(unique)
+        self._sync_alloc()
+        return list(where.items())
+
+    # -- the prefix cache ----------------------------------------------------------------------------
+
+    def _hashes(self, seq) -> list[tuple[int, tuple]]:
+        """(hash, identity) of each of ``seq``'s cacheable prompt blocks, computed once."""
+        if seq.block_hashes is None:
+            out, h = [], None
+            ids = seq.prefix_ids
+            if ids is not None and len(ids):
+                for ident in block_identities(ids, seq.hash_block, self.block_size, seq.prompt_tokens):
+                    h = hash((h, ident))
+                    out.append((h, ident))
+            seq.block_hashes = out
+        return seq.block_hashes
+
+    def match_prefix(self, seq) -> list[int]:
+        """The cached blocks holding ``seq``'s longest cached prompt prefix (at least one prompt token
+        is always left to compute, as vLLM does, so the step samples)."""
+        if not self.caching or seq.num_computed_tokens:
+            return []
+        hits, parent = [], None
+        limit = (seq.prompt_tokens - 1) // self.block_size
+        for h, ident in self._hashes(seq)[:limit]:
+            b = self.pool.lookup(h, ident, parent)
+            if b is None:
+                break
+            hits.append(b)
+            parent = b
+        return hits
+
+    def register(self, seq) -> None:
+        """Make ``seq``'s newly computed full prompt blocks findable."""
+        if not self.caching:
+            return
+        hashes = self._hashes(seq)
+        done = min(len(hashes), seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        table = seq.block_table
+        for i in range(seq.num_registered, done):
+            h, ident = hashes[i]
+            self.pool.register(table[i], h, ident, table[i - 1] if i else None)
+        seq.num_registered = max(seq.num_registered, done)

@@ -1,0 +1,219 @@
+"""Block sharing: reference counts, the prefix cache, forks and copy-on-write, beams."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sim.sharing as sharing
+from sim import run
+from sim.core import Group, Sequence
+from sim.kv import blocks_for
+from sim.scheduler import Scheduler
+from sim.sharing import SharedBlockPool, SharedPagedKv, block_identities
+
+
+def holders(seqs) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for s in seqs:
+        for b in s.block_table:
+            out[b] = out.get(b, 0) + 1
+    return out
+
+
+def check_pool(kv: SharedPagedKv, seqs) -> None:
+    """Reference counts equal holders; the free queue holds exactly the unheld blocks; a cached block
+    is findable only under its own key; memory accounting is physical."""
+    pool, h = kv.pool, holders(seqs)
+    for b in range(pool.num_blocks):
+        assert pool.ref_cnt[b] == h.get(b, 0), f"block {b}: ref {pool.ref_cnt[b]} vs {h.get(b, 0)} holders"
+        assert (b in pool.queue) == (h.get(b, 0) == 0)
+    for hsh, b in pool.cache.items():
+        assert pool.key[b] is not None and pool.key[b][0] == hsh
+    assert kv.alloc == len(h) * kv.block_size
+    assert kv.shared_blocks == sum(n - 1 for n in h.values())
+
+
+def test_block_identities_map_512_token_ids_to_sub_blocks():
+    ids = np.array([7, 8])
+    idents = block_identities(ids, 512, 16, 1000)  # 62 full blocks, 32 per id; the partial tail is not
+    assert len(idents) == 62 and idents[0] == (7, 0) and idents[31] == (7, 496) and idents[32] == (8, 0)
+    # a block size that does not divide 512 names both segments it straddles
+    odd = block_identities(ids, 512, 48, 1000)
+    assert odd[10] == ((7, 8), 480) and odd[11] == (8, 16)
+
+
+def test_a_hash_collision_is_a_miss_not_a_wrong_block():
+    pool = SharedBlockPool(8, 16)
+    pool.register(3, 42, ("a", 0), None)
+    assert pool.lookup(42, ("a", 0), None) == 3
+    assert pool.lookup(42, ("b", 0), None) is None  # same hash, other tokens
+    assert pool.lookup(42, ("a", 0), 5) is None  # same block tokens after another prefix
+
+
+ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "fork", "free", "beam", "swap"]),
+                         st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_blocks=st.integers(8, 80), block_size=st.sampled_from([1, 4, 16]), steps=ops,
+       shared_ids=st.booleans())
+def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_ids):
+    kv = SharedPagedKv(SharedBlockPool(num_blocks, block_size), caching=True)
+    swap = SharedBlockPool(200, block_size)
+    live: list[Sequence] = []
+    swapped: list[list[Sequence]] = []
+    rid = 0
+    for op, pick, n in steps:
+        if op == "admit":
+            prompt = n * 3
+            ids = np.arange(prompt // 8 + 1) if shared_ids else np.arange(prompt // 8 + 1) + 1000 * rid
+            s = Sequence(rid, 0.0, prompt, 1 + pick % 20, prefix_ids=ids, hash_block=8)
+            rid += 1
+            hits = kv.match_prefix(s)
+            for a, b in zip(hits, hits[1:]):
+                assert kv.pool.key[b][2] == a  # a hit is a chain of its own prefix
+            todo = prompt - len(hits) * block_size
+            if kv.can_admit(s, todo, hits):
+                kv.admit(s, todo, hits)
+                assert s.num_computed_tokens == len(hits) * block_size
+                s.num_computed_tokens = prompt
+                kv.register(s)
+                live.append(s)
+        elif op == "grow" and live:
+            s = live[pick % len(live)]
+            if s.num_computed_tokens < s.max_kv_tokens and kv.can_grow(s, 1):
+                kv.grow(s, 1)
+                s.num_computed_tokens += 1
+        elif op == "fork" and live:
+            p = live[pick % len(live)]
+            c = Sequence(p.request_id, 0.0, p.prompt_tokens, p.output_tokens, seq_id=10_000 + rid)
+            rid += 1
+            c.num_computed_tokens = p.num_computed_tokens
+            kv.fork(p, c)
+            live.append(c)
+        elif op == "free" and live:
+            kv.free(live.pop(pick % len(live)))
+        elif op == "beam" and len(live) >= 2:
+            a, b = live[pick % len(live)], live[(pick + 1) % len(live)]
+            if len(a.block_table) == len(b.block_table) and a is not b:
+                a.num_computed_tokens = b.num_computed_tokens
+                kv.reassign([(a, b)])
+        elif op == "swap" and live:
+            group = [live.pop(pick % len(live))]
+            if kv.swap_out_group(group, swap) is not None:
+                swapped.append(group)
+            elif swapped and kv.can_swap_in_group(swapped[0]):
+                back = swapped.pop(0)
+                kv.swap_in_group(back, swap)
+                live.extend(back)
+            else:
+                kv.free(group[0])
+        check_pool(kv, live)
+    for s in live:
+        kv.free(s)
+    check_pool(kv, [])
+    assert kv.shared_filled == 0 and kv.capped == 0
+
+
+def test_a_cached_block_is_never_evicted_while_held():
+    kv = SharedPagedKv(SharedBlockPool(6, 4), caching=True)
+    a = Sequence(0, 0.0, 9, 5, prefix_ids=np.array([1, 2]), hash_block=8)
+    kv.admit(a, 9)
+    a.num_computed_tokens = 9
+    kv.register(a)  # two full blocks cached, held by a
+    b = Sequence(1, 0.0, 9, 5, prefix_ids=np.array([1, 2]), hash_block=8)
+    hits = kv.match_prefix(b)
+    assert hits == a.block_table[:2]
+    kv.admit(b, 1, hits)  # shares both blocks, one more of its own
+    assert kv.pool.ref_cnt[hits[0]] == 2
+    kv.pool.allocate(kv.pool.num_free)  # take every free block: held cached blocks survive
+    assert kv.pool.lookup(*kv.pool.key[hits[0]]) == hits[0]
+
+
+def scenario(make_scenario, policies, sampling=None, **wl):
+    w = {"arrival": {"kind": "poisson", "rate": 25.0}, "lengths": "alpaca", "num_requests": 200, "seed": 2,
+         "shared_prefixes": {"lengths": [64, 200], "popularity": [3, 1]}}
+    w.update(wl)
+    return make_scenario(workload=w, policies=policies, sampling=sampling)
+
+
+CACHING = [{"preset": "vllm", "name": "apc", "prefix_caching": True},
+           {"preset": "vllm-v1", "name": "apc-v1", "prefix_caching": True},
+           {"preset": "vllm", "name": "apc-swap", "prefix_caching": True, "preemption": "swap"}]
+
+
+@pytest.mark.parametrize("sampling", [None, {"kind": "parallel", "n": 3}, {"kind": "beam", "width": 3}])
+def test_sharing_keeps_every_requests_tokens_and_accounting(make_scenario, sampling):
+    s = scenario(make_scenario, ["vllm", "orca-oracle", "fastertransformer"] + CACHING, sampling)
+    r = run(s)
+    width = 1 if sampling is None else sampling.get("n", sampling.get("width"))
+    for name, res in r.policies.items():
+        df, m = res.requests, res.summary
+        assert m["num_finished"] + m["num_rejected"] + m["num_unfinished"] == 200
+        assert m["num_finished"] == 200, name
+        assert (df.generated_tokens == df.output_tokens * width).all(), name
+    if sampling is None:  # shared system prompts: the cache hits, prefill shrinks
+        assert r.policies["apc"].summary["prefix_hit_rate_tokens"] > 0.2
+        assert r.policies["apc"].summary["prefill_tokens_saved"] > 0
+    else:
+        assert r.policies["vllm"].summary["memory_saved_by_sharing"] > 0.02
+        assert r.policies["orca-oracle"].summary["memory_saved_by_sharing"] == 0.0
+
+
+@pytest.mark.parametrize("sampling", [None, {"kind": "parallel", "n": 4}, {"kind": "beam", "width": 4}])
+def test_spans_match_stepping_with_sharing(make_scenario, sampling):
+    from test_engine import assert_same_requests
+
+    s = scenario(make_scenario, ["vllm", "orca-pow2"] + CACHING, sampling, num_requests=150)
+    exact, fast = run(s.model_copy(update={"exact": True})), run(s)
+    for name in exact.policies:
+        assert_same_requests(exact.policies[name].requests, fast.policies[name].requests)
+        for key in ("memory_saved_by_sharing", "num_cow_copies", "prefix_hit_rate_tokens"):
+            assert exact.policies[name].summary.get(key) == pytest.approx(fast.policies[name].summary.get(key))
+
+
+def test_invariants_after_every_step_with_sharing(make_scenario, monkeypatch):
+    orig_c, orig_s = Scheduler.complete, Scheduler.complete_span
+    seen = {"steps": 0}
+
+    def check(self):
+        if isinstance(self.kv, SharedPagedKv):
+            check_pool(self.kv, self.running)
+        assert sum(self.memory()) == self.kv.capacity
+        seen["steps"] += 1
+
+    monkeypatch.setattr(Scheduler, "complete", lambda self, t: (orig_c(self, t), check(self))[0])
+    monkeypatch.setattr(Scheduler, "complete_span", lambda self, e: (orig_s(self, e), check(self))[0])
+    for sampling in ({"kind": "parallel", "n": 3}, {"kind": "beam", "width": 3}, None):
+        r = run(scenario(make_scenario, CACHING + [{"preset": "vllm", "name": "tiny-swap", "swap_space_gib": 0.02}],
+                         sampling, num_requests=120, arrival={"kind": "poisson", "rate": 60.0}))
+        assert any(res.summary["num_preemptions"] for res in r.policies.values())
+    assert seen["steps"] > 500
+
+
+def test_identity_checks_make_hash_collisions_harmless(make_scenario, monkeypatch):
+    """With every block hashing alike, a hit still needs the same tokens after the same prefix: every
+    block a request reuses carries exactly the identity chain it asked for."""
+    orig = SharedPagedKv.match_prefix
+    checked = {"blocks": 0}
+
+    def verified(self, seq):
+        hits = orig(self, seq)
+        wanted = self._hashes(seq)
+        for i, b in enumerate(hits):
+            assert self.pool.key[b][1] == wanted[i][1]  # its own tokens...
+            assert self.pool.key[b][2] == (hits[i - 1] if i else None)  # ...after its own prefix
+            checked["blocks"] += 1
+        return hits
+
+    monkeypatch.setattr(SharedPagedKv, "match_prefix", verified)
+    s = scenario(make_scenario, CACHING[:1], num_requests=120)
+    normal = run(s)
+    monkeypatch.setattr(sharing, "hash", lambda x: 0, raising=False)
+    colliding = run(s)
+    assert checked["blocks"] > 100
+    a, b = normal.policies["apc"].summary, colliding.policies["apc"].summary
+    assert b["num_finished"] == 120
+    assert b["prefix_hit_rate_tokens"] <= a["prefix_hit_rate_tokens"]  # one bucket: only its first chain hits
