@@ -292,7 +292,15 @@ class RooflineConfig(Strict):
     swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
 
 
-StepTime = Annotated[Union[RooflineConfig], Field(discriminator="kind")]
+class ProfileConfig(Strict):
+    """Step time from a profile that ``sim calibrate`` fitted to steps measured on a real device (a JSON
+    file; a relative path resolves against the scenario's folder). The profile must be of this model."""
+
+    kind: Literal["profile"]
+    path: str = Field(min_length=1, description="profile JSON written by sim calibrate")
+
+
+StepTime = Annotated[Union[RooflineConfig, ProfileConfig], Field(discriminator="kind")]
 
 
 class Scenario(Strict):
@@ -364,7 +372,7 @@ def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> di
 
 
 _UNION_TAGS = {"synthetic", "table", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged", "contiguous",
-               "roofline", "GpuConfig", "str", "function-before[_expand_policy(), PolicyConfig]",
+               "roofline", "profile", "GpuConfig", "str", "function-before[_expand_policy(), PolicyConfig]",
                "function-before[_default_kind(), tagged-union[SyntheticWorkload,TableWorkload]]"}
 
 
