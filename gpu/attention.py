@@ -239,10 +239,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      query_loc: torch.Tensor, *, max_seq_len: int, block_size: int,
                      block_tables: torch.Tensor | None = None, slab_starts: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, sm_scale: float | None = None, split_k: bool | None = None,
-                     block_n: int = 64) -> torch.Tensor:
+                     block_n: int = 64, num_warps: int | None = None) -> torch.Tensor:
     """One query token per sequence (row ``query_loc[s]`` of ``q`` [num_tokens, H, D]) against its first
     ``seq_lens[s]`` cached tokens, read through ``block_tables`` (paged) or from ``slab_starts``
-    (contiguous). Writes rows ``query_loc`` of ``out``; ``max_seq_len`` (a host int) sizes the grid."""
+    (contiguous). Writes rows ``query_loc`` of ``out``; ``max_seq_len`` (a host int) sizes the grid.
+    ``block_n`` keys per tile and ``num_warps`` are launch choices (the device check sweeps them)."""
     out = torch.empty_like(q) if out is None else out
     num_heads, num_kv_heads = _check_attention_args("decode_attention", q, k_cache, v_cache, out, seq_lens, query_loc)
     num_seqs = seq_lens.shape[0]
@@ -260,6 +261,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = triton.next_power_of_2(head_dim)
     common = dict(NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
                   BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged, **_dot_args(q.dtype))
+    if num_warps is not None:
+        common["num_warps"] = num_warps
     if not split_k:
         _decode_attention_kernel[(num_seqs, num_kv_heads, 1)](
             q, k_cache, v_cache, out, out, seq_lens, seq_lens, query_loc, seq_lens, tables, slabs, sm_scale,

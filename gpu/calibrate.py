@@ -36,14 +36,16 @@ HELD_BACK_EVERY = 4
 
 @dataclass(frozen=True)
 class Grid:
-    """The steps to measure. Decode (batch, context); prefill (sequences, new tokens each, cached tokens
-    each); mixed (decode batch, decode context, prefill tokens of one sequence); swap block counts."""
+    """The steps to measure. Decode (batch, mean cached context, see ``spread``); prefill (sequences, new
+    tokens each, cached tokens each); mixed (decode batch, mean decode context, prefill tokens of one
+    sequence); swap block counts."""
 
     decode: tuple[tuple[int, int], ...]
     prefill: tuple[tuple[int, int, int], ...]
     mixed: tuple[tuple[int, int, int], ...]
     swap_blocks: tuple[int, ...]
     repeats: int
+    max_context: int  # the longest sequence a step may hold (the model's limit)
 
     def pool_tokens(self, block_size: int) -> int:
         """Slots the largest point needs (each sequence rounded up to whole blocks)."""
@@ -83,7 +85,7 @@ def make_grid(max_batch: int, max_context: int, max_prefill_tokens: int, max_poo
             mixed.append((b, c, t))
     swaps = (1, 8) if quick else (1, 4, 16, 64)
     return Grid(tuple(decode), tuple(prefill), tuple(mixed), tuple(s for s in swaps if 16 * s <= max_pool_tokens),
-                3 if quick else 5)
+                3 if quick else 5, max_context)
 
 
 def grid_for_scenario(scenario: Scenario, requests: RequestTable, max_pool_tokens: int, quick: bool = False) -> Grid:
@@ -139,12 +141,22 @@ class StepBench:
         return timed(self.ex.device, lambda: (self.cache.swap_out(pairs), self.cache.swap_in(back)))[1]
 
 
+def spread(batch: int, context: int, cap: int) -> list[int]:
+    """Cached contexts of a decode batch: evenly from context/4 to 7/4 context (mean ``context``), at most
+    ``cap``, as a real batch mixes lengths (a kernel's cost can follow the longest, not only the sum)."""
+    if batch == 1:
+        return [context]
+    lo = max(1, context // 4)
+    return np.linspace(lo, 2 * context - lo, batch).round().clip(1, cap).astype(int).tolist()
+
+
 def measure(bench: StepBench, grid: Grid, layout: str) -> list[dict]:
     """Median seconds of every grid point (one unmeasured run first), with its profile terms."""
     steps: list[tuple[str, list[int], list[int]]] = []
-    steps += [("decode", [1] * b, [c] * b) for b, c in grid.decode]
+    cap = grid.max_context - 1
+    steps += [("decode", [1] * b, spread(b, c, cap)) for b, c in grid.decode]
     steps += [("prefill", [n] * s, [c] * s) for s, n, c in grid.prefill]
-    steps += [("mixed", [1] * b + [n], [c] * b + [0]) for b, c, n in grid.mixed]
+    steps += [("mixed", [1] * b + [n], spread(b, c, cap) + [0]) for b, c, n in grid.mixed]
     rows = []
     for kind, news, cached in steps:
         bench.step_s(news, cached)

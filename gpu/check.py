@@ -8,7 +8,8 @@ In order:
   2. copy bandwidth (device-to-device, bytes read + written);
   3. decode attention bandwidth, paged and contiguous, Llama-3-8B heads (32 query, 8 KV, head dim 128,
      bf16), batch x context from 1 x 32k to 256 x 2k: GB/s of K/V read, fraction of the copy bandwidth,
-     and the paging overhead (paged time / contiguous time);
+     and the paging overhead (paged time / contiguous time); then a sweep of keys per tile and warps
+     at 64 x 4k (the defaults are 64 keys and Triton's 4 warps: chosen, not yet measured);
   4. calibration of a Llama-3-8B-shaped model (``--layers`` of its 32) over the replay's range;
   5. closed-loop replay of an Azure conv slice under vllm and orca-max on the same KV memory, and the
      validation of the calibrated simulation against it;
@@ -37,6 +38,7 @@ SETTINGS = {
         "copy_bytes": 1 << 30, "decode_shapes": ((1, 32768), (8, 16384), (16, 8192), (64, 4096), (128, 4096),
                                                   (256, 2048)),
         "decode_heads": (32, 8, 128), "decode_warmup": 3, "decode_iters": 20,
+        "sweep_shape": (64, 4096), "sweep": ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8)),
         "model": "llama-3-8b", "layers": 8, "kv_pool_tokens": 3 * 8192,
         "num_requests": 200, "max_prompt": 2048, "max_output": 256, "time_scale": 50.0, "quick": False,
     },
@@ -44,6 +46,7 @@ SETTINGS = {
         "kernel_dtypes": ("float32", "bfloat16"), "kernel_shape": (8, 2, 32), "kernel_decode_lens": (1, 37, 16, 600),
         "copy_bytes": 64 << 20, "decode_shapes": ((1, 256), (4, 64)),
         "decode_heads": (32, 8, 128), "decode_warmup": 1, "decode_iters": 1,
+        "sweep_shape": (2, 64), "sweep": ((32, 4), (64, 4)),
         "model": str(ROOT / "gpu" / "configs" / "tiny-llama.json"), "layers": None, "kv_pool_tokens": 3 * 1024,
         "num_requests": 12, "max_prompt": 128, "max_output": 12, "time_scale": 10.0, "quick": True,
     },
@@ -95,46 +98,69 @@ def copy_bandwidth(device, nbytes: int, iters: int = 10) -> dict:
     return {"bytes": nbytes, "median_s": t, "gb_per_s": 2 * nbytes / t / 1e9}
 
 
+class DecodeBench:
+    """One shape of decode attention (bf16, blocks of 16): the same K/V read through a shuffled block
+    table (paged) or from consecutive slabs (contiguous); ``time_s`` is the mean of ``iters`` launches."""
+
+    def __init__(self, device, heads: tuple[int, int, int], batch: int, ctx: int) -> None:
+        import torch
+
+        num_heads, kv_heads, dim = heads
+        self.device, self.batch, self.ctx, self.block_size = device, batch, ctx, 16
+        blocks = -(-ctx // self.block_size)
+        self.k = torch.empty((batch * blocks * self.block_size, kv_heads, dim), dtype=torch.bfloat16,
+                             device=device).normal_()
+        self.v = torch.empty_like(self.k).normal_()
+        self.q = torch.randn((batch, num_heads, dim), dtype=torch.bfloat16, device=device)
+        self.out = torch.empty_like(self.q)
+        self.seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+        self.loc = torch.arange(batch, dtype=torch.int32, device=device)
+        perm = torch.randperm(batch * blocks, device=device).to(torch.int32).view(batch, blocks)
+        slabs = torch.arange(batch, device=device, dtype=torch.int64) * blocks * self.block_size
+        self.layouts = {"paged": {"block_tables": perm}, "contiguous": {"slab_starts": slabs}}
+        self.kv_bytes = 2 * batch * ctx * kv_heads * dim * self.k.element_size()
+
+    def time_s(self, layout: str, warmup: int, iters: int, **launch) -> float:
+        from gpu.attention import decode_attention
+        from gpu.device import timed
+
+        def call():
+            decode_attention(self.q, self.k, self.v, self.seq_lens, self.loc, max_seq_len=self.ctx,
+                             block_size=self.block_size, out=self.out, **self.layouts[layout], **launch)
+        for _ in range(warmup):
+            call()
+        return timed(self.device, lambda: [call() for _ in range(iters)])[1] / iters
+
+    def row(self, layout: str, t: float, copy_gb_per_s: float, **extra) -> dict:
+        gb = self.kv_bytes / t / 1e9
+        return {"batch": self.batch, "context": self.ctx, "layout": layout, **extra, "time_s": t,
+                "kv_bytes": self.kv_bytes, "gb_per_s": gb, "fraction_of_copy": gb / copy_gb_per_s}
+
+
 def decode_bandwidth(device, s: dict, copy_gb_per_s: float) -> list[dict]:
-    """Time paged and contiguous decode attention on the same K/V; bytes are the K and V read."""
+    """Paged and contiguous decode attention on the same K/V; bytes are the K and V read."""
     import torch
 
-    from gpu.attention import decode_attention, use_split_k
-    from gpu.device import timed
+    from gpu.attention import use_split_k
 
-    heads, kv_heads, dim = s["decode_heads"]
-    block_size, dtype = 16, torch.bfloat16
     rows = []
     for batch, ctx in s["decode_shapes"]:
-        blocks_per_seq = -(-ctx // block_size)
-        num_slots = batch * blocks_per_seq * block_size
-        k = torch.empty((num_slots, kv_heads, dim), dtype=dtype, device=device).normal_()
-        v = torch.empty_like(k).normal_()
-        q = torch.randn((batch, heads, dim), dtype=dtype, device=device)
-        out = torch.empty_like(q)
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
-        query_loc = torch.arange(batch, dtype=torch.int32, device=device)
-        perm = torch.randperm(batch * blocks_per_seq, device=device).to(torch.int32)
-        layouts = {"paged": {"block_tables": perm.view(batch, blocks_per_seq)},
-                   "contiguous": {"slab_starts": torch.arange(batch, device=device, dtype=torch.int64)
-                                  * blocks_per_seq * block_size}}
-        split = use_split_k(batch, kv_heads, ctx, torch.device(device))
-        kv_bytes = 2 * batch * ctx * kv_heads * dim * k.element_size()
-        times = {}
-        for name, layout in layouts.items():
-            def call():
-                decode_attention(q, k, v, seq_lens, query_loc, max_seq_len=ctx, block_size=block_size, out=out,
-                                 **layout)
-            for _ in range(s["decode_warmup"]):
-                call()
-            t = timed(device, lambda: [call() for _ in range(s["decode_iters"])])[1] / s["decode_iters"]
-            times[name] = t
-            rows.append({"batch": batch, "context": ctx, "layout": name, "split_k": split, "time_s": t,
-                         "kv_bytes": kv_bytes, "gb_per_s": kv_bytes / t / 1e9,
-                         "fraction_of_copy": kv_bytes / t / 1e9 / copy_gb_per_s})
-        rows[-2]["paging_overhead"] = rows[-1]["paging_overhead"] = times["paged"] / times["contiguous"]
-        del k, v
+        bench = DecodeBench(device, s["decode_heads"], batch, ctx)
+        split = use_split_k(batch, s["decode_heads"][1], ctx, torch.device(device))
+        times = {name: bench.time_s(name, s["decode_warmup"], s["decode_iters"]) for name in ("paged", "contiguous")}
+        for name, t in times.items():
+            rows.append(bench.row(name, t, copy_gb_per_s, split_k=split,
+                                  paging_overhead=times["paged"] / times["contiguous"]))
+        del bench
     return rows
+
+
+def decode_sweep(device, s: dict, copy_gb_per_s: float) -> list[dict]:
+    """Keys per tile and warps of decode attention at the target shape, both layouts."""
+    bench = DecodeBench(device, s["decode_heads"], *s["sweep_shape"])
+    return [bench.row(name, bench.time_s(name, s["decode_warmup"], s["decode_iters"], block_n=block_n, num_warps=warps),
+                      copy_gb_per_s, block_n=block_n, num_warps=warps)
+            for block_n, warps in s["sweep"] for name in ("paged", "contiguous")]
 
 
 def check_scenario(device, s: dict, trace: Path, work: Path):
@@ -273,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if "bandwidth" not in a.skip:
         section("copy_bandwidth", lambda: copy_bandwidth(device, s["copy_bytes"]))
         section("decode_attention", lambda: decode_bandwidth(device, s, fig["copy_bandwidth"]["gb_per_s"]))
+        section("decode_sweep", lambda: decode_sweep(device, s, fig["copy_bandwidth"]["gb_per_s"]))
     trace = find_trace(a.trace)
     if "replay" in a.skip:
         pass

@@ -31,6 +31,7 @@ from gpu.model import LlamaModel, ModelShape
 from sim.catalog import GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.core import StepPlan
+from sim.engine import resolved_token_budget
 from sim.kv import KvPool
 from sim.workload import RequestTable
 
@@ -145,8 +146,8 @@ class TorchExecutor:
         B = plan.block_size
         paged = plan.block_tables is not None
         ids: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
+        positions: list[int] = []
+        slots: list[int] = []
         dec: list[tuple[int, int, int]] = []  # (entry, row, seq_len)
         pre: list[tuple[int, int, int, int]] = []  # (entry, first row, n, seq_len)
         sample_rows: list[int] = []
@@ -157,13 +158,15 @@ class TorchExecutor:
             if c + n > len(toks):
                 raise RuntimeError(f"plan asks sequence {seq_id} for tokens {c}..{c + n} but it knows {len(toks)}")
             ids.extend(toks[c:c + n])
-            pos = np.arange(c, c + n, dtype=np.int64)
-            positions.append(pos)
-            slots.append(token_slots(pos, B, plan.block_tables[i] if paged else None,
-                                     None if paged else plan.slab_starts[i]))
-            if n == 1:
+            if n == 1:  # plain ints: a decode batch of hundreds costs microseconds, not numpy calls
+                positions.append(c)
+                slots.append(plan.block_tables[i][c // B] * B + c % B if paged else plan.slab_starts[i] + c)
                 dec.append((i, row, c + 1))
             else:
+                pos = np.arange(c, c + n, dtype=np.int64)
+                positions.extend(pos.tolist())
+                slots.extend(token_slots(pos, B, plan.block_tables[i] if paged else None,
+                                         None if paged else plan.slab_starts[i]).tolist())
                 pre.append((i, row, n, c + n))
             if c + n == len(toks):
                 sample_rows.append(row + n - 1)
@@ -189,8 +192,8 @@ class TorchExecutor:
         if pre:
             prefill = PrefillBatch(_int_tensor([e[1] for e in pre], i32, dev), _int_tensor([e[2] for e in pre], i32, dev),
                                    _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre))
-        return StepInputs(_int_tensor(ids, i64, dev), _int_tensor(np.concatenate(positions), i64, dev),
-                          _int_tensor(np.concatenate(slots), i64, dev), decode, prefill,
+        return StepInputs(_int_tensor(ids, i64, dev), _int_tensor(positions, i64, dev), _int_tensor(slots, i64, dev),
+                          decode, prefill,
                           _int_tensor(sample_rows, i64, dev), sample_seq_ids)
 
     # ------------------------------------------------------------------------------------ run
@@ -216,25 +219,34 @@ class TorchExecutor:
     def decode_span_s(self, plan: StepPlan, k: int) -> None:
         return None  # measured one step at a time
 
-    def warmup(self) -> None:
+    def warmup(self, max_num_batched_tokens: int = 0) -> None:
         """Compile and run every kernel variant a replay can use (prefill, decode, split-K decode, mixed)
-        on scratch sequences, so that no measured step pays for compilation. Leaves no token state."""
+        on scratch sequences, and the largest prefill the policy can schedule (its activations then
+        come from the allocator's cache), so that no measured step pays for either. Leaves no token state."""
+        max_len = self.model.shape.max_model_len
         # longer than one split-K partition where the pool and the model allow
-        long_ctx = min(self.cache.num_slots // 2, self.model.shape.max_model_len - 2, 1100)
+        long_ctx = min(self.cache.num_slots // 2, max_len - 2, 1100)
         steps = [((0, 1), (40, 24), (0, 0)),  # prefill
                  ((0, 1), (1, 1), (40, 24)),  # decode
                  ((2,), (long_ctx,), (0,)),  # long prefill
                  ((2, 3), (1, 9), (long_ctx, 0))]  # mixed: a long decode and a prefill
-        saved, prompts = self.tokens, self.prompt_tokens
-        self.tokens, self.prompt_tokens = {}, {0: 40, 1: 24, 2: long_ctx, 3: 9}  # scratch sequences
+        prompts = {0: 40, 1: 24, 2: long_ctx, 3: 9}
+        biggest = min(max_num_batched_tokens, self.cache.num_slots - self.cache.block_size * (1 + self.cache.num_slots // max_len))
+        if biggest > 64:
+            news = [max_len - 1] * (biggest // (max_len - 1)) + ([biggest % (max_len - 1)] if biggest % (max_len - 1) else [])
+            ids = tuple(range(10, 10 + len(news)))
+            steps.append((ids, tuple(news), (0,) * len(news)))
+            prompts.update(zip(ids, news))
+        saved, saved_prompts = self.tokens, self.prompt_tokens
+        self.tokens, self.prompt_tokens = {}, prompts  # scratch sequences
         try:
             for seq_ids, news, cached in steps:
                 plan = scratch_plan(seq_ids, news, cached, self.cache.block_size, self.paged)
-                if plan is not None and plan.extra["num_slots"] <= self.cache.num_slots:
+                if plan.extra["num_slots"] <= self.cache.num_slots:
                     self.run(plan)
             synchronize(self.device)
         finally:
-            self.tokens, self.prompt_tokens = saved, prompts
+            self.tokens, self.prompt_tokens = saved, saved_prompts
 
     def release(self) -> None:
         """Drop the KV pool (the next policy's pool takes its memory); token state stays readable."""
@@ -301,7 +313,7 @@ class ReplayExecutors:
                                 f"{self.device}: lower gpu_memory_utilization") from None
         ex = TorchExecutor(llama, cache, requests.prompt_tokens, paged=policy.allocator.kind == "paged",
                            attention=self.attention, seed=self.seed)
-        if self.warmup:
-            ex.warmup()
+        if self.warmup:  # the largest prefill matters where an allocator caches device memory
+            ex.warmup(resolved_token_budget(policy, model) if self.device.type == "cuda" else 0)
         self._current = self.executors[policy.name] = ex
         return ex

@@ -95,3 +95,16 @@ def test_the_comparison_can_fail():
     ex.run(StepPlan((0,), (1,), (len(toks) - 1,), 1, B, block_tables=(table,)))
     want = reference_tokens(model, ex.prompt_ids(0), len(ex.generated(0)))
     assert ex.generated(0) != want
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+def test_warmup_leaves_no_token_state(paged):
+    """Warmup runs scratch steps up to a 700-token prefill budget over sequences of at most
+    max_model_len tokens, then forgets them."""
+    model = tiny_model()
+    pool = KvPool(num_blocks=200, block_size=16, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
+                  activation_bytes=0)
+    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 5}, paged=paged,
+                       attention="torch")
+    ex.warmup(700)
+    assert ex.tokens == {} and ex.prompt_tokens == {0: 5} and ex.num_steps == 5

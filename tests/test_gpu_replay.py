@@ -137,7 +137,7 @@ def test_calibration_writes_a_profile_the_simulator_reads(tmp_path):
 
     spec = resolve_model(str(TINY))
     grid = Grid(decode=((1, 15), (4, 60), (8, 200), (2, 400)), prefill=((1, 32, 0), (2, 16, 16), (1, 64, 0)),
-                mixed=((2, 16, 16),), swap_blocks=(1, 4), repeats=1)
+                mixed=((2, 16, 16),), swap_blocks=(1, 4), repeats=1, max_context=spec.max_model_len)
     prof = calibrate(spec, "cpu", grid=grid, out=tmp_path / "p.json")
     loaded = load_profile(tmp_path / "p.json", spec)
     assert loaded["provenance"]["device_type"] == "cpu" and loaded["provenance"]["torch"] == torch.__version__
