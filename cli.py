@@ -100,11 +100,9 @@ def replay(
 
         summary, paths = replay_to_dir(scenario, device, out_dir, open_loop_mode=open_loop, attention=attention,
                                        seed=seed, cpu_threads=cpu_threads, report=not no_report)
-    from reports.console import print_summary
+    from gpu.replay import print_replay
 
-    print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {device})", console=out)
-    for key, p in paths.items():
-        out.print(f"{key:>9}: {p}", highlight=False)
+    print_replay(summary, paths, console=out)
 
 
 @app.command()

@@ -139,7 +139,8 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     configure_cpu(cpu_threads if torch.device(device).type == "cpu" else None)
     scenario = load_scenario(scenario_path)
     mode = "open-loop" if open_loop_mode else "closed-loop"
-    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{_slug(scenario.name)}-replay-{device.split(':')[0]}"
+    kind = "open-loop" if open_loop_mode else "replay"
+    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{_slug(scenario.name)}-{kind}-{device.split(':')[0]}"
     if open_loop_mode:
         result, steps, executors = open_loop(scenario, device, attention=attention, seed=seed)
     else:
@@ -153,3 +154,25 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     paths["replay"] = out / "replay.json"
     paths["replay"].write_text(json.dumps(info, indent=2))
     return result.summary(), paths
+
+
+def print_replay(summary: dict, paths: dict[str, Path], console) -> None:
+    """Closed loop: the summary table of the measured run. Open loop: predicted vs measured per policy."""
+    info = json.loads(paths["replay"].read_text())
+    where = f"{info['device']}, {info['dtype']}, {info['attention']} attention"
+    if "open_loop" not in info:
+        from reports.console import print_summary
+
+        print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {where})", console=console)
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"{summary['scenario']['name']}: the simulation's steps run on {where}")
+        for col in ("policy", "steps", "predicted s", "measured s", "per-step MAPE"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for name, p in info["open_loop"].items():
+            t.add_row(name, f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
+                      f"{p['step_time_mape']:.1%}")
+        console.print(t)
+    for key, p in paths.items():
+        console.print(f"{key:>9}: {p}", highlight=False)

@@ -26,6 +26,7 @@ def test_replay_calibrate_validate_commands(tmp_path):
     assert r.exit_code == 0, r.output
     info = json.loads((tmp_path / "o" / "replay.json").read_text())
     assert info["mode"] == "open-loop" and set(info["open_loop"]) == {"orca-max", "vllm"}
+    assert "per-step MAPE" in r.output
 
     prof = tmp_path / "p.json"
     r = runner.invoke(app, ["calibrate", "--scenario", TINY_SCENARIO, "--quick", "--out", str(prof)])
