@@ -57,6 +57,28 @@ def _token_slots(offs, block_table_row_ptr, slab_start, mask, BLOCK_SIZE: tl.con
         return slab_start + offs
 
 
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, offs, n_mask, visible, k_cache_ptr, v_cache_ptr, block_table_row_ptr, slab_start,
+                 kv_head, d, d_mask, stride_cs, stride_ch, qk_scale, BLOCK_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of keys (positions ``offs``, present where ``n_mask``) for the query rows ``q``: load K
+    and V through the layout, mask what each row may not see (``visible`` [rows, BLOCK_N]), and fold the
+    tile into the running max ``m_i``, sum ``l_i`` and output ``acc`` (base-2 online softmax)."""
+    slots = _token_slots(offs, block_table_row_ptr, slab_start, n_mask, BLOCK_SIZE, PAGED)
+    kv_off = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    s = _dot(q, tl.trans(k), UPCAST, PRECISION) * qk_scale  # [rows, BLOCK_N]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST, PRECISION)
+    return m_new, l_i, acc
+
+
 # ------------------------------------------------------------------------------------------ decode
 
 
@@ -117,19 +139,9 @@ def _decode_attention_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
-        slots = _token_slots(offs, block_table_row, slab_start, n_mask, BLOCK_SIZE, PAGED)
-        kv_off = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), UPCAST, PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST, PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, offs, n_mask, n_mask[None, :], k_cache_ptr, v_cache_ptr,
+                                     block_table_row, slab_start, kv_head, d, d_mask, stride_cs, stride_ch, qk_scale,
+                                     BLOCK_SIZE, PAGED, UPCAST, PRECISION)
 
     if PARTITION_SIZE > 0:
         base = seq.to(tl.int64) * stride_ps + head * stride_ph + part
@@ -351,19 +363,10 @@ def _prefill_attention_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < kv_end
-        slots = _token_slots(offs, block_table_row, slab_start, n_mask, BLOCK_SIZE, PAGED)
-        kv_off = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), UPCAST, PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(n_mask[None, :] & (offs[None, :] <= pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST, PRECISION)
-        m_i = m_new
+        causal = n_mask[None, :] & (offs[None, :] <= pos[:, None])
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, offs, n_mask, causal, k_cache_ptr, v_cache_ptr,
+                                     block_table_row, slab_start, kv_head, d, d_mask, stride_cs, stride_ch, qk_scale,
+                                     BLOCK_SIZE, PAGED, UPCAST, PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],

@@ -1,6 +1,7 @@
 """Compile the kernels for NVIDIA targets on any machine (Triton ships ptxas): the configurations the
-wrappers launch, with each one's shared memory against the target's limit. The interpreter runs the
-same code but never compiles it; this catches what only the compiler sees, before a GPU is at hand.
+wrappers launch, with each one's shared memory against the target's limit and a count of its vector
+(16-byte) and scalar 16-bit global loads in the PTX. The interpreter runs the same code but never
+compiles it; this catches what only the compiler sees, before a GPU is at hand.
 
     TRITON_INTERPRET=0 python -m gpu.compile_check [--cc 90 80]      # prints JSON, exits 1 on a failure
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes one block may use, by compute capability
@@ -26,6 +28,18 @@ def configurations(dt: str) -> list[tuple[str, dict]]:
     out += [("_decode_reduce_kernel", dict(HEAD_DIM=128, BLOCK_D=128, PARTITION_SIZE=512, BLOCK_P=16)),
             ("_store_kv_kernel", dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128))]
     return out
+
+
+# What the JIT sees at run time (gpu.attention's wrappers launch on fresh, aligned tensors; these
+# strides are multiples of 16 for head dims of 16 and more). Without it loads compile as scalars.
+ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cs", "stride_ch", "stride_kt", "stride_kh",
+                "stride_vt", "stride_vh")
+
+
+def jit_alignment(arg_names: list[str], constexprs: dict) -> dict:
+    """Divisibility-by-16 facts the JIT would specialise on: every pointer and the aligned strides."""
+    return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(arg_names)
+            if n not in constexprs and (n.endswith("_ptr") or n in ALIGNED_INTS)}
 
 
 def compile_all(ccs: list[int], dtypes: list[str]) -> list[dict]:
@@ -53,8 +67,12 @@ def compile_all(ccs: list[int], dtypes: list[str]) -> list[dict]:
                 row = {"kernel": name, "cc": cc, "dtype": dt,
                        **{k: ce[k] for k in ("PAGED", "PARTITION_SIZE") if k in ce}}
                 try:
-                    k = triton.compile(ASTSource(fn, sig, ce), target=GPUTarget("cuda", cc, 32), options=options)
-                    row.update(shared_bytes=k.metadata.shared, ok=bool(k.metadata.shared <= SHARED_LIMIT[cc]))
+                    src = ASTSource(fn, sig, ce, jit_alignment(fn.arg_names, ce))
+                    k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+                    ptx = k.asm["ptx"]
+                    row.update(shared_bytes=k.metadata.shared, ok=bool(k.metadata.shared <= SHARED_LIMIT[cc]),
+                               vector_loads=len(re.findall(r"cp\.async\.cg\.shared\.global|ld\.global(?:\.\w+)*\.v[24]", ptx)),
+                               scalar_16bit_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.b16", ptx)))
                 except Exception as e:  # noqa: BLE001 - reported, not raised: the point is the list
                     row.update(error=f"{e.__class__.__name__}: {str(e)[:300]}", ok=False)
                 rows.append(row)
