@@ -263,7 +263,7 @@ def calibrate_to_file(out: str | Path, device: str, *, model: str | None = None,
                       quick: bool = False, cpu_threads: int | None = 1) -> dict:
     """``sim calibrate``: the model by name (or the scenario's); the grid over the scenario's range when
     one is given, else over a default range (batches to 64, contexts to 4096, prefills to 2048 tokens)."""
-    configure_cpu(cpu_threads if torch.device(device).type == "cpu" else None)
+    configure_cpu(cpu_threads if str(device) == "cpu" else None)
     if model is None and scenario is None:
         raise ScenarioError("sim calibrate needs --model or --scenario")
     scen = load_scenario(scenario) if scenario is not None else None

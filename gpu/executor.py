@@ -108,19 +108,24 @@ def _int_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 class TorchExecutor:
     """Executes the plans of one policy's run on one device (the engine's ``Executor``).
 
-    State: the model (shared across policies), this policy's KV pool, and each sequence's token ids
-    (seeded random prompt ids, then the greedy tokens generated)."""
+    State: the model (shared across policies), this policy's KV pool, and each running sequence's token
+    ids (seeded random prompt ids, then the greedy tokens generated). When ``output_tokens`` is given, a
+    sequence that samples its last output token keeps only its generated tokens (``outputs``, int32),
+    so a long trace does not hold every prompt."""
 
     def __init__(self, model: LlamaModel, cache: KvCache, prompt_tokens: Mapping[int, int] | Sequence[int],
-                 *, paged: bool, attention: str, seed: int = 0) -> None:
+                 *, paged: bool, attention: str, seed: int = 0,
+                 output_tokens: Mapping[int, int] | Sequence[int] | None = None) -> None:
         self.model = model
         self.cache = cache
         self.paged = paged
         self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
         self.attention = attention
         self.seed = seed
         self.device = model.device
         self.tokens: dict[int, list[int]] = {}
+        self.outputs: dict[int, np.ndarray] = {}  # finished sequences: their generated tokens
         self.num_steps = 0
 
     # ------------------------------------------------------------------------------------ tokens
@@ -137,6 +142,8 @@ class TorchExecutor:
 
     def generated(self, seq_id: int) -> list[int]:
         """The tokens generated so far for ``seq_id``."""
+        if seq_id in self.outputs:
+            return self.outputs[seq_id].tolist()
         return self.token_ids(seq_id)[int(self.prompt_tokens[seq_id]):]
 
     # ------------------------------------------------------------------------------------ inputs
@@ -207,7 +214,12 @@ class TorchExecutor:
                                     x.sample_rows)
         next_ids = logits.argmax(dim=-1).tolist()
         for seq_id, t in zip(x.sample_seq_ids, next_ids):
-            self.tokens[seq_id].append(t)
+            toks = self.tokens[seq_id]
+            toks.append(t)
+            prompt = int(self.prompt_tokens[seq_id])
+            if self.output_tokens is not None and len(toks) - prompt == self.output_tokens[seq_id]:
+                self.outputs[seq_id] = np.asarray(toks[prompt:], dtype=np.int32)
+                del self.tokens[seq_id]
         self.num_steps += 1
         return next_ids
 
@@ -237,8 +249,8 @@ class TorchExecutor:
             ids = tuple(range(10, 10 + len(news)))
             steps.append((ids, tuple(news), (0,) * len(news)))
             prompts.update(zip(ids, news))
-        saved, saved_prompts = self.tokens, self.prompt_tokens
-        self.tokens, self.prompt_tokens = {}, prompts  # scratch sequences
+        saved = self.tokens, self.prompt_tokens, self.output_tokens, self.outputs
+        self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = {}, prompts, None, {}  # scratch sequences
         try:
             for seq_ids, news, cached in steps:
                 plan = scratch_plan(seq_ids, news, cached, self.cache.block_size, self.paged)
@@ -246,7 +258,7 @@ class TorchExecutor:
                     self.run(plan)
             synchronize(self.device)
         finally:
-            self.tokens, self.prompt_tokens = saved, saved_prompts
+            self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = saved
 
     def release(self) -> None:
         """Drop the KV pool (the next policy's pool takes its memory); token state stays readable."""
@@ -308,11 +320,11 @@ class ReplayExecutors:
         llama = self.model_for(model)
         try:
             cache = KvCache(llama.shape, pool, self.device, self.dtype)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             raise ScenarioError(f"{scenario.name}: the KV pool of {pool.num_slots:,} tokens does not fit on "
                                 f"{self.device}: lower gpu_memory_utilization") from None
         ex = TorchExecutor(llama, cache, requests.prompt_tokens, paged=policy.allocator.kind == "paged",
-                           attention=self.attention, seed=self.seed)
+                           attention=self.attention, seed=self.seed, output_tokens=requests.output_tokens)
         if self.warmup:  # the largest prefill matters where an allocator caches device memory
             ex.warmup(resolved_token_budget(policy, model) if self.device.type == "cuda" else 0)
         self._current = self.executors[policy.name] = ex

@@ -17,6 +17,7 @@ token), which is all :func:`store_kv` needs. ``num_blocks`` and ``block_size`` c
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -74,7 +75,9 @@ class KvCache:
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1`` at import time)."""
-    return bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs") else False
+    if hasattr(triton, "knobs"):
+        return bool(triton.knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")  # triton before 3.4
 
 
 def check_launch(name: str, *tensors: torch.Tensor) -> None:

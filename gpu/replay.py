@@ -136,7 +136,7 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
                   report: bool = True) -> tuple[dict, dict[str, Path]]:
     """``sim replay``: closed loop (the results of ``sim run``, measured) or open loop (the simulation's
     results plus ``open_loop.parquet``). Both write ``replay.json`` (where and how it ran)."""
-    configure_cpu(cpu_threads if torch.device(device).type == "cpu" else None)
+    configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     mode = "open-loop" if open_loop_mode else "closed-loop"
     kind = "open-loop" if open_loop_mode else "replay"

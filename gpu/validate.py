@@ -100,6 +100,8 @@ def validate(scenario: Scenario, device: str, profile_path: str | Path, *, reque
     requests = load_requests(scenario) if requests is None else requests
     profile_path = Path(profile_path).resolve()
     profile = load_profile(profile_path, scenario.model_spec())
+    # both runs record every step (the schedules are compared step for step); the simulation takes no spans
+    scenario = scenario.model_copy(update={"record_steps": True})
     calibrated = scenario.model_copy(update={"step_time": ProfileConfig(kind="profile", path=str(profile_path)),
                                              "exact": True})
     sim = run(calibrated, requests=requests)
@@ -142,7 +144,7 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
                     seed: int = 0, cpu_threads: int | None = 1, requests: RequestTable | None = None,
                     report: bool = True) -> tuple[dict, dict[str, Path]]:
     """``sim validate``: calibrate if no profile is given (nor named by the scenario), then validate."""
-    configure_cpu(cpu_threads if torch.device(device).type == "cpu" else None)
+    configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     requests = load_requests(scenario) if requests is None else requests
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"{_slug(scenario.name)}-validate-{device.split(':')[0]}"

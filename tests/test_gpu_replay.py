@@ -68,6 +68,7 @@ def test_tokens_do_not_depend_on_policy_or_preemption():
         for i in range(8):
             assert other.generated(i) == ref.generated(i), (name, i)
     assert all(len(ref.generated(i)) == n for i, n in enumerate(result.requests.output_tokens))
+    assert ref.tokens == {} and len(ref.outputs) == 8  # finished sequences keep only their outputs
 
 
 def write_profile(path: Path, model_spec, scale: float = 1.0) -> Path:
