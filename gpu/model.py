@@ -148,10 +148,11 @@ class LlamaModel:
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         for i, lw in enumerate(self.layers):
             x = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-            q, k, v = (x @ lw.qkv.T).split([q_dim, kv_dim, kv_dim], dim=-1)
-            q = apply_rotary(q.view(T, s.num_heads, s.head_dim), cos, sin)
-            k = apply_rotary(k.view(T, s.num_kv_heads, s.head_dim), cos, sin)
-            o = attention(i, q, k, v.reshape(T, s.num_kv_heads, s.head_dim))
+            qkv = x @ lw.qkv.T
+            # q and k heads rotated in one call (fewer kernel launches per layer)
+            qk = apply_rotary(qkv[:, :q_dim + kv_dim].view(T, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
+            q, k = qk[:, :s.num_heads], qk[:, s.num_heads:]
+            o = attention(i, q, k, qkv[:, q_dim + kv_dim:].view(T, s.num_kv_heads, s.head_dim))
             h = h + o.reshape(T, q_dim) @ lw.o.T
             h = h + self._mlp(rms_norm(h, lw.post_norm, s.rms_norm_eps), lw)
         h = rms_norm(h[sample_rows], self.final_norm, s.rms_norm_eps)
