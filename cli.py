@@ -22,14 +22,16 @@ out = Console()
 
 @contextmanager
 def user_errors():
+    from rich.markup import escape
+
     from reports.results import ResultsError
     from sim.config import ScenarioError
 
     try:
         yield
     except (ScenarioError, ResultsError) as e:
-        for line in str(e).splitlines():
-            err.print(f"[red]error:[/red] {line}", markup=True, highlight=False, soft_wrap=True)
+        for line in str(e).splitlines():  # escaped: a message may hold brackets such as '.[gpu]'
+            err.print(f"[red]error:[/red] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -111,6 +113,91 @@ def trace_convert(file: TraceFile, out_file: Annotated[Path, typer.Argument(help
         lines = trace_convert(file, out_file, workload or [], max_model_len)
     for line in lines:
         out.print(line, highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------- GPU backend
+
+@contextmanager
+def gpu_backend():
+    """The GPU backend's commands: user errors as above, and a missing torch/triton said in one line."""
+    with user_errors():
+        try:
+            yield
+        except ModuleNotFoundError as e:
+            if e.name not in ("torch", "triton"):
+                raise
+            from sim.config import ScenarioError
+
+            raise ScenarioError(f"this command needs the GPU backend ({e.name} is not installed): "
+                                "pip install -e '.[gpu]'") from None
+
+
+DEVICE = typer.Option("cpu", "--device", "-d", help="cuda (or cuda:N) or cpu")
+THREADS = typer.Option(1, "--cpu-threads", help="torch threads for CPU timing (more than one is erratic on a busy machine)")
+
+
+@app.command()
+def replay(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    device: str = DEVICE,
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="result folder (default runs/<name>-replay-<device>)"),
+    open_loop: bool = typer.Option(False, "--open-loop", help="run the plans a simulation recorded, step by step"),
+    attention: Optional[str] = typer.Option(None, help="triton or torch (default: triton on cuda, torch on cpu)"),
+    seed: int = typer.Option(0, help="seed of the random weights and prompt token ids"),
+    cpu_threads: int = THREADS,
+    no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
+) -> None:
+    """Run SCENARIO's policies for real (same scheduler and allocator; measured step times)."""
+    with gpu_backend():
+        from gpu.replay import replay_to_dir
+
+        summary, paths = replay_to_dir(scenario, device, out_dir, open_loop_mode=open_loop, attention=attention,
+                                       seed=seed, cpu_threads=cpu_threads, report=not no_report)
+    from gpu.replay import print_replay
+
+    print_replay(summary, paths, console=out)
+
+
+@app.command()
+def calibrate(
+    out_path: Path = typer.Option(..., "--out", "-o", help="profile JSON to write"),
+    model: Optional[str] = typer.Option(None, help="catalog name or config.json (default: the scenario's model)"),
+    device: str = DEVICE,
+    scenario: Optional[Path] = typer.Option(None, help="cover this scenario's batch sizes, contexts and prompts"),
+    quick: bool = typer.Option(False, "--quick", help="a coarser grid, fewer repeats"),
+    cpu_threads: int = THREADS,
+) -> None:
+    """Measure a grid of prefill and decode steps and fit the step-time model (a profile)."""
+    with gpu_backend():
+        from gpu.calibrate import calibrate_to_file
+
+        profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,
+                                    cpu_threads=cpu_threads)
+    from gpu.calibrate import print_profile
+
+    print_profile(profile, out_path, console=out)
+
+
+@app.command()
+def validate(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    device: str = DEVICE,
+    profile: Optional[Path] = typer.Option(None, help="profile JSON (default: the scenario's, else calibrate now)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="result folder (default runs/<name>-validate-<device>)"),
+    quick: bool = typer.Option(False, "--quick", help="when calibrating: a coarser grid"),
+    cpu_threads: int = THREADS,
+) -> None:
+    """Compare the calibrated simulation with the replay on the same requests."""
+    with gpu_backend():
+        from gpu.validate import validate_to_dir
+
+        result, paths = validate_to_dir(scenario, device, out_dir, profile_path=profile, quick=quick,
+                                        cpu_threads=cpu_threads)
+    from gpu.validate import print_validation
+
+    print_validation(result, console=out)
+    for key, p in paths.items():
+        out.print(f"{key:>10}: {p}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console entry

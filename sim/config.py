@@ -392,7 +392,15 @@ class RooflineConfig(Strict):
     swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
 
 
-StepTime = Annotated[Union[RooflineConfig], Field(discriminator="kind")]
+class ProfileConfig(Strict):
+    """Step time from a profile that ``sim calibrate`` fitted to steps measured on a real device (a JSON
+    file; a relative path resolves against the scenario's folder). The profile must be of this model."""
+
+    kind: Literal["profile"]
+    path: str = Field(min_length=1, description="profile JSON written by sim calibrate")
+
+
+StepTime = Annotated[Union[RooflineConfig, ProfileConfig], Field(discriminator="kind")]
 
 
 class Scenario(Strict):
@@ -464,8 +472,8 @@ def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> di
     return out
 
 
-_UNION_TAGS = {"synthetic", "table", "parallel", "beam", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal", "paged",
-               "contiguous", "roofline", "GpuConfig", "str"}
+_UNION_TAGS = {"synthetic", "table", "parallel", "beam", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal",
+               "paged", "contiguous", "roofline", "profile", "GpuConfig", "str"}
 
 
 def _key_path(loc: tuple) -> tuple:

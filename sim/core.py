@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 
@@ -133,6 +133,16 @@ class Sequence:
                 f"{self.output_tokens}, computed={self.num_computed_tokens})")
 
 
+class _SeqView:
+    """What a recorded plan keeps of a sequence."""
+
+    __slots__ = ("seq_id", "num_computed_tokens", "block_table", "slab_start")
+
+    def __init__(self, seq_id: int, num_computed_tokens: int, block_table, slab_start) -> None:
+        self.seq_id, self.num_computed_tokens = seq_id, num_computed_tokens
+        self.block_table, self.slab_start = block_table, slab_start
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything an executor sees of one step: for each scheduled sequence its id, the tokens it
@@ -161,6 +171,33 @@ class StepPlan:
     num_preempted: int = 0
     _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
     _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
+
+    extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
+
+    @classmethod
+    def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,
+                     block_tables=None, slab_starts=None, **fields) -> "StepPlan":
+        """A plan given sequence by sequence, holding its own copies (not live sequences): for plans
+        recorded to replay later, or built by hand (tests, warm-up steps)."""
+        paged = block_tables is not None
+        entries = [(_SeqView(sid, c, list(block_tables[i]) if paged else None,
+                             None if paged or slab_starts is None else slab_starts[i]), n)
+                   for i, (sid, n, c) in enumerate(zip(seq_ids, num_new_tokens, num_computed_tokens))]
+        one = [(n, c) for n, c in zip(num_new_tokens, num_computed_tokens) if n == 1]
+        many = [(n, c) for n, c in zip(num_new_tokens, num_computed_tokens) if n > 1]
+        return cls(num_seqs=len(entries), num_tokens=sum(num_new_tokens), num_prefill_tokens=sum(n for n, _ in many),
+                   num_decode_tokens=len(one), num_sampled=num_sampled,
+                   decode_context_tokens=sum(c + 1 for _, c in one),
+                   prefill_attention_pairs=sum(n * c + n * (n + 1) // 2 for n, c in many), block_size=block_size,
+                   paged=paged, _entries=entries, **fields)
+
+    def snapshot(self) -> "StepPlan":
+        """This plan with its per-sequence fields copied out of the live sequences."""
+        return StepPlan.from_entries(self.seq_ids, self.num_new_tokens, self.num_computed_tokens, self.num_sampled,
+                                     self.block_size, block_tables=self.block_tables, slab_starts=self.slab_starts,
+                                     swap_out=self.swap_out, swap_in=self.swap_in, copy_blocks=self.copy_blocks,
+                                     copy_slots=self.copy_slots, forks=self.forks, num_preempted=self.num_preempted,
+                                     extra=dict(self.extra))
 
     @property
     def is_decode_only(self) -> bool:

@@ -216,10 +216,13 @@ class Engine:
             self._maybe_capture(now)  # the address space as this step holds it
             k = 1 if self.exact else sched.span_limit(plan)
             if k > 1:
+                first = self.executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
                 stop = self._next_event_s() if sched.arrivals_matter() else self._horizon
-                if stop < math.inf:  # price only the steps that can start before it (step times only grow
+                if first is None:
+                    k = 1
+                elif stop < math.inf:  # price only the steps that can start before it (step times only grow
                     # along a span; if a model's did not, the span would just end sooner: still exact)
-                    k = min(k, int((stop - now) / self.executor.step_time_s(plan)) + 2)
+                    k = min(k, int((stop - now) / first[0]) + 2)
             times = self.executor.decode_span_s(plan, k) if k > 1 else None
             if times is None:
                 dt = self.executor.step_time_s(plan)

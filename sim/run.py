@@ -17,10 +17,10 @@ from typing import Callable
 import pandas as pd
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
-from sim.config import PolicyConfig, Scenario, ScenarioError, load_scenario
+from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, load_scenario
 from sim.engine import Engine, PolicyResult, resolved_token_budget
 from sim.kv import MEMORY_CLASSES, CapacityError, KvPool, kv_pool
-from sim.steptime import Executor, RooflineStepTime
+from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, load_requests
 
 # Builds the executor for one policy's run: the step-time model here; the GPU backend passes its own.
@@ -29,9 +29,15 @@ ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, KvPool, PolicyConfig, 
 
 def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
                    requests: RequestTable) -> Executor:
-    """The scenario's step-time model (the simulator's executor)."""
-    return RooflineStepTime(model, gpu, scenario.tensor_parallel, scenario.step_time,
-                            paged=policy.allocator.kind == "paged")
+    """The scenario's step-time model (the simulator's executor): the roofline, or a calibrated profile."""
+    paged = policy.allocator.kind == "paged"
+    st = scenario.step_time
+    if isinstance(st, ProfileConfig):
+        if scenario.tensor_parallel != 1:
+            raise ScenarioError(f"{scenario.name}: step_time profiles are measured on one GPU; "
+                                f"tensor_parallel must be 1, not {scenario.tensor_parallel}")
+        return ProfileStepTime.from_profile(load_profile(scenario.resolve_path(st.path), model), paged)
+    return RooflineStepTime(model, gpu, scenario.tensor_parallel, st, paged=paged)
 
 
 @dataclass

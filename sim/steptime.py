@@ -14,14 +14,22 @@ parallel), plus the all-reduces that join them.
 
 A decode-only span (the same batch, every context one longer each step) has a closed form, which
 the engine uses to skip quiet stretches: step j costs ``fixed(batch) + per_key * (keys_0 + j*batch)``.
+
+The profile model (``ProfileStepTime``) replaces the datasheet with coefficients that ``sim calibrate``
+fitted to steps measured on a real device; it is linear in the same physical terms, so it keeps the
+closed form.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from sim.catalog import GpuSpec, ModelSpec
-from sim.config import RooflineConfig
+from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 
 
@@ -99,3 +107,85 @@ class RooflineStepTime:
             fixed = self._decode_fixed[n] = self._fixed_s(n, n, n)
         key_s, keys = self._key_s, plan.decode_context_tokens
         return [fixed + (keys + n * j) * key_s for j in range(k)]
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+PROFILE_FORMAT = "kvsim-step-profile/1"
+# The fitted terms, in the order of ``profile_features``' last axis.
+PROFILE_TERMS = ("prefill_s", "prefill_token_s", "prefill_pair_s", "decode_s", "decode_seq_s", "decode_key_s")
+# What a profile must share with the scenario's model (the shape that sets the work of a step).
+PROFILE_MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_size", "vocab_size", "gated_mlp")
+
+
+def profile_features(num_prefill_tokens, prefill_attention_pairs, num_decode_tokens, decode_context_tokens) -> np.ndarray:
+    """A step's fitted terms (scalars or arrays; terms on the last axis, as PROFILE_TERMS):
+
+        prefill part  [has prefill chunks, their tokens (sum n), their query-key pairs]
+        decode part   [has one-token entries, their count (batch), the keys they read (sum ctx)]
+
+    A mixed step has both parts: it costs their sum."""
+    p = np.asarray(num_prefill_tokens, dtype=np.float64)
+    d = np.asarray(num_decode_tokens, dtype=np.float64)
+    return np.stack(np.broadcast_arrays((p > 0).astype(np.float64), p, np.asarray(prefill_attention_pairs, np.float64),
+                                        (d > 0).astype(np.float64), d, np.asarray(decode_context_tokens, np.float64)),
+                    axis=-1)
+
+
+def profile_model(model: ModelSpec) -> dict:
+    return {"name": model.name, **{k: getattr(model, k) for k in PROFILE_MODEL_KEYS}}
+
+
+def load_profile(path: str | Path, model: ModelSpec | None = None) -> dict:
+    """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape."""
+    path = Path(path)
+    try:
+        prof = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such step-time profile (write one with sim calibrate)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScenarioError(f"{path}: not a readable profile ({e.__class__.__name__}: {e})") from None
+    if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
+        raise ScenarioError(f"{path}: not a step-time profile (expected format {PROFILE_FORMAT!r})")
+    for layout in ("paged", "contiguous"):
+        coef = prof.get("layouts", {}).get(layout, {}).get("coefficients", {})
+        bad = [t for t in PROFILE_TERMS if not isinstance(coef.get(t), (int, float)) or coef[t] < 0]
+        if bad:
+            raise ScenarioError(f"{path}: layouts.{layout}.coefficients: missing or negative {', '.join(bad)}")
+    if model is not None:
+        want, got = profile_model(model), prof.get("model", {})
+        diff = [k for k in PROFILE_MODEL_KEYS if got.get(k) != want[k]]
+        if diff:
+            shown = ", ".join(f"{k} {got.get(k)} vs {want[k]}" for k in diff)
+            raise ScenarioError(f"{path}: profiled model {got.get('name')!r} is not the scenario's {model.name!r} "
+                                f"({shown}); calibrate this model")
+    return prof
+
+
+class ProfileStepTime:
+    """Step time from a calibration profile: ``coefficients`` (PROFILE_TERMS, in seconds per unit) dotted
+    with ``profile_features``, plus ``swap_block_s`` per block copied to or from the host."""
+
+    def __init__(self, coefficients: dict[str, float], swap_block_s: float = 0.0) -> None:
+        self.coef = np.array([float(coefficients[t]) for t in PROFILE_TERMS])
+        self.swap_block_s = float(swap_block_s)
+
+    @classmethod
+    def from_profile(cls, profile: dict, paged: bool) -> "ProfileStepTime":
+        layout = profile["layouts"]["paged" if paged else "contiguous"]
+        return cls(layout["coefficients"], profile.get("swap_block_s", 0.0))
+
+    def predict(self, num_prefill_tokens, prefill_attention_pairs, num_decode_tokens, decode_context_tokens,
+                num_swap_blocks=0):
+        """Seconds of steps given by their terms (scalars or arrays)."""
+        x = profile_features(num_prefill_tokens, prefill_attention_pairs, num_decode_tokens, decode_context_tokens)
+        return x @ self.coef + self.swap_block_s * np.asarray(num_swap_blocks, dtype=np.float64)
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        return float(self.predict(plan.num_prefill_tokens, plan.prefill_attention_pairs, plan.num_decode_tokens,
+                                  plan.decode_context_tokens, len(plan.swap_in) + len(plan.swap_out)))
+
+    def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
+        n = plan.num_seqs
+        keys = plan.decode_context_tokens + n * np.arange(k, dtype=np.float64)
+        return self.predict(0, 0, n, keys).tolist()

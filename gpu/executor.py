@@ -1,0 +1,362 @@
+"""The torch executor: runs each ``StepPlan`` of the simulator's scheduler for real and returns its
+measured duration. It makes no decision: which sequences run, how many tokens each computes and which
+slots hold their cache all come from the plan.
+
+Per step::
+
+    swap_out / swap_in block pairs -> copy between the device pool and host swap space
+    plan -> StepInputs: token ids, positions, slot_mapping (one slot per new token),
+            the decode batch (n == 1: query row, seq_len, block table | slab start)
+            and the prefill batch (n > 1: first row, n, seq_len, block table | slab start)
+    model forward: store K/V through slot_mapping, attention over the pool, greedy next tokens
+
+Token bookkeeping mirrors ``sim.core.Sequence``: each sequence knows prompt + generated token ids;
+an entry computes ``tokens[num_computed : num_computed + n]`` and, when that reaches the last known
+token, samples one more. A sequence preempted by recompute therefore re-prefills its prompt *and* the
+tokens it had generated, exactly as the scheduler planned it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from gpu.attention import decode_attention, decode_attention_torch, prefill_attention, prefill_attention_ref
+from gpu.device import default_attention, default_dtype, resolve_device, synchronize, timed
+from gpu.kv_cache import KvCache, store_kv, store_kv_ref, token_slots
+from gpu.model import LlamaModel, ModelShape
+from sim.catalog import GpuSpec, ModelSpec
+from sim.config import PolicyConfig, Scenario, ScenarioError
+from sim.core import StepPlan
+from sim.engine import resolved_token_budget
+from sim.kv import KvPool
+from sim.workload import RequestTable
+
+
+@dataclass
+class Layout:
+    """Where a batch's sequences keep their cache: block tables (paged) or slab starts (contiguous)."""
+
+    block_tables: torch.Tensor | None  # [num_seqs, max_num_blocks] int32
+    slab_starts: torch.Tensor | None  # [num_seqs] int64
+
+
+@dataclass
+class DecodeBatch:
+    query_loc: torch.Tensor  # [num_seqs] int32: the token row of each sequence's query
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    max_seq_len: int
+    layout: Layout
+
+
+@dataclass
+class PrefillBatch:
+    query_start: torch.Tensor  # [num_seqs] int32: first token row
+    num_new: torch.Tensor  # [num_seqs] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    max_num_new: int
+    layout: Layout
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    decode: DecodeBatch | None
+    prefill: PrefillBatch | None
+    sample_rows: torch.Tensor  # [num_sampled] int64
+    sample_seq_ids: list[int]
+
+
+class PoolAttention:
+    """The model's attention for one step: store the new K/V into the pool, then attend over it."""
+
+    def __init__(self, inputs: StepInputs, cache: KvCache, backend: str) -> None:
+        if backend not in ("triton", "torch"):
+            raise ValueError(f"attention backend {backend!r}: expected triton or torch")
+        self.inputs = inputs
+        self.cache = cache
+        self.triton = backend == "triton"
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        x, bs = self.inputs, self.cache.block_size
+        k_cache, v_cache = self.cache.layer(layer)
+        (store_kv if self.triton else store_kv_ref)(k, v, k_cache, v_cache, x.slot_mapping)
+        out = torch.empty_like(q)
+        if x.decode is not None:
+            d = x.decode
+            fn = decode_attention if self.triton else decode_attention_torch
+            fn(q, k_cache, v_cache, d.seq_lens, d.query_loc, max_seq_len=d.max_seq_len, block_size=bs,
+               block_tables=d.layout.block_tables, slab_starts=d.layout.slab_starts, out=out)
+        if x.prefill is not None:
+            p = x.prefill
+            kw = {"max_num_new": p.max_num_new} if self.triton else {}
+            (prefill_attention if self.triton else prefill_attention_ref)(
+                q, k_cache, v_cache, p.query_start, p.num_new, p.seq_lens, block_size=bs,
+                block_tables=p.layout.block_tables, slab_starts=p.layout.slab_starts, out=out, **kw)
+        return out
+
+
+def _int_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(values), dtype=dtype).to(device, non_blocking=True)
+
+
+class TorchExecutor:
+    """Executes the plans of one policy's run on one device (the engine's ``Executor``).
+
+    State: the model (shared across policies), this policy's KV pool, and each running sequence's token
+    ids (seeded random prompt ids, then the greedy tokens generated). When ``output_tokens`` is given, a
+    sequence that samples its last output token keeps only its generated tokens (``outputs``, int32),
+    so a long trace does not hold every prompt."""
+
+    def __init__(self, model: LlamaModel, cache: KvCache, prompt_tokens: Mapping[int, int] | Sequence[int],
+                 *, paged: bool, attention: str, seed: int = 0,
+                 output_tokens: Mapping[int, int] | Sequence[int] | None = None, prefix_hashes=None) -> None:
+        self.model = model
+        self.cache = cache
+        self.paged = paged
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.attention = attention
+        self.seed = seed
+        self.device = model.device
+        self.prefix_hashes = prefix_hashes  # content ids of the prompts (traces' hash ids), when known
+        self.tokens: dict[int, list[int]] = {}
+        self.outputs: dict[int, np.ndarray] = {}  # finished sequences: their generated tokens
+        self.origin: dict[int, int] = {}  # a forked sample's or beam's id -> its request's id
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------------------------ tokens
+
+    def request_of(self, seq_id: int) -> int:
+        return self.origin.get(seq_id, seq_id)
+
+    def prompt_ids(self, seq_id: int) -> list[int]:
+        """The prompt's token ids, the same for every policy: random, seeded by (seed, request), except
+        where the trace names the content (prefix hash ids): there a token follows from its segment's id
+        and offset, so equal prefixes are equal tokens and a prefix-cache hit reuses the right K/V."""
+        r = self.request_of(seq_id)
+        n = int(self.prompt_tokens[r])
+        vocab = self.model.shape.vocab_size
+        ids = np.random.default_rng((self.seed, r)).integers(0, vocab, n)
+        if self.prefix_hashes is not None:
+            h, H = self.prefix_hashes.of(r).astype(np.int64), self.prefix_hashes.block_size
+            named = min(n, len(h) * H)
+            pos = np.arange(named)
+            ids[:named] = (h[pos // H] * 1_000_003 + (pos % H) * 7919 + self.seed) % vocab
+        return ids.tolist()
+
+    def token_ids(self, seq_id: int) -> list[int]:
+        if seq_id not in self.tokens:
+            self.tokens[seq_id] = self.prompt_ids(seq_id)
+        return self.tokens[seq_id]
+
+    def generated(self, seq_id: int) -> list[int]:
+        """The tokens generated so far for ``seq_id``."""
+        if seq_id in self.outputs:
+            return self.outputs[seq_id].tolist()
+        return self.token_ids(seq_id)[int(self.prompt_tokens[self.request_of(seq_id)]):]
+
+    # ------------------------------------------------------------------------------------ inputs
+
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        """Turn the plan into device tensors (all index arithmetic on the host, one copy each)."""
+        B = plan.block_size
+        paged = plan.block_tables is not None
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        dec: list[tuple[int, int, int]] = []  # (entry, row, seq_len)
+        pre: list[tuple[int, int, int, int]] = []  # (entry, first row, n, seq_len)
+        sample_rows: list[int] = []
+        sample_seq_ids: list[int] = []
+        row = 0
+        for i, (seq_id, n, c) in enumerate(zip(plan.seq_ids, plan.num_new_tokens, plan.num_computed_tokens)):
+            toks = self.token_ids(seq_id)
+            if c + n > len(toks):
+                raise RuntimeError(f"plan asks sequence {seq_id} for tokens {c}..{c + n} but it knows {len(toks)}")
+            ids.extend(toks[c:c + n])
+            if n == 1:  # plain ints: a decode batch of hundreds costs microseconds, not numpy calls
+                positions.append(c)
+                slots.append(plan.block_tables[i][c // B] * B + c % B if paged else plan.slab_starts[i] + c)
+                dec.append((i, row, c + 1))
+            else:
+                pos = np.arange(c, c + n, dtype=np.int64)
+                positions.extend(pos.tolist())
+                slots.extend(token_slots(pos, B, plan.block_tables[i] if paged else None,
+                                         None if paged else plan.slab_starts[i]).tolist())
+                pre.append((i, row, n, c + n))
+            if c + n == len(toks):
+                sample_rows.append(row + n - 1)
+                sample_seq_ids.append(seq_id)
+            row += n
+        dev = self.device
+        i64, i32 = torch.int64, torch.int32
+
+        def layout(entries: list) -> Layout:
+            if not paged:
+                return Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))
+            tables = [plan.block_tables[e[0]] for e in entries]
+            arr = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+            for j, t in enumerate(tables):
+                arr[j, :len(t)] = t
+            return Layout(torch.from_numpy(arr).to(dev, non_blocking=True), None)
+
+        decode = prefill = None
+        if dec:
+            lens = [e[2] for e in dec]
+            decode = DecodeBatch(_int_tensor([e[1] for e in dec], i32, dev), _int_tensor(lens, i32, dev), max(lens),
+                                 layout(dec))
+        if pre:
+            prefill = PrefillBatch(_int_tensor([e[1] for e in pre], i32, dev), _int_tensor([e[2] for e in pre], i32, dev),
+                                   _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre))
+        return StepInputs(_int_tensor(ids, i64, dev), _int_tensor(positions, i64, dev), _int_tensor(slots, i64, dev),
+                          decode, prefill,
+                          _int_tensor(sample_rows, i64, dev), sample_seq_ids)
+
+    # ------------------------------------------------------------------------------------ run
+
+    def run(self, plan: StepPlan) -> list[int]:
+        """Swap, copy, fork, prepare, forward, sample; the sampled tokens are appended to their sequences."""
+        self.cache.swap_out(plan.swap_out)
+        self.cache.swap_in(plan.swap_in)
+        self.cache.copy_blocks(plan.copy_blocks, use_kernel=self.attention == "triton")
+        self.cache.copy_slots(plan.copy_slots)
+        self.take_forks(plan)
+        x = self.prepare(plan)
+        logits = self.model.forward(x.input_ids, x.positions, PoolAttention(x, self.cache, self.attention),
+                                    x.sample_rows)
+        next_ids = logits.argmax(dim=-1).tolist()
+        for seq_id, t in zip(x.sample_seq_ids, next_ids):
+            toks = self.tokens[seq_id]
+            toks.append(t)
+            r = self.request_of(seq_id)
+            prompt = int(self.prompt_tokens[r])
+            if self.output_tokens is not None and len(toks) - prompt == self.output_tokens[r]:
+                self.outputs[seq_id] = np.asarray(toks[prompt:], dtype=np.int32)
+                del self.tokens[seq_id]
+        self.num_steps += 1
+        return next_ids
+
+    def take_forks(self, plan: StepPlan) -> None:
+        """Samples and beams take their source's history (as it was before this step's moves); once a plan."""
+        if not plan.forks or plan.extra.get("forks_taken"):
+            return
+        before = {src: list(self.token_ids(src)) for src, _ in plan.forks}
+        for src, dst in plan.forks:
+            self.tokens[dst] = list(before[src])
+            self.origin[dst] = self.request_of(src)
+        plan.extra["forks_taken"] = True
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        self.take_forks(plan)
+        for seq_id in plan.seq_ids:  # a prompt's ids are the trace's input, not part of the step
+            self.token_ids(seq_id)
+        return timed(self.device, lambda: self.run(plan))[1]
+
+    def decode_span_s(self, plan: StepPlan, k: int) -> None:
+        return None  # measured one step at a time
+
+    def warmup(self, max_num_batched_tokens: int = 0) -> None:
+        """Compile and run every kernel variant a replay can use (prefill, decode, split-K decode, mixed)
+        on scratch sequences, and the largest prefill the policy can schedule (its activations then
+        come from the allocator's cache), so that no measured step pays for either. Leaves no token state."""
+        max_len = self.model.shape.max_model_len
+        # longer than one split-K partition where the pool and the model allow
+        long_ctx = min(self.cache.num_slots // 2, max_len - 2, 1100)
+        steps = [((0, 1), (40, 24), (0, 0)),  # prefill
+                 ((0, 1), (1, 1), (40, 24)),  # decode
+                 ((2,), (long_ctx,), (0,)),  # long prefill
+                 ((2, 3), (1, 9), (long_ctx, 0))]  # mixed: a long decode and a prefill
+        prompts = {0: 40, 1: 24, 2: long_ctx, 3: 9}
+        biggest = min(max_num_batched_tokens, self.cache.num_slots - self.cache.block_size * (1 + self.cache.num_slots // max_len))
+        if biggest > 64:
+            news = [max_len - 1] * (biggest // (max_len - 1)) + ([biggest % (max_len - 1)] if biggest % (max_len - 1) else [])
+            ids = tuple(range(10, 10 + len(news)))
+            steps.append((ids, tuple(news), (0,) * len(news)))
+            prompts.update(zip(ids, news))
+        saved = self.tokens, self.prompt_tokens, self.output_tokens, self.outputs
+        self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = {}, prompts, None, {}  # scratch sequences
+        try:
+            for seq_ids, news, cached in steps:
+                plan = scratch_plan(seq_ids, news, cached, self.cache.block_size, self.paged)
+                if plan.extra["num_slots"] <= self.cache.num_slots:
+                    self.run(plan)
+            synchronize(self.device)
+        finally:
+            self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = saved
+
+    def release(self) -> None:
+        """Drop the KV pool (the next policy's pool takes its memory); token state stays readable."""
+        self.cache = None
+
+
+def scratch_plan(seq_ids, news, cached, block_size: int, paged: bool, first_block: int = 0,
+                 block_order: np.ndarray | None = None) -> StepPlan:
+    """A plan over sequences laid out one after another from block ``first_block`` (whole blocks each):
+    block tables (paged, through ``block_order`` when given, e.g. a permutation) or slab starts.
+    ``extra["num_slots"]`` is the pool size it needs."""
+    nblocks = [-(-(c + n) // block_size) for n, c in zip(news, cached)]
+    first = first_block + np.cumsum([0] + nblocks[:-1])
+    tables = []
+    for f, nb in zip(first, nblocks):
+        ids = np.arange(f, f + nb)
+        tables.append((block_order[ids] if block_order is not None else ids).tolist())
+    need = (first_block + sum(nblocks)) * block_size
+    return StepPlan.from_entries(tuple(seq_ids), tuple(news), tuple(cached), len(seq_ids), block_size,
+                    block_tables=tuple(tables) if paged else None,
+                    slab_starts=None if paged else tuple(int(f) * block_size for f in first),
+                    extra={"num_slots": need})
+
+
+class ReplayExecutors:
+    """The ``ExecutorFactory`` of a replay: ``sim.run.run(scenario, executor=ReplayExecutors("cuda"))``.
+
+    Builds the model once (the same seeded weights for every policy) and one KV pool per policy, sized by
+    the simulator's ``KvPool``; the previous policy's pool is released first, so two never coexist.
+    ``executors`` keeps each policy's executor (its pool dropped) for its generated tokens."""
+
+    def __init__(self, device: str = "cpu", *, dtype: torch.dtype | None = None, attention: str | None = None,
+                 seed: int = 0, warmup: bool = True) -> None:
+        self.device = resolve_device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        self.attention = attention or default_attention(self.device)
+        self.seed = seed
+        self.warmup = warmup
+        self.model: LlamaModel | None = None
+        self.executors: dict[str, TorchExecutor] = {}
+        self._current: TorchExecutor | None = None
+
+    def model_for(self, spec: ModelSpec) -> LlamaModel:
+        shape = ModelShape.from_spec(spec)
+        if self.model is None or self.model.shape != shape:
+            self.model = None
+            self.model = LlamaModel.random(shape, self.device, self.dtype, self.seed)
+        return self.model
+
+    def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
+                 requests: RequestTable) -> TorchExecutor:
+        if scenario.tensor_parallel != 1:
+            raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
+                                f"not {scenario.tensor_parallel}")
+        if self._current is not None:
+            self._current.release()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        llama = self.model_for(model)
+        try:
+            cache = KvCache(llama.shape, pool, self.device, self.dtype)
+        except torch.cuda.OutOfMemoryError:
+            raise ScenarioError(f"{scenario.name}: the KV pool of {pool.num_slots:,} tokens does not fit on "
+                                f"{self.device}: lower gpu_memory_utilization") from None
+        ex = TorchExecutor(llama, cache, requests.prompt_tokens, paged=policy.allocator.kind == "paged",
+                           attention=self.attention, seed=self.seed, output_tokens=requests.output_tokens,
+                           prefix_hashes=requests.prefix_hashes)
+        if self.warmup:  # the largest prefill matters where an allocator caches device memory
+            ex.warmup(resolved_token_budget(policy, model) if self.device.type == "cuda" else 0)
+        self._current = self.executors[policy.name] = ex
+        return ex

@@ -1,0 +1,110 @@
+"""The decoder: catalog shapes, and the same greedy tokens through the KV pool (paged or contiguous,
+chunked, mixed, recomputed) as a plain full recomputation without any cache."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_helpers import require_backend
+
+torch = require_backend()
+
+from gpu.executor import TorchExecutor  # noqa: E402
+from gpu.kv_cache import KvCache  # noqa: E402
+from gpu.model import LlamaModel, ModelShape  # noqa: E402
+from sim.catalog import MODELS, model_from_hf_config  # noqa: E402
+from sim.core import StepPlan  # noqa: E402
+from sim.kv import KvPool  # noqa: E402
+
+TINY = Path(__file__).resolve().parents[1] / "gpu" / "configs" / "tiny-llama.json"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_weights_have_the_catalog_shapes(name):
+    """Parameter counts equal the simulator's (meta tensors: no memory); OPT's learned position table is
+    the one documented difference (positions are rotary here)."""
+    spec = MODELS[name]
+    model = LlamaModel.random(ModelShape.from_spec(spec), "meta", torch.bfloat16)
+    missing = spec.max_model_len * spec.hidden_size if spec.learned_positions else 0
+    assert model.num_params == spec.num_params - missing
+    assert ModelShape.from_spec(spec, num_layers=2).num_layers == 2
+
+
+def tiny_model() -> LlamaModel:
+    spec = model_from_hf_config(TINY)
+    model = LlamaModel.random(ModelShape.from_spec(spec), "cpu", torch.float32, seed=3)
+    assert model.num_params == spec.num_params  # 2 layers, hidden 256, 8 query heads over 2 KV heads
+    return model
+
+
+def reference_tokens(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
+    toks = list(prompt)
+    for _ in range(n):
+        toks.append(int(model.full_logits(toks).argmax()))
+    return toks[len(prompt):]
+
+
+def run_steps(model: LlamaModel, paged: bool, attention: str) -> TorchExecutor:
+    """Two sequences (prompts 21 and 7) on blocks of 4 tokens in shuffled order, or slabs off block edges:
+    a prompt chunk, then a mixed step (the rest of that prompt over 13 cached tokens + a whole prompt),
+    decodes, a recompute of sequence 1 (prompt + generated tokens), and more decodes."""
+    B = 4
+    pool = KvPool(num_blocks=40, block_size=B, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0, activation_bytes=0)
+    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 21, 1: 7}, paged=paged,
+                       attention=attention, seed=11)
+    order = np.random.default_rng(0).permutation(40)
+    tables = {0: order[:10].tolist(), 1: order[10:20].tolist()}
+    slabs = {0: 3, 1: 61}
+
+    def plan(entries):
+        ids = tuple(e[0] for e in entries)
+        return StepPlan.from_entries(ids, tuple(e[1] for e in entries), tuple(e[2] for e in entries), 0, B,
+                        block_tables=tuple(tables[i] for i in ids) if paged else None,
+                        slab_starts=None if paged else tuple(slabs[i] for i in ids))
+
+    ex.run(plan([(0, 13, 0)]))
+    ex.run(plan([(0, 8, 13), (1, 7, 0)]))
+    for k in range(4):
+        ex.run(plan([(0, 1, 21 + k), (1, 1, 7 + k)]))
+    ex.run(plan([(0, 1, 25), (1, 12, 0)]))  # sequence 1 recomputed: 7 prompt + 5 generated tokens
+    for k in range(3):
+        ex.run(plan([(1, 1, 12 + k), (0, 1, 26 + k)]))
+    return ex
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_cached_generation_equals_full_recomputation(paged, attention):
+    model = tiny_model()
+    ex = run_steps(model, paged, attention)
+    assert len(ex.generated(0)) == len(ex.generated(1)) == 9
+    for seq_id in (0, 1):
+        want = reference_tokens(model, ex.prompt_ids(seq_id), len(ex.generated(seq_id)))
+        assert ex.generated(seq_id) == want, (seq_id, attention, paged)
+
+
+def test_the_comparison_can_fail():
+    """A cache written at the wrong slots changes the tokens (the equality above is not vacuous)."""
+    model = tiny_model()
+    ex = run_steps(model, True, "torch")
+    ex.cache.kv[:, :, :] = torch.randn_like(ex.cache.kv)  # forget every cached K/V
+    B = 4
+    table = np.random.default_rng(0).permutation(40)[:10].tolist()
+    toks = ex.token_ids(0)
+    ex.run(StepPlan.from_entries((0,), (1,), (len(toks) - 1,), 1, B, block_tables=(table,)))
+    want = reference_tokens(model, ex.prompt_ids(0), len(ex.generated(0)))
+    assert ex.generated(0) != want
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+def test_warmup_leaves_no_token_state(paged):
+    """Warmup runs scratch steps up to a 700-token prefill budget over sequences of at most
+    max_model_len tokens, then forgets them."""
+    model = tiny_model()
+    pool = KvPool(num_blocks=200, block_size=16, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
+                  activation_bytes=0)
+    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 5}, paged=paged,
+                       attention="torch")
+    ex.warmup(700)
+    assert ex.tokens == {} and ex.prompt_tokens == {0: 5} and ex.num_steps == 5

@@ -1,0 +1,85 @@
+"""The calibrated step-time model (``step_time: {kind: profile}``): needs no torch."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sim.catalog import MODELS
+from sim.config import ScenarioError
+from sim.core import StepPlan
+from sim.run import run
+from sim.steptime import PROFILE_FORMAT, PROFILE_TERMS, ProfileStepTime, load_profile, profile_model
+
+COEF = {"prefill_s": 2e-3, "prefill_token_s": 5e-5, "prefill_pair_s": 1e-8, "decode_s": 1e-3, "decode_seq_s": 4e-5,
+        "decode_key_s": 2e-7}
+
+
+def write_profile(path, model="opt-13b", paged_scale=1.1, **over):
+    prof = {"format": PROFILE_FORMAT, "model": profile_model(MODELS[model]), "swap_block_s": 1e-5,
+            "provenance": {"device": "test", "date": "2026-01-01"},
+            "layouts": {"paged": {"coefficients": {k: v * paged_scale for k, v in COEF.items()}, "fit": {}},
+                        "contiguous": {"coefficients": dict(COEF), "fit": {}}}}
+    prof.update(over)
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_mixed_step_is_the_sum_of_its_parts():
+    p = ProfileStepTime(COEF, swap_block_s=1e-5)
+    # two prefill chunks (100 new over 0 cached, 50 new over 30 cached) and three decodes
+    plan = StepPlan.from_entries((0, 1, 2, 3, 4), (100, 50, 1, 1, 1), (0, 30, 9, 19, 29), 4, 16, swap_in=((0, 1),))
+    pre = COEF["prefill_s"] + 150 * COEF["prefill_token_s"] + (5050 + 50 * 30 + 1275) * COEF["prefill_pair_s"]
+    dec = COEF["decode_s"] + 3 * COEF["decode_seq_s"] + (10 + 20 + 30) * COEF["decode_key_s"]
+    assert p.step_time_s(plan) == pytest.approx(pre + dec + 1e-5, rel=1e-12)
+
+
+def test_decode_span_matches_step_by_step():
+    p = ProfileStepTime(COEF)
+    plan = StepPlan.from_entries((0, 1), (1, 1), (10, 20), 2, 16)
+    span = p.decode_span_s(plan, 4)
+    each = [p.step_time_s(StepPlan.from_entries((0, 1), (1, 1), (10 + j, 20 + j), 2, 16)) for j in range(4)]
+    np.testing.assert_allclose(span, each, rtol=1e-12)
+
+
+def test_scenario_with_a_profile_runs_and_spans_equal_exact(tmp_path, make_scenario):
+    write_profile(tmp_path / "p.json")
+    s = make_scenario(step_time={"kind": "profile", "path": "p.json"},
+                      workload={"arrival": {"kind": "poisson", "rate": 4.0}, "lengths": "alpaca", "num_requests": 80})
+    s._base_dir = tmp_path
+    fast = run(s)
+    exact = run(s.model_copy(update={"exact": True}))
+    for name in ("orca-oracle", "vllm"):
+        a, b = fast.policies[name].requests, exact.policies[name].requests
+        np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=1e-9)
+        assert (a.generated_tokens == b.generated_tokens).all()
+    # the paged coefficients are 10% larger: vllm's steps are priced with them
+    assert fast.policies["vllm"].steps.duration_s.sum() > 0
+
+
+def test_profile_errors_name_the_problem(tmp_path):
+    spec = MODELS["opt-13b"]
+    with pytest.raises(ScenarioError, match="no such step-time profile"):
+        load_profile(tmp_path / "missing.json", spec)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ScenarioError, match="not a readable profile"):
+        load_profile(tmp_path / "bad.json", spec)
+    with pytest.raises(ScenarioError, match="expected format"):
+        load_profile(write_profile(tmp_path / "f.json", format="other"), spec)
+    with pytest.raises(ScenarioError, match="is not the scenario's"):
+        load_profile(write_profile(tmp_path / "m.json", model="llama-3-8b"), spec)
+    neg = {"paged": {"coefficients": {**COEF, "decode_s": -1.0}}, "contiguous": {"coefficients": COEF}}
+    with pytest.raises(ScenarioError, match="negative decode_s"):
+        load_profile(write_profile(tmp_path / "n.json", layouts=neg), spec)
+    assert set(PROFILE_TERMS) == set(COEF)
+
+
+def test_profile_kind_in_scenario_files(tmp_path, make_scenario):
+    from sim.config import ProfileConfig
+
+    s = make_scenario(step_time={"kind": "profile", "path": "x.json"})
+    assert isinstance(s.step_time, ProfileConfig)
+    with pytest.raises(ScenarioError, match="step_time.path"):
+        make_scenario(step_time={"kind": "profile"})
+    with pytest.raises(ScenarioError, match="no such step-time profile"):
+        run(s)

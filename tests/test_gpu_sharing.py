@@ -1,0 +1,86 @@
+"""The GPU side of block sharing, on the CPU: the batched copy-on-write kernel against its reference,
+and replays whose greedy tokens prove that copies, forks and prefix-cache hits keep every sequence's
+cache right (a wrong copy or a hit on other tokens would change what the model generates)."""
+
+import numpy as np
+import pytest
+
+from gpu_helpers import kernel_device, require_backend
+
+torch = require_backend()
+
+from gpu.kv_cache import copy_blocks, copy_blocks_ref  # noqa: E402
+from gpu.replay import replay  # noqa: E402
+from test_gpu_replay import tiny_scenario  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_blocks_kernel_matches_its_reference(dtype):
+    dev = kernel_device()
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn((2, 2, 12, 4, 2, 8), generator=g).to(dtype).to(dev)
+    pairs = torch.tensor([[3, 9], [0, 5], [7, 1], [3, 11]], dtype=torch.int64, device=dev)  # one source twice
+    dst = pairs[:, 1]
+    kv[:, :, dst] = float("nan")  # poisoned destinations
+    want = kv.clone()
+    copy_blocks_ref(want, pairs)
+    copy_blocks(kv, pairs)
+    assert torch.equal(kv, want)
+    assert not torch.isnan(kv).any()
+
+
+def test_copy_blocks_checks_its_inputs():
+    kv = torch.zeros((1, 2, 4, 2, 1, 4))
+    with pytest.raises(ValueError, match="int64"):
+        copy_blocks(kv, torch.tensor([[0, 1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous 6-d pool"):
+        copy_blocks(kv[:, :, :, :1], torch.tensor([[0, 1]]))
+
+
+def generated(result, ex, name, width):
+    """Each request's generated tokens, and the tokens of its other samples or beams."""
+    out = {}
+    e = ex.executors[name]
+    forked = {}
+    for seq_id, r in e.origin.items():
+        if seq_id >= len(result.requests):  # forked ids come after the requests' (a beam move can land on one)
+            forked.setdefault(r, []).append(seq_id)
+    for i in range(len(result.requests)):
+        out[i] = [e.generated(i)] + [e.generated(s) for s in sorted(forked.get(i, []))]
+        assert len(out[i]) == width, (name, i, len(out[i]))
+    return out
+
+
+def test_prefix_cache_hits_compute_the_same_tokens():
+    """Shared system prompts: requests that hit the prefix cache prefill only their suffix over cached
+    blocks, and still generate exactly what a full prefill generates."""
+    wl = {"arrival": {"kind": "poisson", "rate": 30.0}, "prompt": {"kind": "uniform", "low": 10, "high": 40},
+          "output": {"kind": "uniform", "low": 6, "high": 14}, "num_requests": 10, "seed": 3,
+          "shared_prefixes": {"lengths": [48, 80], "popularity": [2, 1]}}
+    s = tiny_scenario(900, ["vllm", {"preset": "vllm", "name": "apc", "prefix_caching": True},
+                            {"preset": "vllm-v1", "name": "apc-v1", "prefix_caching": True,
+                             "max_num_batched_tokens": 32}], workload=wl)
+    result, ex = replay(s, "cpu")
+    assert result.policies["apc"].summary["prefix_hit_rate_tokens"] > 0.3
+    for name in ("apc", "apc-v1"):
+        for i in range(10):
+            assert ex.executors[name].generated(i) == ex.executors["vllm"].generated(i), (name, i)
+
+
+@pytest.mark.parametrize("sampling", [{"kind": "parallel", "n": 3}, {"kind": "beam", "width": 3, "keep_probability": 0.5}])
+def test_samples_and_beams_keep_their_caches_right(sampling):
+    """Forked samples and reselected beams have the same history, so under greedy decoding they must
+    generate the single-output run's tokens: true only if copy-on-write (paged) and slab copies
+    (contiguous) give each sequence the right K/V. Memory is tight enough that groups preempt."""
+    single = tiny_scenario(700, ["vllm"], num_requests=6)
+    grouped = tiny_scenario(700, ["orca-oracle", "vllm", {"preset": "vllm", "name": "vllm-swap", "swap_space_gib": 0.001}],
+                            num_requests=6, sampling=sampling)
+    ref_result, ref = replay(single, "cpu")
+    result, ex = replay(grouped, "cpu")
+    width = sampling.get("n", sampling.get("width"))
+    assert result.policies["vllm"].summary["num_cow_copies"] > 0
+    for name in ("orca-oracle", "vllm", "vllm-swap"):
+        toks = generated(result, ex, name, width)
+        for i in range(6):
+            for t in toks[i]:
+                assert t == ref.executors["vllm"].generated(i), (name, i)
