@@ -278,6 +278,54 @@ def throughput_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
                    top_px=120)
 
 
+def shares_blocks(timeline: pd.DataFrame) -> bool:
+    """Whether any policy hit the prefix cache or shared blocks (samples, beams) in this run."""
+    return bool(timeline is not None and {"num_prefix_hit_tokens", "shared_slot_s"} <= set(timeline.columns)
+                and (timeline["num_prefix_hit_tokens"].sum() > 0 or timeline["shared_slot_s"].sum() > 0))
+
+
+def sharing_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
+                     max_points: int = MAX_TIMELINE_POINTS) -> go.Figure:
+    """Block sharing over time (timeline.parquet): the share of admitted prompt tokens the prefix cache
+    served, and the KV memory used with sharing (solid) against what the same sequences would hold
+    without it (dotted), per policy that shared anything."""
+    groups = [(n, g) for n, g in _groups(timeline, list(colors))
+              if g["num_prefix_hit_tokens"].sum() > 0 or g["shared_slot_s"].sum() > 0]
+    short = short_labels([n for n, _ in groups])
+    hits = any(g["num_prefix_hit_tokens"].sum() > 0 for _, g in groups)  # else no hit-rate panel
+    rows, mem_row = (2, 2) if hits else (1, 1)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=(["prefix-cache hit rate (admitted prompt tokens)"] if hits else [])
+                        + ["KV memory used: with sharing (solid), without (dotted)"])
+    for i, (name, g) in enumerate(groups):
+        d = display_bins(g, max_points)
+        t = _time_axis(d)
+        for col, dash, what in (("memory.used", "solid", "used"), ("memory.used_without_sharing", "dot",
+                                                                    "without sharing")):
+            fig.add_scatter(**t, y=f32(100 * d[col]), row=mem_row, col=1, name=short[name], meta=text(name),
+                            legendgroup=f"policy-{i}", showlegend=dash == "solid", mode="lines",
+                            line=dict(color=colors[name], width=1.5, dash=dash),
+                            hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s<br>{what}: %{{y:.2f}} % of the KV pool"
+                            "<extra></extra>")
+        if not hits or g["num_prefix_hit_tokens"].sum() == 0:
+            continue
+        admitted = d["num_prompt_tokens_admitted"].to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hit = np.where(admitted > 0, 100 * d["num_prefix_hit_tokens"] / admitted, np.nan)
+        fig.add_scatter(**t, y=f32(hit), customdata=f32(d[["num_prefix_hit_tokens", "num_prompt_tokens_admitted"]]),
+                        row=1, col=1, name=short[name], meta=text(name), legendgroup=f"policy-{i}", mode="lines",
+                        showlegend=False, line=dict(color=colors[name], width=1.5), connectgaps=False,
+                        hovertemplate="%{meta}, bin from %{x:,.1f} s: %{customdata[0]:,.0f} of %{customdata[1]:,.0f} "
+                        "prompt tokens from the cache<br>%{y:.2f} %<extra></extra>")
+    if hits:
+        fig.update_yaxes(title="hit rate (%)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="% of KV pool", rangemode="tozero", row=mem_row, col=1)
+    fig.update_xaxes(title="time since first arrival (s)", row=rows, col=1)
+    fig.update_layout(hovermode="x")
+    return _layout(fig, "Block sharing over time", _bin_note(timeline, list(colors), max_points),
+                   height_px=620 if hits else 400, top_px=120)
+
+
 # ------------------------------------------------------------------------------------------- address space
 
 

@@ -223,6 +223,14 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                 "(timeline.parquet).", figures.throughput_timeline(timeline, colors) if timeline is not None else None,
                 no_bins),
     ]
+    if figures.shares_blocks(timeline):
+        sections.append(Section(
+            "Block sharing over time",
+            "Policies that share paged blocks: the share of newly admitted prompt tokens served by the prefix "
+            "cache, and the KV memory in use against what the same sequences would hold without sharing "
+            "(parallel samples, beams and prefix hits share blocks; the gap is the paper's Fig. 15 saving). "
+            "Totals are in the summary: prefix_hit_rate_tokens, memory_saved_by_sharing (timeline.parquet).",
+            figures.sharing_timeline(timeline, colors)))
     return sections
 
 

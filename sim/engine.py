@@ -257,7 +257,8 @@ class Engine:
         acc = self.mem_slot_seconds
         for i, v in enumerate(slot_s):
             acc[i] += v
-        self.shared_slot_s += self.scheduler.shared_blocks * self.kv.block_size * total if self.kv.kind == "paged" else 0.0
+        shared_slot_s = self.scheduler.shared_blocks * self.kv.block_size * total if self.kv.kind == "paged" else 0.0
+        self.shared_slot_s += shared_slot_s
         s = self.scheduler
         waiting = len(s.waiting)
         waiting_s = waiting * total
@@ -270,18 +271,20 @@ class Engine:
                 waiting_s += end - ends[j - 1]
                 i += 1
         if idle:
-            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s])
+            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared_slot_s])
             k = 0
         else:
             n = plan.num_seqs
             totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
-                      plan.num_preempted, 0, *slot_s]
+                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared_slot_s]
+            shared_rate = s.shared_blocks * self.kv.block_size if self.kv.kind == "paged" else 0
 
             def per_step():  # only for a span across a bin edge
                 cls = [m if isinstance(m, list) else [m] * k for m in mem]
                 for j, t in enumerate(times):
                     w = waiting + sum(1 for x in joins if x <= j)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls)]
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls), 0, 0,
+                           shared_rate * t]
 
             self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
             self.num_steps += k

@@ -188,7 +188,8 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
 
 
 TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", "num_prefill_tokens",
-                    "num_preempted", "num_finished") + tuple(f"mem_{c}_slot_s" for c in MEMORY_CLASSES)
+                    "num_preempted", "num_finished") + tuple(f"mem_{c}_slot_s" for c in MEMORY_CLASSES) + (
+                    "num_prompt_tokens_admitted", "num_prefix_hit_tokens", "shared_slot_s")  # block sharing
 
 
 class Timeline:
@@ -256,4 +257,12 @@ class Timeline:
         df["mean_waiting"] = df.waiting_s / w
         for k in MEMORY_CLASSES:
             df[f"memory.{k}"] = df[f"mem_{k}_slot_s"] / (w * capacity)
+        # block sharing: the share of admitted prompt tokens served by the prefix cache, and the slots
+        # the same sequences would hold without sharing (as a share of the pool; may exceed 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df["prefix_hit_rate"] = np.where(df.num_prompt_tokens_admitted > 0,
+                                             df.num_prefix_hit_tokens / df.num_prompt_tokens_admitted, np.nan)
+        used = sum(df[f"mem_{k}_slot_s"] for k in MEMORY_CLASSES[:3])
+        df["memory.used"] = used / (w * capacity)
+        df["memory.used_without_sharing"] = (used + df.shared_slot_s) / (w * capacity)
         return df

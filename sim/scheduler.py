@@ -79,6 +79,8 @@ class Scheduler:
         self.done: list[tuple[Sequence, float]] = []  # finished since the engine last looked
         self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
         self.shared_blocks = 0  # extra block references when the memory classes were last taken
+        self.step_prompt_tokens = 0  # prompts first admitted in the planned step, and their cache hits
+        self.step_hit_tokens = 0
         self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
         self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
         self.num_slot_copies = 0  # contiguous: forks and beam moves copied between slabs
@@ -182,6 +184,7 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Decide the next step and place the K/V slots it writes; None when nothing can run."""
         self._entries, self._tick, self._swap_out, self._swap_in, self._num_preempted = [], False, [], [], 0
+        self.step_prompt_tokens = self.step_hit_tokens = 0
         if self.kv.copies:
             self.kv.copies = []
         if self.static:
@@ -250,8 +253,10 @@ class Scheduler:
         if hits:
             self.filled += seq.num_computed_tokens
             self.prefill_tokens_saved += seq.num_computed_tokens
-        if seq.prefix_hit_tokens is None:
+        if seq.prefix_hit_tokens is None:  # a request's first admission: what the hit rate counts
             seq.prefix_hit_tokens = len(hits) * self.block_size
+            self.step_prompt_tokens += seq.prompt_tokens
+            self.step_hit_tokens += seq.prefix_hit_tokens
         self.explicit = _add_sorted(self.explicit, seq)
         self._entries.append((seq, n))
 

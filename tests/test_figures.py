@@ -237,3 +237,24 @@ def test_sustainable_rates_one_bar_per_policy():
     assert fig.layout.yaxis.title.text == "sustainable request rate (req/s)"
 
 
+
+
+def test_sharing_timeline_draws_hits_and_memory_with_and_without_sharing():
+    from reports.figures import shares_blocks, sharing_timeline
+    from sim import run
+    from sim.config import parse_scenario
+
+    s = parse_scenario({"name": "t", "model": "opt-13b", "gpu": "a100-40gb", "sampling": {"kind": "parallel", "n": 2},
+                        "workload": {"arrival": {"kind": "poisson", "rate": 10}, "lengths": "alpaca", "num_requests": 80,
+                                     "shared_prefixes": {"lengths": [64]}},
+                        "policies": ["orca-oracle", {"preset": "vllm", "name": "apc", "prefix_caching": True}]})
+    r = run(s)
+    tl = pd.concat([res.timeline.assign(policy=n) for n, res in r.policies.items()], ignore_index=True)
+    assert shares_blocks(tl)
+    fig = sharing_timeline(tl, {"orca-oracle": "#111111", "apc": "#222222"})
+    names = [t.name for t in fig.data]
+    assert names.count("apc") == 3 and "orca-oracle" not in names  # only the sharing policy: hit rate, used, without
+    assert {fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text} == {"hit rate (%)", "% of KV pool"}
+    used = next(np.asarray(t.y, dtype=float) for t in fig.data if t.line.dash == "solid" and t.yaxis == "y2")
+    without = next(np.asarray(t.y, dtype=float) for t in fig.data if t.line.dash == "dot")
+    assert (without >= used - 1e-3).all() and (without > used).any()  # sharing saves memory, never costs it
