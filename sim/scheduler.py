@@ -20,6 +20,10 @@ A step schedules, in this order (vLLM's decode-first policy):
 Step shapes by ``prefill`` mode: separate (vLLM v0: a step either prefills new prompts or decodes),
 mixed (Orca: whole prompts join the decodes), chunked (vLLM v1: prompts split under the token budget).
 
+Groups (parallel samples, beams; see ``core.Group``): the leader prefills the prompt, and at its first
+sample the others fork from it (``_fork``); beams are reselected after every step (``_reselect``). A
+group is admitted, preempted and swapped as a unit, and its request finishes when all its members have.
+
 NOTE (the decode clock): decoding sequences all advance one token per step, so they share a
 ``Clock`` and the common case costs O(1) per step instead of O(batch): their counters move with the
 clock, finishes come off a heap keyed by the tick they finish at, and a sequence at computed-token
@@ -69,7 +73,7 @@ class Scheduler:
         self.max_num_seqs = policy.max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.swap_pool = swap_pool  # CPU swap space, when preempting by swap
-        self.itl = itl  # inter-token latency sink: add(value), add_repeated(values, times)
+        self.itl = itl  # inter-token latency sink: add(value, times), add_each(values, times)
         self.waiting: deque[Sequence] = deque()
         self.swapped: list[Sequence] = []
         self.batch: list[Sequence] = []
