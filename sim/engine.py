@@ -174,6 +174,8 @@ class Engine:
                 yield env.timeout(t - now)
                 continue
             self._maybe_capture(now)  # the address space as this step holds it
+            for seq, _ in plan._entries:  # NOTE: a request is first scheduled as an entry (admission), never
+                self.log.scheduled(seq.seq_id, now)  # on the decode clock, so decode-only steps cost nothing here
             k = 1 if self.exact else sched.span_limit(plan)
             if k > 1:
                 stop = self._next_event_s() if sched.arrivals_matter() else self._horizon

@@ -3,7 +3,9 @@
 Metric names follow vLLM's serving benchmark (references.md):
   TTFT = first token - arrival; TPOT = (E2EL - TTFT) / (output - 1); ITL = each gap between consecutive
   output tokens of a request (a preemption stall included); E2EL = finish - arrival;
-  normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token).
+  normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token);
+  scheduling delay = first scheduled - arrival (Vidur's metric: the time a request waits before the first
+  step that computes any of its tokens).
 """
 
 from __future__ import annotations
@@ -36,10 +38,16 @@ class RequestLog:
         self.output_tokens = output_tokens
         self.status = np.zeros(n, dtype=np.int8)
         self.reason = np.zeros(n, dtype=np.int8)
+        self.first_scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
+
+    def scheduled(self, seq_id: int, start_s: float) -> None:
+        """A step starting at ``start_s`` computes tokens of request ``seq_id``; the first one counts."""
+        if math.isnan(self.first_scheduled_s[seq_id]):
+            self.first_scheduled_s[seq_id] = start_s
 
     def finish(self, seq, end_s: float) -> None:
         i = seq.seq_id
@@ -66,11 +74,13 @@ class RequestLog:
             "output_tokens": self.output_tokens,
             "status": pd.Categorical.from_codes(self.status, list(STATUS_NAMES.values())),
             "reason": pd.Categorical.from_codes(self.reason, list(REASONS.values())),
+            "first_scheduled_s": self.first_scheduled_s,
             "first_token_s": self.first_token_s,
             "finish_s": self.finish_s,
             "num_preemptions": self.num_preemptions,
             "generated_tokens": self.generated_tokens,
         })
+        df["scheduling_delay_ms"] = (df.first_scheduled_s - df.arrival_s) * 1e3
         df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
         df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -159,7 +169,7 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
         "total_token_throughput": float((fin.prompt_tokens + fin.output_tokens).sum()) / duration_s
         if duration_s > 0 else math.nan,
     }
-    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+    for name in ("scheduling_delay_ms", "ttft_ms", "tpot_ms", "e2el_ms"):
         v = fin[name].dropna().to_numpy()
         out[f"mean_{name}"] = float(v.mean()) if len(v) else math.nan
         out[f"median_{name}"] = float(np.median(v)) if len(v) else math.nan
