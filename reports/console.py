@@ -63,9 +63,10 @@ def print_sweep(result, paths: dict, console: Console | None = None, err_console
     err = err_console or console
     sweep = result.sweep
     if result.capacity is not None and len(result.capacity):
-        console.print(f"capacity: {sweep.capacity.slo_text()} (tolerance {sweep.capacity.tolerance:g})",
+        console.print(f"capacity: {sweep.capacity.slo_text()} (tolerance {sweep.capacity.tolerance_text()})",
                       highlight=False)
-        console.print(capacity_table(result.capacity, list(dict.fromkeys(["seed"] + [a.column for a in sweep.axes]))))
+        axes = list(dict.fromkeys(["seed"] + [a.column for a in sweep.axes]))
+        console.print(capacity_table(result.capacity, axes))
     console.print(f"{sweep.name}: {len(sweep.points):,} points, {len(result.table):,} rows; {result.num_runs:,} runs "
                   f"now, {result.num_reused:,} reused; {result.wall_s:,.1f} s", highlight=False)
     for key, p in paths.items():

@@ -108,7 +108,10 @@ class CapacityConfig(Strict):
     min: float = Field(gt=0, description="lowest value tried: if it fails, the answer is 'none'")
     max: float = Field(gt=0, description="highest value tried: if it passes, the answer is 'above max'")
     start: float | None = Field(None, gt=0, description="first probe when the axis is not swept (default: min)")
-    tolerance: float = Field(gt=0, description="bisection stops when passing and failing values are this close")
+    tolerance: float | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
+                                    "this close (axis units)")
+    relative_tolerance: float | None = Field(None, gt=0, lt=1, description="... or this close relative to the "
+                                             "passing value (0.02: within 2 %)")
 
     @field_validator("slo")
     @classmethod
@@ -127,9 +130,20 @@ class CapacityConfig(Strict):
             raise ValueError(f"max ({self.max:g}) must be above min ({self.min:g})")
         if self.start is not None and not self.min <= self.start <= self.max:
             raise ValueError(f"start ({self.start:g}) must lie in [min, max] = [{self.min:g}, {self.max:g}]")
-        if self.tolerance >= self.max - self.min:
+        if (self.tolerance is None) == (self.relative_tolerance is None):
+            raise ValueError("give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)")
+        if self.tolerance is not None and self.tolerance >= self.max - self.min:
             raise ValueError(f"tolerance ({self.tolerance:g}) must be below max - min ({self.max - self.min:g})")
         return self
+
+    def close_enough(self, lo: float, hi: float) -> bool:
+        """Is the bracket [lo, hi] narrow enough to stop?"""
+        if self.tolerance is not None:
+            return hi - lo <= self.tolerance
+        return hi - lo <= self.relative_tolerance * lo
+
+    def tolerance_text(self) -> str:
+        return f"{self.tolerance:g}" if self.tolerance is not None else f"{100 * self.relative_tolerance:g} %"
 
     def slo_text(self) -> str:
         return " and ".join(b.text(m) for m, b in self.slo.items())
@@ -511,7 +525,7 @@ def next_probe(tried: dict[float, bool], cap: CapacityConfig) -> float | None:
     elif lo is None:  # nothing passed below the lowest failure: go down
         nxt = _clean(max(hi / 2, cap.min))
     else:
-        if hi - lo <= cap.tolerance:
+        if cap.close_enough(lo, hi):
             return None
         nxt = _clean((lo + hi) / 2)
     return None if nxt in tried else nxt
@@ -568,8 +582,9 @@ def max_probes(cap: CapacityConfig) -> int:
     """An upper bound on the runs of one search (to size the progress bar; the search itself is bounded
     by the same arithmetic): climbing or descending by factors of 2, then bisecting to the tolerance."""
     start = cap.start or cap.min
+    narrowest = cap.tolerance if cap.tolerance is not None else cap.relative_tolerance * cap.min
     return (math.ceil(math.log2(cap.max / start)) + math.ceil(math.log2(start / cap.min))
-            + math.ceil(math.log2((cap.max - cap.min) / cap.tolerance)) + 3)
+            + math.ceil(math.log2((cap.max - cap.min) / narrowest)) + 3)
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -761,6 +776,7 @@ def capacity_tables(sweep: Sweep, searches: list[Search], outcomes: dict[str, Ou
                      "sustainable_request_rate": rate,
                      "sustainable_value": lo if not s.error else None, "met": lo is not None and not s.error,
                      "status": status, "slo": cap.slo_text(), "tolerance": cap.tolerance,
+                     "relative_tolerance": cap.relative_tolerance,
                      "lowest_rate_tried": tried[0] if tried else None,
                      "highest_rate_tried": tried[-1] if tried else None,
                      "lowest_failing_rate": hi, "num_runs": len(s.tried), "error": s.error})
@@ -835,7 +851,7 @@ def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, re
         "axes": [{"column": a.column, "key": a.key, "values": [_display(v) for v in a.values]} for a in s.axes],
         "num_points": len(s.points), "num_rows": len(result.table),
         "capacity": None if cap is None else {"axis": cap.axis, "slo": cap.slo_text(), "min": cap.min,
-                                              "max": cap.max, "tolerance": cap.tolerance},
+                                              "max": cap.max, "tolerance": cap.tolerance_text()},
         "executor": executor_name, "wall_s": result.wall_s, "num_runs": result.num_runs,
         "num_reused": result.num_reused, "failures": [{"what": w, "error": e} for w, e in result.failures],
     }

@@ -205,6 +205,15 @@ def test_bisection_brackets_the_capacity_to_the_tolerance(true_capacity):
     assert climb == [min(0.1 * 2**k, 10) for k in range(len(climb))]  # from min, doubling
 
 
+def test_relative_tolerance_stops_within_a_share_of_the_rate():
+    c = cap(tolerance=None, relative_tolerance=0.02)
+    for true_capacity in (0.3, 7.0):
+        tried = search(true_capacity, c)
+        lo = max(v for v, ok in tried.items() if ok)
+        hi = min(v for v, ok in tried.items() if not ok)
+        assert lo <= true_capacity < hi and hi - lo <= 0.02 * lo
+
+
 def test_search_ends_at_the_range_ends():
     c = cap(start=2.0)
     assert search(0.01, c) == {2.0: False, 1.0: False, 0.5: False, 0.25: False, 0.125: False, 0.1: False}

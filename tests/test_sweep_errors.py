@@ -102,6 +102,12 @@ def test_a_capacity_range_upside_down(tmp_path):
     assert "capacity: max (1) must be above min (8)" in msg
 
 
+def test_a_capacity_search_with_two_tolerances(tmp_path):
+    msg = sweep_error(tmp_path, "capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: 0.5, "
+                                "relative_tolerance: 0.1}\n")
+    assert "capacity: give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)" in msg
+
+
 def test_a_capacity_axis_zipped_with_another(tmp_path):
     msg = sweep_error(tmp_path, "zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n"
                                 "capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: 0.5}\n")
