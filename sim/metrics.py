@@ -126,7 +126,10 @@ class ItlHistogram:
         i = np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
         self.counts += np.bincount(i, weights=w, minlength=len(self.counts))
         self.count += float(w.sum())
-        self.total += float(v @ w)
+        # NOTE: an exactly rounded sum, not v @ w: BLAS's dot product rounds differently with the arrays'
+        # memory alignment, so the same run gave a different last bit in another process (a sweep's local
+        # and Ray executors must give identical tables)
+        self.total += math.fsum((v * w).tolist())
         self._values, self._weights = [], []
 
     def mean(self) -> float:
