@@ -457,13 +457,20 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
     return "\n".join(dict.fromkeys(msgs))
 
 
-def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:
+def validate_mapping(model: type[BaseModel], data: Any, source: str, lines: dict | None = None,
+                     keys: str = "scenario keys") -> Any:
+    """``model`` validated from a file's top-level mapping; a mistake raises :class:`ScenarioError`
+    naming the file, the line and the key."""
     if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top level")
+        raise ScenarioError(f"{source}: expected a mapping of {keys} at the top level")
     try:
-        scenario = Scenario.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, source, lines)) from None
+
+
+def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:
+    scenario = validate_mapping(Scenario, data, source, lines)
     scenario._base_dir = Path(base_dir)
     return scenario
 

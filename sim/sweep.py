@@ -51,7 +51,7 @@ import pandas as pd
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sim.config import (PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
-                        read_yaml)
+                        read_yaml, validate_mapping)
 
 RATE_AXIS = "workload.arrival.rate"
 SEED_PATH = "workload.seed"
@@ -455,20 +455,13 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     data, lines = read_yaml(path, "sweep")
     source = str(path)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: expected a mapping with 'base' and 'axes' at the top level")
-    try:
-        spec = SweepFile.model_validate(data)
-    except ValidationError as e:
-        raise ScenarioError(format_validation_error(e, source, lines)) from None
+    spec = validate_mapping(SweepFile, data, source, lines, keys="sweep keys (base, axes, zip, capacity)")
     if isinstance(spec.base, str):
         base_path = path.parent / spec.base
         if not base_path.is_file():
             raise ScenarioError(f"{source}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
         base, base_lines = read_yaml(base_path, "base scenario")
         base_source, base_dir = str(base_path), str(base_path.parent)
-        if not isinstance(base, dict):
-            raise ScenarioError(f"{base_source}: expected a mapping of scenario keys at the top level")
         parse_scenario(base, base_source, base_lines, base_dir)
     else:
         base, base_source, base_dir = spec.base, source, str(path.parent)

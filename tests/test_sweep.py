@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 import pytest
+from sweeps import base_yaml
 from typer.testing import CliRunner
 
 from cli import app
@@ -20,14 +21,7 @@ from sim.sweep import (CapacityConfig, load_sweep, make_task, next_probe, resolv
 
 runner = CliRunner()
 
-BASE = """\
-base:
-  name: tiny
-  model: opt-13b
-  gpu: a100-40gb
-  workload: {arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 60, seed: 3}
-  policies: [orca-oracle, {preset: vllm, name: paged}]
-"""
+BASE = base_yaml("[orca-oracle, {preset: vllm, name: paged}]", seed=3)
 
 
 def sweep_file(tmp_path, body: str, base: str = BASE, name: str = "s.yaml"):
@@ -63,7 +57,7 @@ def test_policy_fields_reach_every_policy_or_the_named_one(tmp_path):
           policies.paged.block_size: [64]
           policies.orca-max.allocator.placement: [first-fit]
           swap_space_gib: [2]
-        """, base=BASE.replace("[orca-oracle,", "[orca-oracle, orca-max,")))
+        """, base=base_yaml("[orca-oracle, orca-max, {preset: vllm, name: paged}]", seed=3)))
     pols = s.points[0].scenario.policies
     assert [p.max_num_seqs for p in pols] == [7, 7, 7] and [p.swap_space_gib for p in pols] == [2, 2, 2]
     assert [p.block_size for p in pols] == [16, 16, 64]
@@ -231,7 +225,7 @@ def test_capacity_search_on_real_runs_reuses_the_grid(tmp_path):
           min: 0.5
           max: 16
           tolerance: 0.25
-        """, base=BASE.replace("alpaca, num_requests: 60", "sharegpt, num_requests: 150")))
+        """, base=base_yaml("[orca-oracle, {preset: vllm, name: paged}]", "sharegpt", 150, seed=3)))
     res = run_sweep(s, tmp_path / "out", SerialExecutor())
     c, runs = res.capacity.set_index("policy"), res.capacity_runs
     for policy, row in c.iterrows():
@@ -277,7 +271,7 @@ def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
           min: 1
           max: 64
           tolerance: 4
-        """, base=BASE.replace("seed: 3", "seed: 3, num_requests: 40").replace(", num_requests: 60", ""))
+        """, base=base_yaml("[orca-oracle, {preset: vllm, name: paged}]", num_requests=40, seed=3))
     result, paths = sweep_to_dir(path, tmp_path / "out", workers=1)
     page = paths["report"].read_text()
     for title in ("Mean normalized latency vs request rate", "Mean normalized latency vs block size",

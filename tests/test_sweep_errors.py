@@ -6,21 +6,14 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from sweeps import base_yaml
 from typer.testing import CliRunner
 
 from cli import app
 
 runner = CliRunner()
 
-BASE = """\
-name: bad
-base:
-  name: tiny
-  model: opt-13b
-  gpu: a100-40gb
-  workload: {arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 20}
-  policies: [orca-oracle, vllm]
-"""
+BASE = base_yaml("[orca-oracle, vllm]", num_requests=20, name="bad")
 
 
 def sweep_error(tmp_path, body: str, *args: str, base: str = BASE) -> str:
@@ -35,88 +28,54 @@ def sweep_error(tmp_path, body: str, *args: str, base: str = BASE) -> str:
     return "\n".join(lines)
 
 
-def test_an_axis_naming_no_field(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  workload.arival.rate: [1, 2]\n")
-    assert ":9: axes.workload.arival.rate: no field 'arival' in workload (did you mean 'arrival'?)" in msg
+CAP = "capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: 0.5"  # + "}" or more keys
+
+# One case per bad input: (the sweep file after the base, a part of the one-line message).
+BAD_INPUT = {
+    "axis naming no field": ("axes:\n  workload.arival.rate: [1, 2]\n",
+                             ":9: axes.workload.arival.rate: no field 'arival' in workload (did you mean 'arrival'?)"),
+    "policy axis naming no field": ("axes:\n  policies.*.blok_size: [16]\n",
+                                    ":9: axes.policies.*.blok_size: no field 'blok_size' in policy "
+                                    "(did you mean 'block_size'?)"),
+    "axis past a value": ("axes:\n  workload.lengths.mean: [1]\n",
+                          "axes.workload.lengths.mean: workload.lengths is a value, not a mapping"),
+    "empty axis": ("axes:\n  seed: [0]\n  block_size: []\n",
+                   ":10: axes.block_size: empty axis: give at least one value"),
+    "axis not a list": ("axes:\n  block_size: 16\n", "axes.block_size: expected a list of values (got 16)"),
+    "zipped axes of different lengths": ("zip:\n  - {block_size: [8, 16, 32], preemption: [swap, recompute]}\n",
+                                         ":9: zip[0]: zipped axes differ in length (block_size: 3, preemption: 2)"),
+    "one field swept twice": ("axes:\n  block_size: [8]\n  policies.*.block_size: [16]\n",
+                              "axes.policies.*.block_size: sets the same field as axes.block_size"),
+    "a mapping and a field inside it": ("axes:\n  workload.arrival: [{kind: poisson, rate: 1}]\n"
+                                        "  workload.arrival.rate: [2]\n",
+                                        "axes.workload.arrival.rate: sets the same field as axes.workload.arrival"),
+    "a policy field a policy does not have": ("axes:\n  allocator.reserve: [pow2]\n",  # vllm's allocator is paged
+                                              "point allocator.reserve=pow2: policies[1].allocator.reserve: "
+                                              "unknown key"),
+    "a policy named that does not exist": ("axes:\n  policies.orca.block_size: [8]\n",
+                                           "axes.policies.orca.block_size: no policy named 'orca' in the base "
+                                           "scenario (it has orca-oracle, vllm)"),
+    "unknown SLO metric": ("capacity: {slo: {p99_ttft: 500}, min: 1, max: 8, tolerance: 0.5}\n",
+                           ":8: capacity.slo: unknown metric 'p99_ttft' (did you mean 'p99_ttft_ms'?)"),
+    "capacity range upside down": ("capacity: {slo: {p99_ttft_ms: 500}, min: 8, max: 1, tolerance: 0.5}\n",
+                                   "capacity: max (1) must be above min (8)"),
+    "two tolerances": (CAP + ", relative_tolerance: 0.1}\n",
+                       "capacity: give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)"),
+    "capacity axis zipped with another": ("zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n" + CAP + "}\n",
+                                          "capacity.axis: workload.arrival.rate is zipped with other axes"),
+    "unknown sweep key": ("axis:\n  seed: [0, 1]\n", ":8: axis: unknown key"),
+}
 
 
-def test_a_policy_axis_naming_no_field(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  policies.*.blok_size: [16]\n")
-    assert ":9: axes.policies.*.blok_size: no field 'blok_size' in policy (did you mean 'block_size'?)" in msg
+@pytest.mark.parametrize("body, expect", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
+def test_bad_input_is_one_line_naming_file_line_and_key(tmp_path, body, expect):
+    assert expect in sweep_error(tmp_path, body)
 
 
-def test_an_axis_past_a_value(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  workload.lengths.mean: [1]\n")
-    assert "axes.workload.lengths.mean: workload.lengths is a value, not a mapping" in msg
-
-
-def test_an_empty_axis(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  seed: [0]\n  block_size: []\n")
-    assert ":10: axes.block_size: empty axis: give at least one value" in msg
-
-
-def test_an_axis_that_is_not_a_list(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  block_size: 16\n")
-    assert "axes.block_size: expected a list of values (got 16)" in msg
-
-
-def test_zipped_axes_of_different_lengths(tmp_path):
-    msg = sweep_error(tmp_path, "zip:\n  - {block_size: [8, 16, 32], preemption: [swap, recompute]}\n")
-    assert ":9: zip[0]: zipped axes differ in length (block_size: 3, preemption: 2)" in msg
-
-
-def test_one_field_swept_twice(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  block_size: [8]\n  policies.*.block_size: [16]\n")
-    assert "axes.policies.*.block_size: sets the same field as axes.block_size" in msg
-
-
-def test_a_mapping_and_a_field_inside_it(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  workload.arrival: [{kind: poisson, rate: 1}]\n  workload.arrival.rate: [2]\n")
-    assert "axes.workload.arrival.rate: sets the same field as axes.workload.arrival" in msg
-
-
-def test_a_value_the_field_does_not_take(tmp_path):
+def test_a_value_the_field_does_not_take_is_one_line_per_policy(tmp_path):
     msg = sweep_error(tmp_path, "axes:\n  block_size: [16, 0]\n")
     assert msg.splitlines() == [f"error: {tmp_path / 's.yaml'}: point block_size=0: policies[{i}].block_size: Input "
-                                "should be greater than 0 (got 0)" for i in (0, 1)]  # one line per problem
-
-
-def test_a_policy_field_a_policy_does_not_have(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  allocator.reserve: [pow2]\n")  # vllm's allocator is paged
-    assert "point allocator.reserve=pow2: policies[1].allocator.reserve: unknown key" in msg
-
-
-def test_a_policy_named_that_does_not_exist(tmp_path):
-    msg = sweep_error(tmp_path, "axes:\n  policies.orca.block_size: [8]\n")
-    assert "axes.policies.orca.block_size: no policy named 'orca' in the base scenario (it has orca-oracle, vllm)" \
-        in msg
-
-
-def test_an_unknown_slo_metric(tmp_path):
-    msg = sweep_error(tmp_path, "capacity: {slo: {p99_ttft: 500}, min: 1, max: 8, tolerance: 0.5}\n")
-    assert ":8: capacity.slo: unknown metric 'p99_ttft' (did you mean 'p99_ttft_ms'?)" in msg
-
-
-def test_a_capacity_range_upside_down(tmp_path):
-    msg = sweep_error(tmp_path, "capacity: {slo: {p99_ttft_ms: 500}, min: 8, max: 1, tolerance: 0.5}\n")
-    assert "capacity: max (1) must be above min (8)" in msg
-
-
-def test_a_capacity_search_with_two_tolerances(tmp_path):
-    msg = sweep_error(tmp_path, "capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: 0.5, "
-                                "relative_tolerance: 0.1}\n")
-    assert "capacity: give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)" in msg
-
-
-def test_a_capacity_axis_zipped_with_another(tmp_path):
-    msg = sweep_error(tmp_path, "zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n"
-                                "capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: 0.5}\n")
-    assert "capacity.axis: workload.arrival.rate is zipped with other axes" in msg
-
-
-def test_an_unknown_sweep_key(tmp_path):
-    msg = sweep_error(tmp_path, "axis:\n  seed: [0, 1]\n")
-    assert ":8: axis: unknown key" in msg
+                                "should be greater than 0 (got 0)" for i in (0, 1)]
 
 
 def test_a_missing_base_file(tmp_path):
