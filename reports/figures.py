@@ -460,16 +460,22 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
                             + (" ± %{customdata[0]:,.3~r} (%{customdata[1]} seeds)" if spread else "")
                             + "<extra></extra>")
     if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
-        for name, g in _groups(capacity, list(colors)):
+        found = capacity  # a search that ended above its highest rate gives a lower bound, not a capacity
+        if "status" in capacity.columns:
+            found = capacity[capacity["status"].astype(str) == "found"]
+        for name, g in _groups(found, list(colors)):
             for v in over_seeds(g, [c for c in sweep_axes(g) if not _is_seed(c)] or ["policy"],
                                 capacity_col)["mean"].dropna():
                 fig.add_vline(x=float(v), line=dict(color=colors[name], dash="dot", width=1))
-    fig.update_xaxes(title=_axis_title(x), type="log" if x.split(".")[-1] == "block_size" else "linear")
+    if x.split(".")[-1] == "block_size":  # powers of two on a log axis, each labelled
+        ticks = sorted(pd.to_numeric(sweep[x], errors="coerce").dropna().unique())
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+    fig.update_xaxes(title=_axis_title(x))
     fig.update_yaxes(title=_axis_title(y), type="log" if y.endswith("latency_s") else "linear")
     sub = "; ".join(dict.fromkeys(notes)) or "no runs"
     sub += f"; other axes: {', '.join(others)}" if others else ""
     if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
-        sub += "; dotted: each policy's sustainable rate"
+        sub += "; dotted: each policy's sustainable rate (where the search found one)"
     return _layout(fig, f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}", sub)
 
 
