@@ -631,11 +631,14 @@ class PointStore:
 
 
 class Progress:
-    """What the driver reports while it runs (the command line draws a bar; tests pass None)."""
+    """What the driver reports while it runs. This base reports nowhere (the Python API's default);
+    ``sim sweep`` passes one that draws a progress bar."""
 
-    def add_total(self, n: int) -> None: ...
+    def add_total(self, n: int) -> None:
+        """``n`` more runs are expected (negative: fewer, when a search ends before its bound)."""
 
-    def advance(self, outcome: Outcome) -> None: ...
+    def advance(self, outcome: Outcome) -> None:
+        """One run finished (or was read back from an earlier run)."""
 
 
 class SweepInterrupted(Exception):
