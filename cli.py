@@ -79,6 +79,34 @@ def report(
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
+@app.command()
+def sweep(
+    sweep_file: Path = typer.Argument(..., metavar="SWEEP.yaml", help="sweep file: a base scenario, axes, capacity"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="result folder (default runs/<sweep name>)"),
+    executor: str = typer.Option("local", "--executor", "-e", help="local (a process pool) or ray"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to (default: start a "
+                                          "local Ray instance; 'auto': the one `ray start` runs here)"),
+    workers: Optional[int] = typer.Option(None, "--workers", "--max-workers", "-j", help="simulations at once "
+                                          "(default: every core; 1: in this process)"),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="reuse runs finished earlier in this folder"),
+    no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
+) -> None:
+    """Run every point of SWEEP.yaml (and its capacity search); write sweep.parquet, capacity.parquet, report.html."""
+    from reports.console import print_sweep
+    from sim.sweep import SweepInterrupted, sweep_to_dir
+
+    with user_errors():
+        try:
+            result, paths = sweep_to_dir(sweep_file, out_dir, executor=executor, workers=workers, address=address,
+                                         resume=resume, report=not no_report, console=err)
+        except SweepInterrupted as e:
+            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+    print_sweep(result, paths, console=out, err_console=err)
+    if result.failures:
+        raise typer.Exit(1)
+
+
 # ---------------------------------------------------------------------------------------------- sim trace
 
 trace_app = typer.Typer(no_args_is_help=True, help="Inspect and convert request traces (Azure, BurstGPT, Mooncake, "

@@ -91,7 +91,7 @@ def main() -> None:
             print(f"\n(a) skipped: {AZURE} not found (real traces live outside the project)")
     print("\n(b) generated, Azure-conv-like sizes, Poisson 5.5 req/s")
     for p in a.presets:
-        prev = None
+        prev, last_n = None, 1
         for n in a.sizes:
             r = measure({"scenario": scenario(generated(n), p, a.exact)})
             ratio = f"  x{r['wall_s'] / prev:5.2f} time for x{n // last_n}" if prev else ""

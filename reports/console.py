@@ -36,3 +36,40 @@ def summary_table(summary: dict, title: str = "") -> Table:
 
 def print_summary(summary: dict, title: str = "", console: Console | None = None) -> None:
     (console or Console()).print(summary_table(summary, title))
+
+
+def capacity_table(capacity, axes: list[str]) -> Table:
+    """One row per capacity search: the other axes' values, the policy, its sustainable rate and how it was found."""
+    t = Table(caption="sustainable: the highest rate whose run met the SLO (bisected to the tolerance); "
+              "none: even the lowest rate tried failed; above max: the highest rate tried passed")
+    cols = [a for a in axes if a in capacity.columns and capacity[a].nunique(dropna=False) > 1]
+    for c in cols + ["policy"]:
+        t.add_column(c, no_wrap=True)
+    for head in ("sustainable req/s", "status", "rates tried", "runs"):
+        t.add_column(head, justify="right")
+    for _, r in capacity.iterrows():
+        rate = r["sustainable_request_rate"]
+        tried = (f"{r['lowest_rate_tried']:.4g}–{r['highest_rate_tried']:.4g}"
+                 if r["lowest_rate_tried"] == r["lowest_rate_tried"] and r["lowest_rate_tried"] is not None else "-")
+        t.add_row(*[str(r[c]) for c in cols], str(r["policy"]),
+                  "none" if rate is None or rate != rate else f"{rate:.4g}",
+                  str(r["status"]) + (f": {r['error']}" if r["status"] == "error" else ""), tried, str(r["num_runs"]))
+    return t
+
+
+def print_sweep(result, paths: dict, console: Console | None = None, err_console: Console | None = None) -> None:
+    """After ``sim sweep``: the capacity table (if searched), what ran, the files, and every failure."""
+    console = console or Console()
+    err = err_console or console
+    sweep = result.sweep
+    if result.capacity is not None and len(result.capacity):
+        console.print(f"capacity: {sweep.capacity.slo_text()} (tolerance {sweep.capacity.tolerance_text()})",
+                      highlight=False)
+        axes = list(dict.fromkeys(["seed"] + [a.column for a in sweep.axes]))
+        console.print(capacity_table(result.capacity, axes))
+    console.print(f"{sweep.name}: {len(sweep.points):,} points, {len(result.table):,} rows; {result.num_runs:,} runs "
+                  f"now, {result.num_reused:,} reused; {result.wall_s:,.1f} s", highlight=False)
+    for key, p in paths.items():
+        console.print(f"{key:>13}: {p}", highlight=False)
+    for what, error in result.failures:
+        err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)

@@ -454,56 +454,106 @@ def _axis_title(col: str) -> str:
     return AXIS_TITLES.get(col) or AXIS_TITLES.get(col.split(".")[-1]) or col
 
 
+def _is_seed(col: str) -> bool:
+    return str(col).split(".")[-1] == "seed"
+
+
+def over_seeds(rows: pd.DataFrame, by: list[str], y: str) -> pd.DataFrame:
+    """For display: ``y``'s mean, standard deviation and count over the rows that differ only by seed
+    (one group per value of ``by``). A run that failed (no value) is left out of its group."""
+    g = rows.assign(_y=pd.to_numeric(rows[y], errors="coerce")).groupby(by, sort=True, dropna=False)["_y"]
+    return pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1), "count": g.count()}).reset_index()
+
+
+def _seed_note(stats: pd.DataFrame) -> str:
+    most = int(stats["count"].max()) if len(stats) else 0
+    return f"mean ± standard deviation over {most} seeds" if most > 1 else "one run per point"
+
+
 def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | None = None,
                     y: str = "mean_normalized_latency_s", capacity: pd.DataFrame | None = None,
                     capacity_col: str = "sustainable_request_rate") -> go.Figure:
     """A metric against a sweep axis, one line per policy (the paper's Fig. 12 shape: normalized latency
-    vs request rate). ``x`` defaults to ``workload.arrival.rate`` when it varies, else the first varying
-    axis. Other varying axes split a policy into several lines (same colour, other dash); seeds that repeat
-    an x are drawn as separate markers, not averaged. With ``capacity``, each policy's sustainable rate is
-    a dotted vertical line in its colour."""
+    vs request rate; with ``x="block_size"``, its Fig. 18b/19b shape). ``x`` defaults to
+    ``workload.arrival.rate`` when it varies, else the first varying axis. Other varying axes split a
+    policy into several lines (same colour, other dash). Runs that differ only by seed are one point:
+    their mean, with the standard deviation as an error bar. With ``capacity``, each policy's
+    sustainable rate (mean over seeds) is a dotted vertical line in its colour, when x is the rate."""
     axes = sweep_axes(sweep)
     if x is None:
         x = "workload.arrival.rate" if "workload.arrival.rate" in axes or not axes else axes[0]
-    others = [a for a in axes if a != x and a.split(".")[-1] != "seed"]
+    others = [a for a in axes if a != x and not _is_seed(a)]
     dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
     groups = _groups(sweep, list(colors))
     short = short_labels([n for n, _ in groups])
     fig = go.Figure()
+    notes = []
     for i, (name, g) in enumerate(groups):
-        for k, (key, s) in enumerate(g.groupby(others, sort=True) if others else [((), g)]):
+        stats = over_seeds(g, others + [x], y)
+        notes.append(_seed_note(stats))
+        for k, (key, s) in enumerate(stats.groupby(others, sort=True, dropna=False) if others else [((), stats)]):
             key = key if isinstance(key, tuple) else (key,)
             suffix = ", ".join(f"{a.split('.')[-1]}={v}" for a, v in zip(others, key))
             s = s.sort_values(x)
-            fig.add_scatter(x=s[x], y=s[y], name=short[name] + (f" ({text(suffix)})" if suffix else ""),
+            spread = s["count"].max() > 1
+            fig.add_scatter(x=s[x], y=s["mean"], name=short[name] + (f" ({text(suffix)})" if suffix else ""),
                             meta=text(name) + (f" ({text(suffix)})" if suffix else ""), legendgroup=f"policy-{i}",
-                            mode="markers" if s[x].duplicated().any() else "lines+markers",
+                            mode="lines+markers", customdata=np.column_stack([s["std"].fillna(0), s["count"]]),
+                            error_y=dict(type="data", array=s["std"].fillna(0), visible=True, thickness=1)
+                            if spread else None,
                             line=dict(color=colors[name], dash=dashes[k % len(dashes)]),
                             marker=dict(color=colors[name], size=7),
                             hovertemplate=f"%{{meta}}<br>{text(_axis_title(x))}: %{{x:,.5~r}}<br>"
-                            f"{text(_axis_title(y))}: %{{y:,.5~r}}<extra></extra>")
-    if capacity is not None and capacity_col in capacity.columns:
-        for name, g in _groups(capacity, list(colors)):
-            for v in g[capacity_col].dropna():
+                            f"{text(_axis_title(y))}: %{{y:,.5~r}}"
+                            + (" ± %{customdata[0]:,.3~r} (%{customdata[1]} seeds)" if spread else "")
+                            + "<extra></extra>")
+    if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
+        found = capacity  # a search that ended above its highest rate gives a lower bound, not a capacity
+        if "status" in capacity.columns:
+            found = capacity[capacity["status"].astype(str) == "found"]
+        for name, g in _groups(found, list(colors)):
+            for v in over_seeds(g, [c for c in sweep_axes(g) if not _is_seed(c)] or ["policy"],
+                                capacity_col)["mean"].dropna():
                 fig.add_vline(x=float(v), line=dict(color=colors[name], dash="dot", width=1))
+    if x.split(".")[-1] == "block_size":  # powers of two on a log axis, each labelled
+        ticks = sorted(pd.to_numeric(sweep[x], errors="coerce").dropna().unique())
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     fig.update_xaxes(title=_axis_title(x))
     fig.update_yaxes(title=_axis_title(y), type="log" if y.endswith("latency_s") else "linear")
-    sub = "one point per sweep point and policy" + (f"; other axes: {', '.join(others)}" if others else "")
-    if capacity is not None and capacity_col in capacity.columns:
-        sub += "; dotted: each policy's sustainable rate"
+    sub = "; ".join(dict.fromkeys(notes)) or "no runs"
+    sub += f"; other axes: {', '.join(others)}" if others else ""
+    if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
+        sub += "; dotted: each policy's sustainable rate (where the search found one)"
     return _layout(fig, f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}", sub)
 
 
 def sustainable_rates(capacity: pd.DataFrame, colors: Mapping[str, str],
                       value: str = "sustainable_request_rate") -> go.Figure:
-    """Bars: the highest request rate each policy sustains (capacity.parquet: ``policy``, ``value``)."""
+    """Bars: the highest request rate each policy sustains (capacity.parquet: ``policy``, ``value``).
+    Searches that differ only by seed make one bar (their mean, the standard deviation as an error bar);
+    other varying axes (e.g. block size) put one bar per value side by side. A search that found no
+    rate ("none") counts as 0 and is labelled so."""
+    others = [a for a in sweep_axes(capacity) if not _is_seed(a)]
     groups = _groups(capacity, list(colors))
     short = short_labels([n for n, _ in groups])
     fig = go.Figure()
+    notes = []
     for name, g in groups:
-        fig.add_bar(x=[short[name]] * len(g), y=g[value], name=short[name], meta=text(name),
-                    marker_color=colors[name], hovertemplate="%{meta}<br>%{y:,.5~r} req/s<extra></extra>")
+        stats = over_seeds(g.assign(**{value: pd.to_numeric(g[value], errors="coerce").fillna(0.0)}),
+                           others or ["policy"], value)
+        notes.append(_seed_note(stats))
+        labels = [", ".join(f"{a.split('.')[-1]}={v}" for a, v in zip(others, vs))
+                  for vs in zip(*(stats[a].tolist() for a in others))] if others else []
+        spread = stats["count"].max() > 1
+        fig.add_bar(x=[short[name]] * len(stats) if not others else [f"{short[name]}<br>{text(lab)}" for lab in labels],
+                    y=stats["mean"], name=short[name], meta=text(name), marker_color=colors[name],
+                    text=["none" if m == 0 else "" for m in stats["mean"]], textposition="outside",
+                    error_y=dict(type="data", array=stats["std"].fillna(0), visible=True) if spread else None,
+                    customdata=np.column_stack([stats["std"].fillna(0), stats["count"]]),
+                    hovertemplate="%{meta}<br>%{y:,.5~r} req/s"
+                    + (" ± %{customdata[0]:,.3~r} (%{customdata[1]} seeds)" if spread else "") + "<extra></extra>")
     fig.update_xaxes(title="policy", automargin=True)
     fig.update_yaxes(title=_axis_title(value), rangemode="tozero")
     fig.update_layout(showlegend=False)
-    return _layout(fig, "Sustainable request rate per policy", "from the sweep's capacity table")
+    sub = "from the sweep's capacity table; " + "; ".join(dict.fromkeys(notes))
+    return _layout(fig, "Sustainable request rate per policy", sub)

@@ -234,27 +234,131 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
     return sections
 
 
+def _block_size_axis(sweep: pd.DataFrame) -> str | None:
+    """The sweep's varying block-size column (``block_size`` or ``policies.*.block_size``), if any."""
+    return next((a for a in figures.sweep_axes(sweep) if a.split(".")[-1] == "block_size"), None)
+
+
 def _sweep_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Section]:
     sweep = concat([r.sweep for r in runs])
     capacity = concat([r.capacity for r in runs])
     sections = []
     if sweep is not None:
-        sections.append(Section(
-            "Sweep: latency vs request rate",
-            "Mean normalized latency at each sweep point, one line per policy: the shape of the PagedAttention "
-            "paper's Fig. 12; a policy's line turns up where the rate exceeds what it sustains (sweep.parquet).",
-            figures.latency_vs_rate(sweep, colors, capacity=capacity)))
+        axes = figures.sweep_axes(sweep)
+        block = _block_size_axis(sweep)
+        if "workload.arrival.rate" in axes or block is None:
+            sections.append(Section(
+                "Sweep: latency vs request rate",
+                "Mean normalized latency at each sweep point, one line per policy: the shape of the PagedAttention "
+                "paper's Fig. 12; a policy's line turns up where the rate exceeds what it sustains. Runs that "
+                "differ only by seed are averaged, with their standard deviation as error bars; other varying "
+                "axes (block size, preemption mode, ...) are dashed lines (sweep.parquet).",
+                figures.latency_vs_rate(sweep, colors, capacity=capacity)))
+        if block is not None:
+            sections.append(Section(
+                "Sweep: block size (and recompute vs swap)",
+                "Mean normalized latency against the block size (log axis), one line per policy: the paper's "
+                "block-size ablation (Fig. 18b) and, when the sweep varies the preemption mode, recompute vs swap "
+                "(Fig. 19b) as dashed lines. Mean over seeds, standard deviation as error bars (sweep.parquet).",
+                figures.latency_vs_rate(sweep, colors, x=block)))
     if capacity is not None:
         sections.append(Section(
             "Sweep: sustainable request rate",
-            "The highest request rate each policy sustains, as the sweep's capacity table gives it "
-            "(capacity.parquet).", figures.sustainable_rates(capacity, colors)))
+            "The highest request rate each policy sustains, as the sweep's capacity table gives it; mean over "
+            "seeds with the standard deviation as error bars (capacity.parquet). " + _slo_caption(runs),
+            figures.sustainable_rates(capacity, colors)))
     return sections
+
+
+def _slo_caption(runs: Sequence[RunTables]) -> str:
+    """What the capacity search asked, from sweep.json (HTML, escaped)."""
+    parts = []
+    for r in runs:
+        cap = (r.sweep_info or {}).get("capacity")
+        if cap:
+            parts.append(f"SLO: <code>{html.escape(str(cap.get('slo')))}</code>, bisected to "
+                         f"{html.escape(str(cap.get('tolerance')))} along <code>{html.escape(str(cap.get('axis')))}"
+                         f"</code> between {html.escape(str(cap.get('min')))} and {html.escape(str(cap.get('max')))}.")
+    return " ".join(dict.fromkeys(parts))
+
+
+CAPACITY_COLUMNS = [  # column, head, format
+    ("sustainable_request_rate", "sustainable req/s", "{:.4g}"),
+    ("status", "status", "{}"),
+    ("lowest_rate_tried", "lowest tried", "{:.4g}"),
+    ("highest_rate_tried", "highest tried", "{:.4g}"),
+    ("lowest_failing_rate", "lowest failing", "{:.4g}"),
+    ("num_runs", "runs", "{}"),
+    ("error", "error", "{}"),
+]
+
+
+def capacity_table(capacity: pd.DataFrame) -> str:
+    """Every capacity search: the other axes' values, the policy, its sustainable rate and how it was found."""
+    axes = [a for a in figures.sweep_axes(capacity)]
+    cols = [c for c in CAPACITY_COLUMNS if c[0] in capacity.columns]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["policy", *axes, *(c[1] for c in cols)])
+    rows = []
+    for _, r in capacity.iterrows():
+        cells = [html.escape(str(r["policy"]))] + [html.escape(str(r[a])) for a in axes]
+        for key, _, fmt in cols:
+            v = r[key]
+            none = key == "sustainable_request_rate" and (v is None or v != v)
+            cells.append("none" if none else _fmt(fmt, v))
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def ratio_table(capacity: pd.DataFrame) -> str:
+    """Each policy's mean sustainable rate (over seeds) divided by every other's: the paper's headline
+    comparison. Only when no axis but the seed varies (else the ratios would mix settings)."""
+    if [a for a in figures.sweep_axes(capacity) if a.split(".")[-1] != "seed"]:
+        return ""
+    stats = figures.over_seeds(capacity, ["policy"], "sustainable_request_rate")
+    order = list(dict.fromkeys(capacity["policy"].astype(str)))
+    means = dict(zip(stats["policy"].astype(str), stats["mean"]))
+    status = capacity["status"].astype(str) if "status" in capacity.columns else pd.Series("", capacity.index)
+    above = set(capacity.loc[status == "above max", "policy"].astype(str))  # a lower bound, not a capacity
+    head = "".join(f"<th>÷ {html.escape(p)}</th>" for p in order)
+    rows = []
+    for p in order:
+        cells = []
+        for q in order:
+            bound = {(True, False): "≥ ", (False, True): "≤ ", (True, True): "? "}.get((p in above, q in above), "")
+            ok = means[q] and means[q] == means[q] and means[p] == means[p]
+            cells.append(bound + _fmt("{:.2f}×", means[p] / means[q]) if ok and p != q else "-")
+        rows.append(f"<tr><td>{html.escape(p)}</td><td>{'≥ ' if p in above else ''}{_fmt('{:.4g}', means[p])}</td>"
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return (f"<table><thead><tr><th>policy</th><th>mean sustainable req/s</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table><p class='muted'>Row ÷ column: how many times the column "
+            "policy's sustainable rate (mean over seeds) the row policy sustains; ≥: the row policy met the SLO at "
+            "the highest rate tried, so its capacity is higher; none counts as missing.</p>")
+
+
+def sweep_block(runs: Sequence[RunTables]) -> str:
+    """The sweeps' descriptions, capacity tables, ratios and failed runs (from sweep.json and capacity.parquet)."""
+    out = []
+    for r in runs:
+        info = r.sweep_info or {}
+        if r.sweep is None:
+            continue
+        axes = "; ".join(f"{a.get('column')}: {', '.join(map(str, a.get('values', [])))}" for a in info.get("axes", []))
+        desc = f"<p class='muted'>{html.escape(str(info['description']))}</p>" if info.get("description") else ""
+        ran = (f"<p>{info.get('num_points', 0):,} points over {html.escape(axes)}; {info.get('num_runs', 0):,} runs, "
+               f"{info.get('num_reused', 0):,} reused from an earlier run, {info.get('wall_s', 0):,.1f} s on the "
+               f"{html.escape(str(info.get('executor')))} executor.</p>" if info else "")
+        out.append(f"<h3>{html.escape(str(info.get('name', r.label)))}</h3>{desc}{ran}")
+        if r.capacity is not None and "sustainable_request_rate" in r.capacity.columns:
+            out.append(f"<p>{_slo_caption([r])}</p>" + capacity_table(r.capacity) + ratio_table(r.capacity))
+        for f in info.get("failures", []):
+            out.append(f"<p class='missing'>Failed: {html.escape(str(f.get('what')))}: "
+                       f"{html.escape(str(f.get('error')))}</p>")
+    return "".join(out)
 
 
 def _title(runs: Sequence[RunTables]) -> str:
     if len(runs) == 1:
-        return str(runs[0].scenario.get("name") or runs[0].label)
+        return str(runs[0].scenario.get("name") or (runs[0].sweep_info or {}).get("name") or runs[0].label)
     return "Comparison: " + " vs ".join(r.label for r in runs)
 
 
@@ -277,7 +381,9 @@ def render(runs: Sequence[RunTables]) -> str:
     summary = summary_table(pd.concat([r.policies for r in with_run])) if with_run else ""
     title = html.escape(_title(runs))
     labelled = (" Policies are labelled <code>folder / policy</code>." if len(runs) > 1 else "")
-    desc = html.escape(str(runs[0].scenario.get("description", ""))) if len(runs) == 1 else ""
+    desc = html.escape(str(runs[0].scenario.get("description", "") or (runs[0].sweep_info or {}).get(
+        "description", ""))) if len(runs) == 1 else ""
+    sweeps = sweep_block(runs)
     plotly_js = get_plotlyjs()
     version = re.search(r"plotly\.js v([0-9.]+)", plotly_js[:400])
     return f"""<!DOCTYPE html>
@@ -292,6 +398,7 @@ def render(runs: Sequence[RunTables]) -> str:
 for the page; each figure says where.</p>
 {"<h2>Scenario</h2>" + "".join(scenario_block(r) for r in with_run) if with_run else ""}
 {"<h2>Summary</h2>" + summary if summary else ""}
+{"<h2>Sweep</h2>" + sweeps if sweeps else ""}
 <h2>Figures</h2>
 {chr(10).join(blocks)}
 <script type="text/javascript">const KVSIM_TEMPLATE = {_safe_json(template)};{RENDER_JS}</script>

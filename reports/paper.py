@@ -50,3 +50,12 @@ def is_paper_scenario(scenario: dict) -> bool:
             and workload.get("kind", "synthetic") == "synthetic"
             and workload.get("lengths") in PAPER_LENGTH_PRESETS
             and arrival.get("kind") == "poisson")
+
+
+# The paper's headline on ShareGPT (§6.2, Fig. 12, OPT-13B/66B/175B): vLLM's sustainable request rate as a
+# multiple of each baseline's, as a range over the three models (references.md). None: not given.
+SHAREGPT_RATE_RATIOS: dict[str, tuple[float | None, float]] = {
+    "orca-oracle": (1.7, 2.7),
+    "orca-max": (2.7, 8.0),
+    "fastertransformer": (None, 22.0),  # "up to 22x"
+}

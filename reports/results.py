@@ -3,8 +3,9 @@
 A run folder holds ``summary.json``, ``requests.parquet``, ``timeline.parquet`` and (when a step ran)
 ``kv_snapshots.parquet``; ``steps.parquet`` is not needed here (it can be large). A sweep folder holds
 ``sweep.parquet`` (one row per point x policy: scenario fields as columns, e.g. ``workload.arrival.rate``,
-next to the summary metrics) and optionally ``capacity.parquet`` (one row per policy: its sustainable
-request rate). A folder may hold both.
+next to the summary metrics), optionally ``capacity.parquet`` (one row per policy: its sustainable
+request rate) and ``sweep.json`` (what ``sim sweep`` swept: name, axes, SLO, failures). A folder may
+hold a run and a sweep.
 
 Several folders compare side by side: every policy is then labelled ``<folder name> / <policy>``.
 """
@@ -22,6 +23,7 @@ RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
 SWEEP_FILE = "sweep.parquet"
 CAPACITY_FILE = "capacity.parquet"
+SWEEP_INFO_FILE = "sweep.json"
 
 
 class ResultsError(ValueError):
@@ -46,6 +48,7 @@ class RunTables:
     snapshots: pd.DataFrame | None
     sweep: pd.DataFrame | None
     capacity: pd.DataFrame | None
+    sweep_info: dict | None = None  # sweep.json, when `sim sweep` wrote the folder
 
     @property
     def scenario(self) -> dict:
@@ -114,13 +117,20 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
             names += [str(p) for p in pd.unique(table["policy"].astype(str)) if str(p) not in names]
     labels = {n: (f"{label} / {n}" if label else n) for n in names}
     snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
+    sweep_info = None
+    if sweep is not None and (d / SWEEP_INFO_FILE).exists():
+        try:
+            sweep_info = json.loads((d / SWEEP_INFO_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ResultsError(f"{d / SWEEP_INFO_FILE}: cannot read ({e.__class__.__name__})") from None
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
         requests=_relabel(_read_parquet(d / "requests.parquet"), labels, d / "requests.parquet") if has_run else None,
         timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
         snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
-        sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE))
+        sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
+        sweep_info=sweep_info if isinstance(sweep_info, dict) else None)
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:

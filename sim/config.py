@@ -510,24 +510,31 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
     return "\n".join(dict.fromkeys(msgs))
 
 
-def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:
+def validate_mapping(model: type[BaseModel], data: Any, source: str, lines: dict | None = None,
+                     keys: str = "scenario keys") -> Any:
+    """``model`` validated from a file's top-level mapping; a mistake raises :class:`ScenarioError`
+    naming the file, the line and the key."""
     if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top level")
+        raise ScenarioError(f"{source}: expected a mapping of {keys} at the top level")
     try:
-        scenario = Scenario.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, source, lines)) from None
+
+
+def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:
+    scenario = validate_mapping(Scenario, data, source, lines)
     scenario._base_dir = Path(base_dir)
     return scenario
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; every problem raises :class:`ScenarioError` naming file and key."""
-    path = Path(path)
+def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]]:
+    """A YAML file's data and the line of each key path; a missing, unreadable or malformed file raises
+    :class:`ScenarioError` naming it (``what``: the kind of file, for the message)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
+        raise ScenarioError(f"{path}: no such {what} file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__})") from None
     try:
@@ -537,5 +544,11 @@ def load_scenario(path: str | Path) -> Scenario:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ScenarioError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-    lines = _key_lines(node) if node is not None else {}
+    return data, (_key_lines(node) if node is not None else {})
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every problem raises :class:`ScenarioError` naming file and key."""
+    path = Path(path)
+    data, lines = read_yaml(path)
     return parse_scenario(data, str(path), lines, base_dir=str(path.parent))

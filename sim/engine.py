@@ -214,6 +214,8 @@ class Engine:
                 yield env.timeout(t - now)
                 continue
             self._maybe_capture(now)  # the address space as this step holds it
+            for seq in sched.first_admitted:  # the requests this step schedules for the first time
+                self.log.scheduled(seq.request_id, now)
             k = 1 if self.exact else sched.span_limit(plan)
             if k > 1:
                 first = self.executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)

@@ -3,7 +3,9 @@
 Metric names follow vLLM's serving benchmark (references.md):
   TTFT = first token - arrival; TPOT = (E2EL - TTFT) / (output - 1); ITL = each gap between consecutive
   output tokens of a request (a preemption stall included); E2EL = finish - arrival;
-  normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token).
+  normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token);
+  scheduling delay = first scheduled - arrival (Vidur's metric: the time a request waits before the first
+  step that computes any of its tokens).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RequestLog:
         self.output_tokens = output_tokens
         self.status = np.zeros(n, dtype=np.int8)
         self.reason = np.zeros(n, dtype=np.int8)
+        self.first_scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
@@ -49,6 +52,10 @@ class RequestLog:
         g = seq.group
         self.generated_tokens[i] = sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens
         self.prefix_hit_tokens[i] = seq.prefix_hit_tokens or 0
+
+    def scheduled(self, request_id: int, start_s: float) -> None:
+        """The step starting at ``start_s`` is the first to schedule request ``request_id``."""
+        self.first_scheduled_s[request_id] = start_s
 
     def finish(self, seq, end_s: float) -> None:
         i = seq.request_id
@@ -73,12 +80,14 @@ class RequestLog:
             "output_tokens": self.output_tokens,
             "status": pd.Categorical.from_codes(self.status, list(STATUS_NAMES.values())),
             "reason": pd.Categorical.from_codes(self.reason, list(REASONS.values())),
+            "first_scheduled_s": self.first_scheduled_s,
             "first_token_s": self.first_token_s,
             "finish_s": self.finish_s,
             "num_preemptions": self.num_preemptions,
             "generated_tokens": self.generated_tokens,
             "prefix_hit_tokens": self.prefix_hit_tokens,
         })
+        df["scheduling_delay_ms"] = (df.first_scheduled_s - df.arrival_s) * 1e3
         df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
         df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -124,7 +133,10 @@ class ItlHistogram:
         i = np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
         self.counts += np.bincount(i, weights=w, minlength=len(self.counts))
         self.count += float(w.sum())
-        self.total += float(v @ w)
+        # NOTE: an exactly rounded sum, not v @ w: BLAS's dot product rounds differently with the arrays'
+        # memory alignment, so the same run gave a different last bit in another process (a sweep's local
+        # and Ray executors must give identical tables)
+        self.total += math.fsum((v * w).tolist())
         self._values, self._weights = [], []
 
     def mean(self) -> float:
@@ -167,7 +179,7 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
         "total_token_throughput": float((fin.prompt_tokens + fin.generated_tokens).sum()) / duration_s
         if duration_s > 0 else math.nan,
     }
-    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+    for name in ("scheduling_delay_ms", "ttft_ms", "tpot_ms", "e2el_ms"):
         v = fin[name].dropna().to_numpy()
         out[f"mean_{name}"] = float(v.mean()) if len(v) else math.nan
         out[f"median_{name}"] = float(np.median(v)) if len(v) else math.nan

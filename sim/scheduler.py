@@ -85,6 +85,7 @@ class Scheduler:
         self.shared_blocks = 0  # extra block references when the memory classes were last taken
         self.step_prompt_tokens = 0  # prompts first admitted in the planned step, and their cache hits
         self.step_hit_tokens = 0
+        self.first_admitted: list[Sequence] = []  # requests the planned step schedules for the first time
         self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
         self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
         self.num_slot_copies = 0  # contiguous: forks and beam moves copied between slabs
@@ -189,6 +190,8 @@ class Scheduler:
         """Decide the next step and place the K/V slots it writes; None when nothing can run."""
         self._entries, self._tick, self._swap_out, self._swap_in, self._num_preempted = [], False, [], [], 0
         self.step_prompt_tokens = self.step_hit_tokens = 0
+        if self.first_admitted:
+            self.first_admitted = []
         if self.kv.copies:
             self.kv.copies = []
         if self.static:
@@ -261,6 +264,7 @@ class Scheduler:
             seq.prefix_hit_tokens = len(hits) * self.block_size
             self.step_prompt_tokens += seq.prompt_tokens
             self.step_hit_tokens += seq.prefix_hit_tokens
+            self.first_admitted.append(seq)
         self.explicit = _add_sorted(self.explicit, seq)
         self._entries.append((seq, n))
 

@@ -51,6 +51,20 @@ def test_every_request_is_accounted_for(make_scenario):
         assert (fin.finish_s >= fin.first_token_s).all() and (fin.first_token_s > fin.arrival_s).all()
 
 
+def test_scheduling_delay_is_queueing_before_the_first_step(make_scenario):
+    """Arrival <= first scheduled < first token for every finished request; the summary's percentiles are
+    over those delays; an idle server schedules a request the moment it arrives."""
+    r = run(small(make_scenario))
+    for name, res in r.policies.items():
+        fin = res.requests[res.requests.status == "finished"]
+        assert (fin.first_scheduled_s >= fin.arrival_s).all() and (fin.first_scheduled_s < fin.first_token_s).all()
+        assert res.summary["p99_scheduling_delay_ms"] == pytest.approx(np.percentile(fin.scheduling_delay_ms, 99))
+        assert res.summary["p99_scheduling_delay_ms"] < res.summary["p99_ttft_ms"], name
+        assert fin.scheduling_delay_ms.iloc[0] == 0.0  # the first request finds the server idle
+    rej = r.policies["vllm"].requests
+    assert rej[rej.status == "rejected"].first_scheduled_s.isna().all()
+
+
 def test_memory_classes_add_up(make_scenario):
     r = run(small(make_scenario))
     for res in r.policies.values():
@@ -117,7 +131,7 @@ def assert_same_requests(a: pd.DataFrame, b: pd.DataFrame) -> None:
     assert np.array_equal(np.isnan(fa), np.isnan(fb))
     ok = ~np.isnan(fa)
     assert np.array_equal(np.argsort(fa[ok], kind="stable"), np.argsort(fb[ok], kind="stable")), "finish order"
-    for col in ("first_token_s", "finish_s"):
+    for col in ("first_scheduled_s", "first_token_s", "finish_s"):
         x, y = a[col].to_numpy(), b[col].to_numpy()
         m = ~np.isnan(x)
         np.testing.assert_allclose(x[m], y[m], rtol=1e-9, atol=0)

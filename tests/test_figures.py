@@ -219,15 +219,35 @@ def test_latency_vs_rate_one_line_per_policy():
     assert [s.x0 for s in fig.layout.shapes] == [1.5, 3.0]
 
 
-def test_latency_vs_rate_splits_other_axes_and_keeps_seeds_apart():
+def test_latency_vs_rate_splits_other_axes_and_averages_seeds():
     colors = figures.policy_colors(["orca-oracle", "vllm"])
     t = pd.concat([sweep_table().assign(block_size=16), sweep_table().assign(block_size=32)])
     fig = figures.latency_vs_rate(t, colors)
     assert len(fig.data) == 4 and fig.data[0].line.dash != fig.data[1].line.dash
     assert fig.data[0].line.color == fig.data[1].line.color == colors["orca-oracle"]
-    seeds = pd.concat([sweep_table().assign(seed=0), sweep_table().assign(seed=1)])
-    fig = figures.latency_vs_rate(seeds, colors)
-    assert len(fig.data) == 2 and fig.data[0].mode == "markers" and len(fig.data[0].x) == 6
+    assert fig.data[0].error_y.array is None and "one run per point" in fig.layout.title.subtitle.text
+    a, b = sweep_table().assign(seed=0), sweep_table().assign(seed=1)
+    b["mean_normalized_latency_s"] *= 3  # seed 1: three times seed 0's latency
+    fig = figures.latency_vs_rate(pd.concat([b, a]), colors)
+    assert len(fig.data) == 2 and list(fig.data[1].x) == [1.0, 2.0, 4.0]
+    y0 = a[a.policy == "vllm"].mean_normalized_latency_s.to_numpy()
+    assert np.allclose(fig.data[1].y, 2 * y0)  # the mean of y0 and 3 * y0
+    assert np.allclose(fig.data[1].error_y.array, np.std([y0, 3 * y0], axis=0, ddof=1))
+    assert "mean ± standard deviation over 2 seeds" in fig.layout.title.subtitle.text
+    failed = pd.concat([a, b.assign(mean_normalized_latency_s=np.nan, error="boom")])  # a failed run is left out
+    assert np.allclose(figures.latency_vs_rate(failed, colors).data[1].y, y0)
+
+
+def test_metric_vs_block_size_on_a_log_axis_split_by_preemption():
+    colors = figures.policy_colors(["vllm"])
+    t = pd.concat([sweep_table(rates=(2.0,), policies=("vllm",)).assign(**{"policies.*.block_size": b,
+                                                                          "policies.*.preemption": m})
+                   for b in (1, 16, 256) for m in ("swap", "recompute")])
+    fig = figures.latency_vs_rate(t, colors, x="policies.*.block_size")
+    assert len(fig.data) == 2 and [tr.name for tr in fig.data] == ["vllm (preemption=recompute)",
+                                                                    "vllm (preemption=swap)"]
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis.title.text == "block size (tokens)"
+    assert list(fig.data[0].x) == [1, 16, 256]
 
 
 def test_sustainable_rates_one_bar_per_policy():
@@ -258,3 +278,17 @@ def test_sharing_timeline_draws_hits_and_memory_with_and_without_sharing():
     used = next(np.asarray(t.y, dtype=float) for t in fig.data if t.line.dash == "solid" and t.yaxis == "y2")
     without = next(np.asarray(t.y, dtype=float) for t in fig.data if t.line.dash == "dot")
     assert (without >= used - 1e-3).all() and (without > used).any()  # sharing saves memory, never costs it
+
+
+def test_sustainable_rates_average_seeds_and_say_none():
+    cap = pd.DataFrame({"policy": ["vllm", "vllm", "orca-max", "orca-max"], "seed": [0, 1, 0, 1],
+                        "sustainable_request_rate": [3.0, 2.0, None, None]})
+    fig = figures.sustainable_rates(cap, figures.policy_colors(["orca-max", "vllm"]))
+    assert [tr.name for tr in fig.data] == ["orca-max", "vllm"]
+    assert list(fig.data[1].y) == [2.5] and fig.data[1].error_y.array[0] == pytest.approx(np.std([3, 2], ddof=1))
+    assert list(fig.data[0].y) == [0.0] and list(fig.data[0].text) == ["none"]
+    by_block = pd.concat([cap.assign(block_size=16), cap.assign(block_size=32)])
+    fig = figures.sustainable_rates(by_block, figures.policy_colors(["orca-max", "vllm"]))
+    assert list(fig.data[1].x) == ["vllm<br>block_size=16", "vllm<br>block_size=32"]
+
+

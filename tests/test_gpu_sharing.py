@@ -2,7 +2,6 @@
 and replays whose greedy tokens prove that copies, forks and prefix-cache hits keep every sequence's
 cache right (a wrong copy or a hit on other tokens would change what the model generates)."""
 
-import numpy as np
 import pytest
 
 from gpu_helpers import kernel_device, require_backend

@@ -170,3 +170,36 @@ def test_sweep_report_renders_in_chromium(browser, tmp_path):
     assert not console_errors(browser)
     assert_rendered(state, 2)
     assert "<b>x</b>" in state[0]["legend"]
+
+
+def test_sim_sweep_report_renders_in_chromium(browser, tmp_path):
+    """What `sim sweep` writes: latency vs rate and vs block size with error bars over seeds, capacity bars
+    (one 'none'), the capacity and ratio tables."""
+    from sim.sweep import sweep_to_dir
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("""\
+name: browser sweep
+base:
+  name: tiny
+  model: opt-13b
+  gpu: a100-40gb
+  workload: {arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 40}
+  policies: [fastertransformer, vllm]
+axes:
+  workload.arrival.rate: [2, 8]
+  block_size: [8, 64]
+  seed: [0, 1]
+capacity: {slo: {mean_normalized_latency_s: 0.05}, min: 1, max: 32, relative_tolerance: 0.1}
+""")
+    _, paths = sweep_to_dir(sweep, tmp_path / "sweep", workers=1)
+    state = open_report(browser, paths["report"], tmp_path / "sim-sweep.png")
+    errors = console_errors(browser)
+    assert not errors, errors
+    assert_rendered(state, 3)
+    assert [f["title"] for f in state] == ["Mean normalized latency vs request rate",
+                                           "Mean normalized latency vs block size",
+                                           "Sustainable request rate per policy"]
+    assert "(2 seeds)" in hover_text(browser, "vs request rate", curve=0)
+    tables = browser.find_element("tag name", "body").text
+    assert "lowest failing" in tables and "browser sweep" in tables

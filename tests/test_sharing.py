@@ -1,15 +1,13 @@
 """Block sharing: reference counts, the prefix cache, forks and copy-on-write, beams."""
 
 import numpy as np
-import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.sharing as sharing
 from sim import run
-from sim.core import Group, Sequence
-from sim.kv import blocks_for
+from sim.core import Sequence
 from sim.scheduler import Scheduler
 from sim.sharing import SharedBlockPool, SharedPagedKv, block_identities
 

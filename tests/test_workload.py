@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from sim.config import LENGTH_PRESETS, LogNormal, ScenarioError, SyntheticWorkload
+from sim.config import LENGTH_PRESETS, ScenarioError, SyntheticWorkload
 from sim.workload import generate, load_requests, lognormal_mu
 
 

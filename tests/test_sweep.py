@@ -1,0 +1,282 @@
+"""Sweeps: axes to points, the tidy table against direct runs, resume, failing points, capacity search,
+and the sweep report."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+from sweeps import base_yaml
+from typer.testing import CliRunner
+
+from cli import app
+from sim import run
+from sim.config import parse_scenario
+from sim.executors import SerialExecutor
+from sim.sweep import (CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep,
+                       sweep_to_dir)
+
+runner = CliRunner()
+
+BASE = base_yaml("[orca-oracle, {preset: vllm, name: paged}]", seed=3)
+
+
+def sweep_file(tmp_path, body: str, base: str = BASE, name: str = "s.yaml"):
+    p = tmp_path / name
+    p.write_text(base + textwrap.dedent(body))
+    return p
+
+
+# ------------------------------------------------------------------------------------------- axes and points
+
+
+def test_axes_cross_and_zip_in_file_order(tmp_path):
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          workload.arrival.rate: [1, 2, 3]
+          seed: [0, 1]
+        zip:
+          block_size: [8, 32]
+          preemption: [swap, recompute]
+        """))
+    assert len(s.points) == 3 * 2 * 2
+    assert s.points[0].values == {"workload.arrival.rate": 1, "seed": 0, "block_size": 8, "preemption": "swap"}
+    assert s.points[-1].values == {"workload.arrival.rate": 3, "seed": 1, "block_size": 32, "preemption": "recompute"}
+    last = s.points[-1].scenario
+    assert last.workload.arrival.rate == 3 and last.workload.seed == 1
+    assert [(p.block_size, p.preemption) for p in last.policies] == [(32, "recompute"), (32, "recompute")]
+
+
+def test_policy_fields_reach_every_policy_or_the_named_one(tmp_path):
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          policies.*.max_num_seqs: [7]
+          policies.paged.block_size: [64]
+          policies.orca-max.allocator.placement: [first-fit]
+          swap_space_gib: [2]
+        """, base=base_yaml("[orca-oracle, orca-max, {preset: vllm, name: paged}]", seed=3)))
+    pols = s.points[0].scenario.policies
+    assert [p.max_num_seqs for p in pols] == [7, 7, 7] and [p.swap_space_gib for p in pols] == [2, 2, 2]
+    assert [p.block_size for p in pols] == [16, 16, 64]
+    assert [p.allocator.placement for p in pols[:2]] == ["buddy", "first-fit"]
+
+
+def test_policies_axis_chooses_which_policies_run(tmp_path):
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          policies: [vllm, [orca-max, {preset: vllm, name: v32, block_size: 32}]]
+        """))
+    assert [[p.name for p in pt.scenario.policies] for pt in s.points] == [["vllm"], ["orca-max", "v32"]]
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          block_size: [8]
+          policies: [[vllm, orca-max]]
+        """))  # the policies are chosen first, then the policy field applies to them
+    assert [(p.name, p.block_size) for p in s.points[0].scenario.policies] == [("vllm", 8), ("orca-max", 8)]
+    assert "policies" not in run_sweep(s, tmp_path / "out", SerialExecutor()).table.columns  # `policy` names them
+
+
+def test_inline_base_or_a_scenario_file_give_the_same_points(tmp_path):
+    (tmp_path / "base.yaml").write_text("".join(line[2:] + "\n" for line in BASE.splitlines()[1:]))
+    a = load_sweep(sweep_file(tmp_path, "axes: {seed: [0, 1]}\n", name="a.yaml"))
+    b = load_sweep(sweep_file(tmp_path, "axes: {seed: [0, 1]}\n", base="base: base.yaml\n", name="b.yaml"))
+    assert [make_task(p.scenario, 0).key for p in a.points] == [make_task(p.scenario, 0).key for p in b.points]
+    assert a.name == "a" and b.base_source == str(tmp_path / "base.yaml")
+
+
+def test_task_key_is_the_resolved_scenario(make_scenario):
+    s = make_scenario()
+    key = make_task(s, 0).key
+    assert make_task(make_scenario(name="other", description="words"), 0).key == key  # names change nothing
+    assert make_task(s, 1).key != key
+    faster = make_scenario(workload={"arrival": {"kind": "poisson", "rate": 4.5}, "lengths": "sharegpt",
+                                     "num_requests": 200, "seed": 1})
+    assert make_task(faster, 0).key != key
+
+
+def test_resolved_mapping_parses_back_to_the_same_scenario(make_scenario, tmp_path):
+    s = make_scenario(gpu={"name": "x", "memory_gib": 40, "hbm_gb_per_s": 1555, "tflops": 312},
+                      step_time={"kind": "roofline", "step_overhead_s": 0.003})
+    data, files = resolved_mapping(s)
+    assert parse_scenario(data).model_dump() == s.model_copy(update={"record_steps": False}).model_dump()
+    assert files == []
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n")
+    t = parse_scenario({"name": "t", "model": "opt-13b", "gpu": "a100-40gb", "policies": ["vllm"],
+                        "workload": {"kind": "trace", "path": "t.csv"}}, base_dir=str(tmp_path))
+    data, files = resolved_mapping(t)
+    assert data["workload"]["path"] == str(trace.resolve())
+    assert files[0][:2] == [str(trace.resolve()), trace.stat().st_size]
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+
+def test_table_rows_are_the_runs_of_each_point(tmp_path):
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          workload.arrival.rate: [1.0, 6.0]
+          policies.*.block_size: [8, 32]
+        """))
+    res = run_sweep(s, tmp_path / "out", SerialExecutor())
+    t = res.table
+    assert len(t) == 4 * 2 and res.num_runs == 8 and not res.failures
+    assert list(t.columns[:4]) == ["workload.arrival.rate", "policies.*.block_size", "seed", "policy"]
+    assert {"mean_normalized_latency_s", "p99_scheduling_delay_ms", "memory.token_states", "error"} <= set(t.columns)
+    assert t.error.isna().all() and (t.seed == 3).all()
+    point = s.points[3]  # rate 6, block size 32
+    direct = run(point.scenario)
+    rows = t[(t["workload.arrival.rate"] == 6.0) & (t["policies.*.block_size"] == 32)].set_index("policy")
+    for name, res_p in direct.policies.items():
+        got = rows.loc[name, list(res_p.summary)].to_numpy(dtype=float)
+        want = np.array([np.nan if v is None else v for v in res_p.summary.values()], dtype=float)
+        np.testing.assert_array_equal(got, want)  # exactly the direct run's figures
+
+
+def test_resume_skips_finished_runs_and_redoes_missing_ones(tmp_path):
+    path = sweep_file(tmp_path, "axes: {workload.arrival.rate: [1.0, 3.0, 9.0]}\n")
+    out = tmp_path / "out"
+    first = run_sweep(load_sweep(path), out, SerialExecutor())
+    assert first.num_runs == 6 and len(list((out / "points").glob("*.json"))) == 6
+    again = run_sweep(load_sweep(path), out, SerialExecutor())
+    assert again.num_runs == 0 and again.num_reused == 6
+    pd.testing.assert_frame_equal(first.table, again.table)
+    lost = first.table.point_key[2]
+    (out / "points" / f"{lost}.json").unlink()  # as if interrupted before that run finished
+    third = run_sweep(load_sweep(path), out, SerialExecutor())
+    assert third.num_runs == 1 and third.num_reused == 5
+    pd.testing.assert_frame_equal(first.table, third.table)
+    fresh = run_sweep(load_sweep(path), out, SerialExecutor(), resume=False)
+    assert fresh.num_runs == 6
+
+
+def test_a_failing_point_is_reported_and_the_others_kept(tmp_path):
+    path = sweep_file(tmp_path, "axes: {gpu: [a100-40gb, l4, a100-80gb]}\n")  # OPT-13B's 26 GB do not fit an L4
+    r = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])
+    assert r.exit_code == 1, r.output
+    t = pd.read_parquet(tmp_path / "out" / "sweep.parquet")
+    failed = t[t.gpu == "l4"]
+    assert len(failed) == 2 and failed.error.str.contains("l4|does not fit|weights", regex=True).all(), failed.error
+    assert failed.mean_normalized_latency_s.isna().all()
+    ok = t[t.gpu != "l4"]
+    assert ok.error.isna().all() and (ok.num_finished == 60).all()
+    assert "failed: orca-oracle at gpu=l4" in r.output
+    info = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert len(info["failures"]) == 2
+    assert len(list((tmp_path / "out" / "points").glob("*.json"))) == 4  # failures are not stored: retried next time
+
+
+# ------------------------------------------------------------------------------------------- capacity search
+
+
+def cap(**over) -> CapacityConfig:
+    return CapacityConfig(**{"slo": {"mean_normalized_latency_s": 0.2}, "min": 0.1, "max": 10, "tolerance": 0.1,
+                             **over})
+
+
+def search(true_capacity: float, c: CapacityConfig, tried: dict | None = None) -> dict[float, bool]:
+    """Drive next_probe against a monotone oracle: values up to ``true_capacity`` pass."""
+    tried = dict(tried or {})
+    for _ in range(100):
+        v = next_probe(tried, c)
+        if v is None:
+            return tried
+        tried[v] = v <= true_capacity
+    raise AssertionError("the search did not end")
+
+
+@pytest.mark.parametrize("true_capacity", [0.137, 1.0, 2.71828, 9.95])
+def test_bisection_brackets_the_capacity_to_the_tolerance(true_capacity):
+    c = cap()
+    tried = search(true_capacity, c)
+    lo = max(v for v, ok in tried.items() if ok)
+    hi = min(v for v, ok in tried.items() if not ok)
+    assert lo <= true_capacity < hi and hi - lo <= c.tolerance
+    climb = list(tried)[:list(tried.values()).index(False) + 1]
+    assert climb == [min(0.1 * 2**k, 10) for k in range(len(climb))]  # from min, doubling
+
+
+def test_relative_tolerance_stops_within_a_share_of_the_rate():
+    c = cap(tolerance=None, relative_tolerance=0.02)
+    for true_capacity in (0.3, 7.0):
+        tried = search(true_capacity, c)
+        lo = max(v for v, ok in tried.items() if ok)
+        hi = min(v for v, ok in tried.items() if not ok)
+        assert lo <= true_capacity < hi and hi - lo <= 0.02 * lo
+
+
+def test_search_ends_at_the_range_ends():
+    c = cap(start=2.0)
+    assert search(0.01, c) == {2.0: False, 1.0: False, 0.5: False, 0.25: False, 0.125: False, 0.1: False}
+    assert search(50, c) == {2.0: True, 4.0: True, 8.0: True, 10.0: True}
+    grid = {0.5: True, 1.0: True, 1.5: False, 3.0: False}  # the sweep's own runs bracket it: bisect at once
+    assert next_probe(grid, c) == 1.25
+
+
+def test_capacity_search_on_real_runs_reuses_the_grid(tmp_path):
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          workload.arrival.rate: [1.0, 6.0]
+        capacity:
+          slo: {p99_scheduling_delay_ms: 2000}
+          min: 0.5
+          max: 16
+          tolerance: 0.25
+        """, base=base_yaml("[orca-oracle, {preset: vllm, name: paged}]", "sharegpt", 150, seed=3)))
+    res = run_sweep(s, tmp_path / "out", SerialExecutor())
+    c, runs = res.capacity.set_index("policy"), res.capacity_runs
+    for policy, row in c.iterrows():
+        assert row.status == "found" and row.met and row.slo == "p99_scheduling_delay_ms <= 2000"
+        assert row.lowest_failing_rate - row.sustainable_request_rate <= 0.25
+        mine = runs[runs.policy == policy].set_index("value")
+        assert mine.loc[row.sustainable_request_rate, "p99_scheduling_delay_ms"] <= 2000
+        assert mine.loc[row.lowest_failing_rate, "p99_scheduling_delay_ms"] > 2000
+        assert {1.0, 6.0} <= set(mine.index) and row.num_runs == len(mine)
+    grid_keys = set(res.table.point_key)
+    assert grid_keys <= set(runs.point_key)  # the grid's runs were judged, not run again
+    assert res.num_runs == len(set(runs.point_key))
+
+
+def test_an_slo_no_rate_meets_is_none_with_the_lowest_rate_tried(tmp_path):
+    path = sweep_file(tmp_path, """\
+        capacity:
+          slo: {mean_tpot_ms: 1}
+          min: 0.5
+          max: 8
+          start: 2
+          tolerance: 0.1
+        """)
+    r = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])
+    assert r.exit_code == 0, r.output
+    c = pd.read_parquet(tmp_path / "out" / "capacity.parquet")
+    assert (c.status == "none").all() and c.sustainable_request_rate.isna().all() and not c.met.any()
+    assert (c.lowest_rate_tried == 0.5).all() and (c.highest_rate_tried == 2).all() and (c.num_runs == 3).all()
+    assert "none" in r.output
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
+    path = sweep_file(tmp_path, """\
+        axes:
+          workload.arrival.rate: [2.0, 8.0]
+          block_size: [8, 64]
+          preemption: [recompute, swap]
+        capacity:
+          slo: {mean_normalized_latency_s: 0.5}
+          min: 1
+          max: 64
+          tolerance: 4
+        """, base=base_yaml("[orca-oracle, {preset: vllm, name: paged}]", num_requests=40, seed=3))
+    result, paths = sweep_to_dir(path, tmp_path / "out", workers=1)
+    page = paths["report"].read_text()
+    for title in ("Mean normalized latency vs request rate", "Mean normalized latency vs block size",
+                  "Sustainable request rate per policy"):
+        assert title in page
+    assert "p99_" not in page.split("<h2>Sweep</h2>")[0]
+    assert "mean_normalized_latency_s &lt;= 0.5" in page and "lowest failing" in page
+    assert (tmp_path / "out" / "sweep.csv").read_text().startswith("workload.arrival.rate,block_size,preemption,seed,")

@@ -1,0 +1,48 @@
+"""The same sweep on a local process pool and on a local Ray instance: identical tables."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+from sweeps import base_yaml
+
+from sim.executors import LocalExecutor, RayExecutor
+from sim.sweep import load_sweep, run_sweep
+
+SWEEP = base_yaml("[orca-pow2, vllm]", lengths="sharegpt", num_requests=80, name="both") + """\
+axes:
+  workload.arrival.rate: [1.0, 4.0]
+  seed: [0, 1]
+capacity:
+  slo: {mean_normalized_latency_s: 0.1}
+  min: 0.5
+  max: 16
+  tolerance: 0.5
+"""
+
+
+@pytest.fixture
+def local_ray():
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kvsim[ray]'): the Ray executor "
+                              "cannot be compared with the local one")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_local_and_ray_executors_give_identical_tables(tmp_path, local_ray):
+    path = tmp_path / "both.yaml"
+    path.write_text(textwrap.dedent(SWEEP))
+    with LocalExecutor(workers=2) as ex:
+        local = run_sweep(load_sweep(path), tmp_path / "local", ex)
+    with RayExecutor() as ex:  # uses the Ray instance the fixture started (and leaves it running)
+        assert ex.slots == 2
+        on_ray = run_sweep(load_sweep(path), tmp_path / "ray", ex)
+    assert local_ray.is_initialized()
+    assert not local.failures and not on_ray.failures and on_ray.num_runs == local.num_runs > len(local.table)
+    for a, b in ((local.table, on_ray.table), (local.capacity, on_ray.capacity),
+                 (local.capacity_runs, on_ray.capacity_runs)):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)  # to the last bit, not to a tolerance
+    assert set(local.capacity.status) == {"found", "above max"}  # orca-pow2 bisected; vllm meets it up to max
