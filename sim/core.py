@@ -143,7 +143,7 @@ class _SeqView:
         self.block_table, self.slab_start = block_table, slab_start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StepPlan:
     """Everything an executor sees of one step: for each scheduled sequence its id, the tokens it
     computes now (a prefill chunk, or 1 for a decode), the tokens already cached, and where its cache
@@ -173,6 +173,19 @@ class StepPlan:
     _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
 
     extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
+
+    def __init__(self, num_seqs: int, num_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
+                 num_sampled: int, decode_context_tokens: int, prefill_attention_pairs: int, block_size: int,
+                 paged: bool, swap_out=(), swap_in=(), copy_blocks=(), copy_slots=(), forks=(), num_preempted: int = 0,
+                 _decoding=(), _entries=(), extra: dict | None = None) -> None:
+        # NOTE: one plan per step, so its fields are set in one go (the generated frozen __init__ sets
+        # them one by one, at twice the cost); the plan stays frozen for everyone else.
+        self.__dict__.update(
+            num_seqs=num_seqs, num_tokens=num_tokens, num_prefill_tokens=num_prefill_tokens,
+            num_decode_tokens=num_decode_tokens, num_sampled=num_sampled, decode_context_tokens=decode_context_tokens,
+            prefill_attention_pairs=prefill_attention_pairs, block_size=block_size, paged=paged, swap_out=swap_out,
+            swap_in=swap_in, copy_blocks=copy_blocks, copy_slots=copy_slots, forks=forks, num_preempted=num_preempted,
+            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra)
 
     @classmethod
     def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,

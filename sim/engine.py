@@ -27,7 +27,8 @@ import simpy
 from sim.catalog import GIB, ModelSpec
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
-from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
+from sim.kv import (MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv,
+                    breakdown)
 from sim.metrics import FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, Timeline, summarize
 from sim.scheduler import Scheduler
 from sim.sharing import SharedBlockPool, SharedPagedKv
@@ -107,17 +108,14 @@ class Engine:
         self.timeline = Timeline(timeline_bin_s)
         self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
-        self.shared_slot_s = 0.0  # slot-seconds that sharing saved (held blocks' extra references)
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
-        self.mem_slot_seconds = [0.0] * len(MEMORY_CLASSES)
         self.num_steps = 0
         self.seq_steps = 0
-        self.step_seconds = 0.0
-        self.num_preemptions = 0
         self.num_done = 0
         self._snap_key: tuple = (0, 0)
         self._snap = None
+        self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
 
     # ------------------------------------------------------------------------------------ run
 
@@ -144,29 +142,30 @@ class Engine:
             raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
         req = self.log.frame()
         duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
-        summary = summarize(req, self.itl, np.array(self.mem_slot_seconds), duration, self.kv.capacity, self.step_seconds,
-                            self.num_steps, self.seq_steps, self.num_preemptions)
+        timeline = self.timeline.frame(self.kv.capacity, self._end_s)
+        mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
+        summary = summarize(req, self.itl, mem_slot_s, duration, self.kv.capacity, float(timeline.busy_s.sum()),
+                            self.num_steps, self.seq_steps, int(timeline.num_preempted.sum()))
         if isinstance(self.kv, SharedPagedKv):
-            summary.update(self._sharing_summary(req))
+            summary.update(self._sharing_summary(req, mem_slot_s[:3].sum(), float(timeline.shared_slot_s.sum())))
         elif self.sampling is not None:  # contiguous slabs cannot share: samples and beams are copies
             summary.update({"memory_saved_by_sharing": 0.0, "num_slab_copies": self.scheduler.num_slot_copies})
         steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
                              columns=list(STEP_COLUMNS))
         counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
         steps[counts] = steps[counts].astype(np.int64)
-        timeline = self.timeline.frame(self.kv.capacity, self._end_s)
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
-    def _sharing_summary(self, req: pd.DataFrame) -> dict:
-        """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies."""
+    def _sharing_summary(self, req: pd.DataFrame, used: float, shared: float) -> dict:
+        """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies; ``used``
+        and ``shared``: slot-seconds allocated, and saved by sharing."""
         kv, B = self.kv, self.kv.block_size
         fin = req[req.status == "finished"]
         prompt, hit = fin.prompt_tokens.to_numpy(), fin.prefix_hit_tokens.to_numpy()
-        used = sum(self.mem_slot_seconds[:3])  # token states + reservation + internal: allocated slots
         out = {"prefill_tokens_saved": self.scheduler.prefill_tokens_saved, "num_cow_copies": kv.num_copies,
                "num_evicted_blocks": kv.pool.num_evicted,
                # the paper's Fig. 15 measure: 1 - blocks used with sharing / blocks without
-               "memory_saved_by_sharing": self.shared_slot_s / (used + self.shared_slot_s) if used else None}
+               "memory_saved_by_sharing": shared / (used + shared) if used else None}
         if kv.caching:
             out["prefix_hit_rate_tokens"] = float(hit.sum() / prompt.sum()) if prompt.sum() else None
             full = (prompt // B).sum()
@@ -191,17 +190,17 @@ class Engine:
 
     def _next_event_s(self) -> float:
         """The next time the scheduler must look again regardless of the batch: an arrival or the horizon."""
-        t = self._arrivals[self._next]
-        return min(t, self.horizon_s) if self.horizon_s is not None else t
+        return min(self._arrivals[self._next], self._horizon)
 
     def _serve(self, env: simpy.Environment):
-        sched = self.scheduler
+        sched, executor, log, arrivals = self.scheduler, self.executor, self.log, self._arrivals
         loops = 0
         while True:
             now = env.now
-            if self.horizon_s is not None and now >= self.horizon_s:
+            if now >= self._horizon:
                 return
-            self._admit_arrivals(now)
+            if arrivals[self._next] <= now:
+                self._admit_arrivals(now)
             plan = sched.schedule()
             if plan is None:
                 if sched.has_work():
@@ -213,59 +212,63 @@ class Engine:
                 self._record(now, [t - now], None, sched.memory(), idle=True)
                 yield env.timeout(t - now)
                 continue
-            self._maybe_capture(now)  # the address space as this step holds it
-            for seq in sched.first_admitted:  # the requests this step schedules for the first time
-                self.log.scheduled(seq.request_id, now)
+            if len(sched.waiting) + len(sched.swapped) > self._snap_waiting or self.kv.alloc > self._snap_alloc:
+                self._maybe_capture(now)  # the address space as this step holds it
+            if sched.first_admitted:  # the requests this step schedules for the first time
+                for seq in sched.first_admitted:
+                    log.scheduled(seq.request_id, now)
             k = 1 if self.exact else sched.span_limit(plan)
             if k > 1:
-                first = self.executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
+                first = executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
                 stop = self._next_event_s() if sched.arrivals_matter() else self._horizon
                 if first is None:
                     k = 1
                 elif stop < math.inf:  # price only the steps that can start before it (step times only grow
                     # along a span; if a model's did not, the span would just end sooner: still exact)
                     k = min(k, int((stop - now) / first[0]) + 2)
-            times = self.executor.decode_span_s(plan, k) if k > 1 else None
-            if times is None:
-                dt = self.executor.step_time_s(plan)
+            if k == 1:
+                dt = executor.step_time_s(plan)
                 yield env.timeout(dt)
-                mem = sched.complete(env.now)
-                self._record(now, [dt], plan, mem)
+                self._record(now, [dt], plan, sched.complete(env.now))
             else:
+                times = executor.decode_span_s(plan, k)
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
                 cut = bisect_left(ends, stop)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
                 yield env.timeout(ends[-1] - now)
-                mem = sched.complete_span(ends)
-                self._record(now, times, plan, mem, ends=ends)
-            if sched.done:
-                self.timeline.add_finishes(env.now, len(sched.done))
-            for seq, end_s in sched.done:
-                self.log.finish(seq, end_s)
-            self.num_done += len(sched.done)
-            sched.done.clear()
+                self._record(now, times, plan, sched.complete_span(ends), ends=ends)
+            done = sched.done
+            if done:
+                self.timeline.add_finishes(env.now, len(done))
+                for seq, end_s in done:
+                    log.finish(seq, end_s)
+                self.num_done += len(done)
+                done.clear()
             loops += 1
             if self.progress is not None and loops % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
     def _record(self, start_s: float, times: list[float], plan, mem, idle: bool = False,
                 ends: list[float] | None = None) -> None:
-        """Account one step, one span of ``len(times)`` decode steps (ending at ``ends``), or an idle
-        gap. ``mem`` holds the five memory classes after each step: numbers, or lists (one per step)."""
+        """Account one step or an idle gap (``mem``: the five memory classes), or a span of
+        ``len(times)`` decode steps ending at ``ends`` (``mem``: what ``complete_span`` returns)."""
+        s, kv = self.scheduler, self.kv
         k = len(times)
-        total = times[0] if k == 1 else sum(times)
-        slot_s = [sum(map(mul, times, m)) if isinstance(m, list) else m * total for m in mem]
-        acc = self.mem_slot_seconds
-        for i, v in enumerate(slot_s):
-            acc[i] += v
-        shared_slot_s = self.scheduler.shared_blocks * self.kv.block_size * total if self.kv.kind == "paged" else 0.0
-        self.shared_slot_s += shared_slot_s
-        s = self.scheduler
         waiting = len(s.waiting)
-        waiting_s = waiting * total
+        shared = s.shared_blocks * kv.block_size if kv.kind == "paged" else 0  # slots sharing saves
         joins: list[int] = []  # steps at which arrivals during a span join the queue (as stepping adds them)
-        if ends is not None:
+        if ends is None:
+            total = times[0]
+            slot_s = [m * total for m in mem]
+            waiting_s = waiting * total
+        else:
+            total = sum(times)
+            filled, alloc, capped, rounding, held, blocked = mem
+            # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
+            f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
+            slot_s = breakdown(kv.capacity * total, f, a, c, rounding * total, held * total, blocked)
+            waiting_s = waiting * total
             arr, i, end = self._arrivals, self._next, ends[-1]
             while arr[i] <= end:
                 j = bisect_left(ends, arr[i]) + 1
@@ -273,26 +276,24 @@ class Engine:
                 waiting_s += end - ends[j - 1]
                 i += 1
         if idle:
-            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared_slot_s])
+            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared * total])
             k = 0
         else:
             n = plan.num_seqs
             totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
-                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared_slot_s]
-            shared_rate = s.shared_blocks * self.kv.block_size if self.kv.kind == "paged" else 0
+                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared * total]
 
             def per_step():  # only for a span across a bin edge
-                cls = [m if isinstance(m, list) else [m] * k for m in mem]
+                filled, alloc, capped, rounding, held, blocked = mem
                 for j, t in enumerate(times):
                     w = waiting + sum(1 for x in joins if x <= j)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * c[j] for c in cls), 0, 0,
-                           shared_rate * t]
+                    cls = breakdown(kv.capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
+                                    capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t]
 
             self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
             self.num_steps += k
             self.seq_steps += k * n
-            self.step_seconds += total
-            self.num_preemptions += plan.num_preempted
         if self.record_steps:
             if idle:
                 shape = (0, 0, 0, 0, 0, 0, waiting, s.num_running, len(s.swapped), 0, 0)
@@ -307,13 +308,17 @@ class Engine:
     def _maybe_capture(self, now: float) -> None:
         """Keep the address space at (about) the moment of most waiting requests, or of most memory
         allocated while none wait. NOTE: a new copy only when the queue grows by 5 % (or memory, while
-        nothing waits), so a run keeps O(log) copies; the kept moment is within 5 % of the peak."""
+        nothing waits), so a run keeps O(log) copies; the kept moment is within 5 % of the peak. The
+        loop calls this only past the thresholds below (a cheap check of every step)."""
         s, kv = self.scheduler, self.kv
         waiting, alloc = len(s.waiting) + len(s.swapped), kv.alloc + kv.held + kv.rounding
         best_w, best_a = self._snap_key
         if waiting > best_w * 1.05 or (waiting == best_w and alloc > best_a * 1.05):
             self._snap_key = (waiting, alloc)
             self._snap = (now, waiting, s.num_running, s.capture())
+            best_w, best_a = waiting, alloc
+        self._snap_waiting = int(best_w * 1.05)  # more waiting than this, or
+        self._snap_alloc = int(best_a * 1.05) - kv.held - kv.rounding if waiting == best_w else kv.capacity  # this
 
     def snapshot(self) -> dict | None:
         """The kept moment: time, waiting and running counts, and (start, length, class) slot runs."""

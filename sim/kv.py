@@ -387,15 +387,16 @@ class PagedKv:
     def add_blocks(self, seqs: list) -> None:
         """One more block for each decoding sequence whose next token starts a new block, in order.
         The hot path of decoding: the caller checked that enough blocks are free."""
-        pool, B = self.pool, self.block_size
-        ids = pool.allocate(len(seqs))
-        capped = 0
-        for seq, b in zip(seqs, ids):
+        B = self.block_size
+        slack = 0  # capped grows by a whole block, but for a final block the request only partly fills
+        for seq, b in zip(seqs, self.pool.allocate(len(seqs))):
             table = seq.block_table
             table.append(b)
-            capped += min(B, seq.prompt_tokens + seq.output_tokens - 1 - (len(table) - 1) * B)
+            over = len(table) * B - seq.prompt_tokens - seq.output_tokens + 1
+            if over > 0:
+                slack += over
         self.alloc += B * len(seqs)
-        self.capped += capped
+        self.capped += B * len(seqs) - slack
 
 
 class ContiguousKv:

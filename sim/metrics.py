@@ -11,6 +11,7 @@ Metric names follow vLLM's serving benchmark (references.md):
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 import pandas as pd
@@ -207,61 +208,89 @@ TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", 
 class Timeline:
     """Fixed-width time bins of what happened, in bounded memory: when more than ``max_bins`` are
     needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end;
-    idle gaps split across bins by time."""
+    idle gaps split across bins by time.
+
+    NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) and
+    binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a fraction of adding each
+    record to its bin in Python. Bins are sums, so the order of adding does not matter."""
+
+    BUFFER_ROWS = 65536
 
     def __init__(self, bin_s: float = 1.0, max_bins: int = 2048) -> None:
         self.bin_s = bin_s
         self.max_bins = max_bins
-        self.rows: list[list[float]] = []  # one per bin, TIMELINE_COLUMNS
+        self.data = np.zeros((64, len(TIMELINE_COLUMNS)))  # one row per bin, TIMELINE_COLUMNS (room to grow)
+        self.n = 0  # bins in use
         self.col = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
+        self._buf = array("d")  # buffered records: end time, then one total per column
+        self._flush_at = self.BUFFER_ROWS * (len(TIMELINE_COLUMNS) + 1)
 
-    def _bin(self, t: float) -> list[float]:
-        """The row of the bin holding time ``t``, doubling the width while more than max_bins are needed."""
+    def _index(self, t: float) -> int:
+        """The bin holding time ``t``, doubling the width while more than max_bins would be needed."""
         i = int(t // self.bin_s)
         while i >= self.max_bins:
-            r = self.rows
-            self.rows = [[a + b for a, b in zip(r[j], r[j + 1])] if j + 1 < len(r) else r[j]
-                         for j in range(0, len(r), 2)]  # bin j now covers old bins 2j and 2j+1
+            d = self.data
+            if len(d) % 2:
+                d = np.vstack([d, np.zeros((1, d.shape[1]))])
+            self.data = d[0::2] + d[1::2]  # bin j now covers old bins 2j and 2j+1
+            self.n = (self.n + 1) // 2
             self.bin_s *= 2
             i = int(t // self.bin_s)
-        while len(self.rows) <= i:
-            self.rows.append([0.0] * len(TIMELINE_COLUMNS))
-        return self.rows[i]
+        if i >= len(self.data):  # grow by doubling: amortized O(1) per bin
+            grown = np.zeros((max(2 * len(self.data), i + 1), self.data.shape[1]))
+            grown[: len(self.data)] = self.data
+            self.data = grown
+        if i >= self.n:
+            self.n = i + 1
+        return i
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        rows = np.frombuffer(self._buf, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
+        self._index(float(rows[:, 0].max()))  # room (and width) for the latest
+        idx = (rows[:, 0] // self.bin_s).astype(np.int64)
+        np.add.at(self.data, idx, rows[:, 1:])
+        self._buf = array("d")
 
     def add(self, start_s: float, times: list[float], totals: list[float], per_step=None) -> None:
         """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
-        in TIMELINE_COLUMNS order. Inside one bin, or a single step: the totals go to the bin where it
+        (one per TIMELINE_COLUMNS). Inside one bin, or a single step: the totals go to the bin where it
         ends. An idle gap (``per_step`` None, several bins) splits by time. A longer span across bin
         edges calls ``per_step()`` for its per-step rows and puts each in the bin where it ends."""
-        end = start_s + sum(times)
-        row = self._bin(end)
+        end = start_s + (times[0] if len(times) == 1 else sum(times))
         w = self.bin_s
-        if int(start_s // w) == int(end // w) or (len(times) == 1 and totals[3]):
-            for i, v in enumerate(totals):
-                row[i] += v
+        if start_s // w == end // w or (len(times) == 1 and totals[3]):  # one bin (at any later width too)
+            buf = self._buf
+            buf.append(end)
+            buf.extend(totals)
+            if len(buf) >= self._flush_at:
+                self._flush()
         elif per_step is None:  # an idle gap: every column is time-weighted
+            i = self._index(end)
+            w = self.bin_s
             span = end - start_s
-            for b in range(int(start_s // w), int(end // w) + 1):
-                frac = (min(end, (b + 1) * w) - max(start_s, b * w)) / span
-                r = self._bin(b * w)
-                for i, v in enumerate(totals):
-                    r[i] += v * frac
-        else:
-            t = start_s
+            for b in range(int(start_s // w), i + 1):
+                self.data[b] += np.asarray(totals) * ((min(end, (b + 1) * w) - max(start_s, b * w)) / span)
+        else:  # each step, buffered, goes to the bin where it ends
+            t, buf = start_s, self._buf
             for dt, step in zip(times, per_step()):
                 t += dt
-                r = self._bin(t)
-                for i, v in enumerate(step):
-                    r[i] += v
+                buf.append(t)
+                buf.extend(step)
+            if len(buf) >= self._flush_at:
+                self._flush()
 
     def add_finishes(self, t: float, count: int) -> None:
-        self._bin(t)[self.col["num_finished"]] += count
+        i = self._index(t)  # first: it may replace self.data
+        self.data[i, self.col["num_finished"]] += count
 
     def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
         """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
         time-averaged running batch, waiting queue and memory shares."""
-        df = pd.DataFrame(self.rows, columns=list(TIMELINE_COLUMNS), dtype=np.float64)
-        start = np.arange(len(self.rows)) * self.bin_s
+        self._flush()
+        df = pd.DataFrame(self.data[: self.n], columns=list(TIMELINE_COLUMNS))
+        start = np.arange(self.n) * self.bin_s
         df.insert(0, "bin_start_s", start)
         w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
         df.insert(1, "bin_s", w)

@@ -212,7 +212,8 @@ class Scheduler:
         if not self._entries and not self._tick:
             return None
         plan = self._plan()
-        self._pending_forks, self._pending_slot_copies = [], []
+        if self._pending_forks or self._pending_slot_copies:
+            self._pending_forks, self._pending_slot_copies = [], []
         return plan
 
     def _schedule_static(self) -> None:
@@ -435,15 +436,15 @@ class Scheduler:
         e = self._entries
         n_clk = len(self.clocked) if self._tick else 0
         prefill = decode = sampled = keys = pairs = 0
-        for s, n in e:
-            c = s.num_computed_tokens
+        for s, n in e:  # entries are never on the clock: plain counters
+            c = s._computed
             if n == 1:
                 decode += 1
                 keys += c + 1
             else:
                 prefill += n
                 pairs += n * c + n * (n + 1) // 2
-            sampled += c + n == s.num_tokens
+            sampled += c + n == s.prompt_tokens + s._output
         if n_clk:
             decode += n_clk
             sampled += n_clk
@@ -451,9 +452,11 @@ class Scheduler:
         return StepPlan(num_seqs=len(e) + n_clk, num_tokens=prefill + decode, num_prefill_tokens=prefill,
                         num_decode_tokens=decode, num_sampled=sampled, decode_context_tokens=keys,
                         prefill_attention_pairs=pairs, block_size=self.block_size, paged=self.paged,
-                        swap_out=tuple(self._swap_out), swap_in=tuple(self._swap_in),
-                        copy_blocks=tuple(self.kv.copies), copy_slots=tuple(self._pending_slot_copies),
-                        forks=tuple(self._pending_forks), num_preempted=self._num_preempted,
+                        swap_out=tuple(self._swap_out) if self._swap_out else (),
+                        swap_in=tuple(self._swap_in) if self._swap_in else (),
+                        copy_blocks=tuple(self.kv.copies) if self.kv.copies else (),
+                        copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
+                        forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
                         _decoding=self.clocked if n_clk else (), _entries=e)
 
     # ------------------------------------------------------------------------------------ complete
@@ -463,25 +466,25 @@ class Scheduler:
         Returns the memory classes as the step left them (before finished requests are freed)."""
         finished, sampled = [], []
         caching = self.kv.caching
-        for seq, n in self._entries:
-            seq.num_computed_tokens += n
+        for seq, n in self._entries:  # NOTE: entries are never on the clock: their counters are plain values
+            seq._computed += n
             self.filled += n
             if caching:
                 self.kv.register(seq)
-            if seq.num_computed_tokens == seq.num_tokens:
-                seq.num_output_tokens += 1
+            if seq._computed == seq.prompt_tokens + seq._output:
+                seq._output += 1
                 if seq.first_token_s is None:
                     seq.first_token_s = end_s
                 else:
                     self.itl.add(end_s - seq.last_token_s)
                 seq.last_token_s = end_s
-                (finished if seq.num_output_tokens == seq.output_tokens else sampled).append(seq)
+                (finished if seq._output == seq.output_tokens else sampled).append(seq)
         if self._tick:
             self._advance(1, [end_s])
             finished += self._pop_finished()
         mem = self.memory()
         self._finish(finished, end_s)
-        beams = {}
+        beams = None
         for seq in sampled:
             g = seq.group
             if g is None or (g.kind == "parallel" and len(g.members) > 1):
@@ -491,8 +494,9 @@ class Scheduler:
             elif len(g.members) == 1:
                 self._fork(seq, end_s)  # the leader's first sample: the other samples or beams start here
             else:
+                beams = beams or {}
                 beams[id(g)] = g  # beams stay explicit: they are reselected every step
-        for g in beams.values():
+        for g in (beams or {}).values():
             self._reselect(g)
         return mem
 
@@ -559,14 +563,18 @@ class Scheduler:
             m += 1
         return min(k, 1 + m)
 
-    def complete_span(self, ends_s: list[float]):
+    def complete_span(self, ends_s: list[float]) -> tuple:
         """``len(ends_s)`` decode steps of the clocked group ran (step j ended at ``ends_s[j]``).
-        Does what as many ``schedule``/``complete`` rounds would; returns the memory classes after
-        each step (lists; a number where a class stays constant)."""
+        Does what as many ``schedule``/``complete`` rounds would. Returns the memory after each step as
+        the inputs of ``kv.breakdown`` (which is linear in them, so the engine integrates them over time):
+        (filled, alloc, capped) -- lists, one value per step, or a number where constant -- and the
+        constant rounding, held and blocked."""
         k = len(ends_s)
         n = len(self.clocked)
         kv = self.kv
-        filled = [self.filled - kv.shared_filled + n * j for j in range(1, k + 1)]  # physical slots
+        f0 = self.filled - kv.shared_filled  # physical slots
+        filled = [f0 + n * j for j in range(1, k + 1)]
+        alloc, capped = kv.alloc, kv.capped
         if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
             t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_blocks
             alloc, capped = [kv.alloc], [kv.capped]
@@ -576,15 +584,7 @@ class Scheduler:
                     add(movers)
                 alloc.append(kv.alloc)
                 capped.append(kv.capped)
-            reserved = [c - f for c, f in zip(capped, filled)]
-            internal = [a - c + kv.held for a, c in zip(alloc, capped)]
-            idle = [kv.capacity - a - kv.rounding - kv.held for a in alloc]
-            mem = (filled, reserved, internal, [kv.rounding + f for f in idle] if self.blocked else kv.rounding,
-                   0 if self.blocked else idle)
-        else:
-            token, reserved, internal, ext, free = breakdown(kv.capacity, 0, kv.alloc, kv.capped, kv.rounding,
-                                                             kv.held, self.blocked)
-            mem = (filled, [reserved - f for f in filled], internal, ext, free)
+        mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         self.shared_blocks = kv.shared_blocks  # constant along a span: no fork, hit or copy happens in one
         self._advance(k, ends_s)
         self._finish(self._pop_finished(), ends_s[-1])
