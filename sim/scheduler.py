@@ -227,7 +227,7 @@ class Scheduler:
                 self._admit(self.waiting.popleft(), seq.num_uncomputed_tokens)
                 self.batch.append(seq)
         else:  # after its prefill step the whole batch decodes (no token budget, contiguous slabs never run out)
-            self._schedule_decodes(sum(1 for _ in self.batch))
+            self._schedule_decodes(len(self.batch))
 
     def _admit_waiting(self, budget: int, chunked: bool) -> bool:
         """Admit waiting sequences FCFS; True if any was admitted."""
