@@ -1,6 +1,8 @@
 """Whole simulations: determinism, accounting, invariants after every step, exact vs span equivalence,
 and the paper's direction."""
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -241,15 +243,15 @@ def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
     counts = {"skip": 0, "chunk_short": 0}
     orig_out, orig_newest = Scheduler._clock_out, Scheduler._newest_unscheduled
 
+    # The caller's name, one frame up: inspect.stack() would read every frame's source lines (seconds
+    # per thousand calls), and these hooks run thousands of times.
     def clock_out(self, seq):
-        import inspect
-        if inspect.stack()[1].function == "_schedule_decodes":
+        if sys._getframe(1).f_code.co_name == "_schedule_decodes":
             counts["skip"] += 1
         return orig_out(self, seq)
 
     def newest(self, scheduled):  # asked only when a step runs out of blocks
-        import inspect
-        if inspect.stack()[1].function == "_schedule_chunks":
+        if sys._getframe(1).f_code.co_name == "_schedule_chunks":
             counts["chunk_short"] += 1
         return orig_newest(self, scheduled)
 
