@@ -146,6 +146,122 @@ def trace_convert(file: TraceFile, out_file: Annotated[Path, typer.Argument(help
 # ---------------------------------------------------------------------------------------------- GPU backend
 
 @contextmanager
+@app.command()
+def steptime(
+    model: str = typer.Argument(..., help="catalog model name or path to a Hugging Face config.json"),
+    gpu: str = typer.Option(..., "--gpu", help="catalog GPU name"),
+    tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree"),
+    tokens: str = typer.Option("1,16,256,4096", "--tokens", help="comma-separated token counts of a prefill step"),
+    context: int = typer.Option(0, "--context", min=0, help="cached tokens the prefill attends to"),
+    step_time: Optional[Path] = typer.Option(None, "--step-time", help="a scenario (or YAML step_time block) or a "
+                                             "calibration profile JSON (default: the roofline's defaults)"),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size (a paged decode's block cost)"),
+    csv: bool = typer.Option(False, "--csv", help="print CSV to stdout instead of a table"),
+) -> None:
+    """What the step-time model predicts: ms per layer by part, and the whole step, per token count."""
+    from sim.catalog import CatalogError, resolve_gpu, resolve_model
+    from sim.config import ScenarioError
+    from sim.steptime import STEPTIME_COLUMNS, load_step_time, steptime_rows
+
+    with user_errors():
+        try:
+            counts = [int(t) for t in tokens.split(",") if t.strip()]
+        except ValueError:
+            raise ScenarioError(f"--tokens: expected comma-separated whole numbers, got {tokens!r}") from None
+        if not counts or min(counts) < 1 or max(counts) > 1 << 20:
+            raise ScenarioError(f"--tokens: expected counts from 1 to {1 << 20:,}, got {tokens!r}")
+        try:
+            m, g = resolve_model(model), resolve_gpu(gpu)
+        except CatalogError as e:
+            raise ScenarioError(str(e)) from None
+        cfg = load_step_time(step_time) if step_time is not None else None
+        rows = steptime_rows(m, g, tp, counts, context, cfg, block_size)
+    if csv:
+        print(",".join(STEPTIME_COLUMNS))
+        for r in rows:
+            print(",".join(str(r["tokens"]) if c == "tokens" else ("" if r[c] is None else f"{r[c]:.6g}")
+                           for c in STEPTIME_COLUMNS))
+        return
+    from rich import box
+    from rich.table import Table
+
+    def ms(v) -> str:
+        return ("-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3f}" if v >= 0.001
+                else f"{v:.1e}")
+
+    t = Table(title=f"{m.name} on {g.name}, TP {tp}, context {context:,}", box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False,
+              caption="ms; linear..layer: one layer; gpu, host, step: the whole step")
+    heads = {"elementwise_ms": "eltwise", "attention_ms": "attn", "allreduce_ms": "allred"}
+    cells = [[f"{r['tokens']:,}", *(ms(r[c]) for c in STEPTIME_COLUMNS[1:])] for r in rows]
+    for i, c in enumerate(STEPTIME_COLUMNS):  # NOTE: as wide as the widest cell: a number is never cut
+        head = heads.get(c, c.removesuffix("_ms"))
+        t.add_column(head, justify="right", no_wrap=True, min_width=max(len(head), *(len(r[i]) for r in cells)))
+    for r in cells:
+        t.add_row(*r)
+    out.print(t)
+    note = g.operators_note if (cfg is None or getattr(cfg, "operators", "") == "fitted") else "datasheet roofline"
+    out.print(f"operators: {note}", highlight=False)
+
+
+profiles_app = typer.Typer(no_args_is_help=True, help="Measured GPU operator profiles (Vidur's layout): fit the "
+                           "step-time model's per-GPU coefficients and validate them.")
+app.add_typer(profiles_app, name="profiles")
+ProfileDir = Annotated[Path, typer.Argument(help="folder in Vidur's layout (compute/<gpu>/<org>/<model>/mlp.csv, "
+                                            "network/<topology>/all_reduce.csv)")]
+
+
+@contextmanager
+def profile_errors():
+    from sim.profiles import ProfileError
+
+    with user_errors():
+        try:
+            yield
+        except ProfileError as e:
+            from sim.config import ScenarioError
+
+            raise ScenarioError(str(e)) from None
+
+
+@profiles_app.command("fit")
+def profiles_fit(root: ProfileDir) -> None:
+    """Fit every GPU's coefficients on all its models; print them as catalog literals (sim/catalog.py)."""
+    from sim.catalog import GPUS
+    from sim.profiles import PROFILE_GPUS, fit_catalog_literals, fit_literal, read_profiles
+
+    with profile_errors():
+        ps = read_profiles(root)
+        specs = {g: GPUS[PROFILE_GPUS.get(g, g)] for g in ps.gpus() if PROFILE_GPUS.get(g, g) in GPUS}
+        commit = (root / "COMMIT").read_text().strip() if (root / "COMMIT").is_file() else ""
+        fits = fit_catalog_literals(ps, specs, commit)
+    for name, fit in fits.items():
+        print(f"# {name}\n{fit_literal(fit)}")
+
+
+@profiles_app.command("validate")
+def profiles_validate(
+    root: ProfileDir,
+    out_dir: Path = typer.Option(Path("runs/profiles"), "--out", "-o", help="result folder"),
+) -> None:
+    """Leave-one-model-out on every GPU: per-op MAPE table, report.html (predicted vs measured, step vs TP)."""
+    from reports.profiles_page import write_profiles_report
+    from sim.profiles import validate_to_dir
+
+    with profile_errors():
+        paths = validate_to_dir(root, out_dir)
+    import pandas as pd
+
+    mape = pd.read_csv(paths["mape"])
+    layer = mape[mape.op == "layer"]
+    for r in layer.itertuples():
+        out.print(f"{r.gpu}: layer MAPE {r.fitted:.1f} % (worst token count {r.fitted_worst_tokens:.1f} %); "
+                  f"datasheet roofline {r.roofline:.1f} %", highlight=False)
+    paths["report"] = write_profiles_report(out_dir)
+    for key, p in paths.items():
+        out.print(f"{key:>10}: {p}", highlight=False)
+
+
 def gpu_backend():
     """The GPU backend's commands: user errors as above, and a missing torch/triton said in one line."""
     with user_errors():

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
+                      model_validator)
 
 from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, model_from_hf_config
 
@@ -373,28 +374,49 @@ class GpuConfig(Strict):
                        self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9)
 
 
-class RooflineConfig(Strict):
-    """Step time = the larger of compute and memory time per part, at achievable fractions of peak.
+class HostCosts(Strict):
+    """Overrides of an engine profile's host costs (seconds; see ``sim/engines.py``)."""
 
-    The fractions are documented parameters, not measurements: the GPU backend's calibration replaces
-    them with a fitted model."""
+    serial_step_s: float | None = Field(None, ge=0)
+    serial_per_seq_s: float | None = Field(None, ge=0)
+    serial_per_token_s: float | None = Field(None, ge=0)
+    overlapped_step_s: float | None = Field(None, ge=0)
+    overlapped_per_seq_s: float | None = Field(None, ge=0)
+    overlapped_per_token_s: float | None = Field(None, ge=0)
+
+
+class RooflineConfig(Strict):
+    """Step time from the model's shape and the GPU: GEMMs and elementwise ops priced by the operator
+    coefficients fitted to measured profiles where the GPU's catalog entry has them (``operators:
+    fitted``), else by the datasheet roofline at the efficiencies below; attention at the efficiencies
+    below; the host's work by an engine profile (``sim/engines.py``). See ``sim/steptime.py``."""
 
     kind: Literal["roofline"] = "roofline"
-    matmul_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s for linear layers")
+    operators: Literal["fitted", "datasheet"] = Field(
+        "fitted", description="fitted: the GPU's measured operator coefficients when it has them; datasheet: never")
+    engine: Literal["none", "vllm-0.5", "vllm-0.6", "vllm-v1"] = Field(
+        "vllm-v1", description="host-cost profile of the serving engine (sim/engines.py)")
+    host: HostCosts | None = Field(None, description="override the engine profile's host costs")
+    matmul_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s for linear layers "
+                                                                  "(datasheet operators only)")
     attention_efficiency: float = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s for prefill attention")
-    bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved")
-    step_overhead_s: float = Field(0.002, ge=0, description="fixed cost per step (scheduling, launches, sampling)")
-    per_sequence_overhead_s: float = Field(0.0, ge=0, description="cost per scheduled sequence per step")
-    paged_attention_overhead: float = Field(
-        0.0, ge=0, description="extra decode-attention time of a block-table kernel over a contiguous one (0.2 = +20%)"
-    )
-    allreduce_latency_s: float = Field(1e-5, ge=0, description="fixed cost of one tensor-parallel all-reduce")
+    bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved "
+                                                                     "(decode attention; datasheet operators)")
+    gpu_overhead_s: float = Field(1e-4, ge=0, description="GPU work per step outside the layers (embedding, "
+                                                          "final norm, sampling kernels)")
+    paged_block_cost_tokens: float = Field(
+        3.68, ge=0, description="a paged decode kernel's cost per block visited, in keys' worth of reading "
+                                "(default: +23 % at block size 16, the paper's Fig. 18a)")
+    allreduce_latency_s: float = Field(1e-5, ge=0, description="fixed cost of one all-reduce (datasheet only)")
     swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
 
 
 class ProfileConfig(Strict):
     """Step time from a profile that ``sim calibrate`` fitted to steps measured on a real device (a JSON
     file; a relative path resolves against the scenario's folder). The profile must be of this model."""
+    def host_overrides(self) -> dict:
+        return {} if self.host is None else self.host.model_dump(exclude_none=True)
+
 
     kind: Literal["profile"]
     path: str = Field(min_length=1, description="profile JSON written by sim calibrate")
@@ -405,6 +427,7 @@ StepTime = Annotated[Union[RooflineConfig, ProfileConfig], Field(discriminator="
 
 class Scenario(Strict):
     name: str = Field(min_length=1)
+StepTimeAdapter = TypeAdapter(StepTime)
     description: str = ""
     model: str = Field(description="catalog name or path to a Hugging Face config.json")
     gpu: str | GpuConfig
@@ -421,6 +444,8 @@ class Scenario(Strict):
     record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
     timeline_bin_s: PosFloat = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
 
+    startup_s: float = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
+                             "(a freshly started server's warm-up, for benchmarks that send requests at once)")
     # Relative paths in the scenario resolve against its file's folder (set on load).
     _base_dir: Path = PrivateAttr(default=Path("."))
 

@@ -85,7 +85,7 @@ class Engine:
     def __init__(self, requests: RequestTable, policy: PolicyConfig, model: ModelSpec, pool: KvPool,
                  executor: Executor, *, horizon_s: float | None = None, exact: bool = False,
                  record_steps: bool = True, timeline_bin_s: float = 1.0, sampling=None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, startup_s: float = 0.0) -> None:
         self.requests = requests
         self.policy = policy
         self.model = model
@@ -93,6 +93,7 @@ class Engine:
         self.executor = executor
         self.horizon_s = horizon_s
         self._horizon = math.inf if horizon_s is None else horizon_s
+        self.startup_s = startup_s  # no step runs before this (a server's warm-up); requests still arrive
         self.exact = exact
         self.record_steps = record_steps
         self.progress = progress
@@ -201,6 +202,8 @@ class Engine:
                 return
             if arrivals[self._next] <= now:
                 self._admit_arrivals(now)
+        if self.startup_s > 0:
+            yield env.timeout(min(self.startup_s, self._horizon))
             plan = sched.schedule()
             if plan is None:
                 if sched.has_work():

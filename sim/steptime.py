@@ -1,19 +1,27 @@
 """Step-time models: ``StepPlan`` -> seconds. The simulator's executor.
 
-The roofline model prices each part of a step at the slower of its compute and its memory traffic,
-at documented fractions of the GPU's peak. Everything is per tensor-parallel rank (ranks run in
-parallel), plus the all-reduces that join them.
+The roofline model prices a step's GPU work op by op, per tensor-parallel rank (ranks run in parallel),
+plus the all-reduces that join them, plus the host's work around it:
 
-    linear layers   max(2 * tokens * params / tp / FLOP/s,  weights / tp / bandwidth)
-    prefill attn    4 * head_dim * heads / tp * layers * (query-key pairs)  / FLOP/s
-    decode attn     keys read * KV bytes per token (one rank)               / bandwidth
-    LM head         max(2 * sampled rows * hidden * vocab / tp / FLOP/s,  LM-head weights / tp / bandwidth)
-    all-reduce      2 per layer of tokens * hidden * 2 bytes over the GPU link (ring), when tp > 1
-    swap            bytes over the host link + a fixed cost per block copy (per layer, K and V)
-    overhead        per step + per scheduled sequence
+    per layer   4 GEMMs (QKV, output projection, gate/up, down)     OpPricer.gemm_s
+                elementwise ops (2 norms, rope, activation, 2 adds) OpPricer.elementwise_s
+                2 all-reduces of tokens * hidden * 2 bytes          OpPricer.allreduce_s   (tp > 1)
+    prefill attn 4 * head_dim * heads / tp * layers * (query-key pairs) / (attention_efficiency * FLOP/s)
+    decode attn  keys read * KV bytes per token (one rank) / (bandwidth_efficiency * HBM bandwidth);
+                 a paged kernel also reads the padding of each sequence's last block and pays each block
+                 it visits (block-table read, partial tile) as much as ``paged_block_cost_tokens`` keys
+    LM head      a GEMM of the sampled rows; gpu_overhead_s per step
+    host         an engine profile (``sim/engines.py``): serial host work adds to the GPU's, overlapped
+                 host work hides behind it:  step = serial_host + max(gpu, overlapped_host)
+    swap         bytes over the host link + a fixed cost per block copy (per layer, K and V)
+
+GEMMs and elementwise ops use the coefficients fitted to measured operator profiles when the GPU's
+catalog entry has them (``sim/profiles.py``; a smooth transition between the weight-streaming and the
+compute-bound regimes), else the datasheet roofline ``max(compute, memory)`` at fixed efficiencies.
 
 A decode-only span (the same batch, every context one longer each step) has a closed form, which
-the engine uses to skip quiet stretches: step j costs ``fixed(batch) + per_key * (keys_0 + j*batch)``.
+the engine uses to skip quiet stretches: everything but decode attention depends on the batch size
+alone, and decode attention is linear in the keys read.
 
 The profile model (``ProfileStepTime``) replaces the datasheet with coefficients that ``sim calibrate``
 fitted to steps measured on a real device; it is linear in the same physical terms, so it keeps the
@@ -31,6 +39,7 @@ import numpy as np
 from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
+from sim.engines import engine_profile
 
 
 class Executor(Protocol):
@@ -44,42 +53,117 @@ class Executor(Protocol):
         longer each step; None where no closed form exists (the engine then steps one at a time)."""
 
 
+class OpPricer:
+    """Seconds of one layer's ops on one tensor-parallel rank: fitted coefficients when the GPU has
+    them (and ``cfg.operators`` is "fitted"), else the datasheet roofline. Works on floats and on numpy
+    arrays of token counts alike (``sim profiles validate`` prices whole profiles with it)."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig) -> None:
+        self.model, self.gpu, self.tp, self.cfg = model, gpu, tp, cfg
+        self.fit = gpu.operators if cfg.operators == "fitted" else None
+        self.gemms = model.layer_gemms(tp)
+        self.elementwise = model.layer_elementwise_bytes(tp)
+        if model.learned_positions:  # OPT: learned positions, no rotary embedding
+            del self.elementwise["attn_rope"]
+        self._matmul_flops = gpu.flops_per_s * cfg.matmul_efficiency
+        self._bw = gpu.hbm_bytes_per_s * cfg.bandwidth_efficiency
+
+    @property
+    def source(self) -> str:
+        if self.fit is not None:
+            return self.gpu.operators_note
+        return "datasheet roofline" + (" (operators: datasheet)" if self.gpu.operators else ": no measurements")
+
+    def gemm_s(self, m, n: int, k: int):
+        if self.fit is not None:
+            return self.fit.gemm.time_s(m, n, k, self.gpu, self.model.dtype_bytes)
+        w = self.model.dtype_bytes
+        return np.maximum(2.0 * m * n * k / self._matmul_flops, w * (m * k + k * n + m * n) / self._bw)
+
+    def elementwise_s(self, op: str, m):
+        nbytes = m * self.elementwise[op]
+        if self.fit is not None and op in self.fit.elementwise:
+            e = self.fit.elementwise[op]
+            return e.launch_s + nbytes / (e.bandwidth_efficiency * self.gpu.hbm_bytes_per_s)
+        return nbytes / self._bw
+
+    def allreduce_s(self, nbytes):
+        """One all-reduce of ``nbytes`` among the tp ranks (0 without tensor parallelism)."""
+        if self.tp == 1:
+            return 0.0 * nbytes
+        if self.fit is not None and self.tp in self.fit.allreduce:
+            return self.fit.allreduce[self.tp].time_s(nbytes)
+        ring = 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.interconnect_bytes_per_s
+        return self.cfg.allreduce_latency_s + ring
+
+    def layer_s(self, m) -> dict:
+        """One layer's non-attention parts for ``m`` tokens: linear, elementwise, all-reduce seconds."""
+        linear = sum(self.gemm_s(m, n, k) for n, k in self.gemms.values())
+        elementwise = sum(self.elementwise_s(op, m) * (2 if op == "add" else 1) for op in self.elementwise)
+        allreduce = 2 * self.allreduce_s(m * self.model.hidden_size * self.model.dtype_bytes)
+        return {"linear": linear, "elementwise": elementwise, "allreduce": allreduce}
+
+    def lm_head_s(self, m):
+        return self.gemm_s(m, self.model.vocab_size // self.tp, self.model.hidden_size) if m else 0.0
+
+
 class RooflineStepTime:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig, paged: bool) -> None:
         self.cfg = cfg
         self.tp = tp
+        self.paged = paged
         m = model
-        flops = gpu.flops_per_s
+        self.ops = OpPricer(model, gpu, tp, cfg)
+        self.engine = engine_profile(cfg)
+        self._num_layers = m.num_layers
         bw = gpu.hbm_bytes_per_s * cfg.bandwidth_efficiency
-        self._matmul_flops = flops * cfg.matmul_efficiency
-        self._attn_flops = flops * cfg.attention_efficiency
         self._bw = bw
-        w = m.dtype_bytes
-        self._linear_params = m.num_layers * m.linear_params_per_layer / tp
-        self._linear_weight_s = self._linear_params * w / bw
-        self._lm_params = m.hidden_size * m.vocab_size / tp
-        self._lm_weight_s = self._lm_params * w / bw
         # seconds per query-key pair of prefill attention, per key read by a decode
-        self._pair_s = 4 * m.head_dim * (m.num_heads / tp) * m.num_layers / self._attn_flops
-        self._key_s = m.kv_bytes_per_token(tp) / bw * (1 + (cfg.paged_attention_overhead if paged else 0.0))
-        self._ar_bytes_per_token = m.hidden_size * w
-        self._ar_count = 2 * m.num_layers if tp > 1 else 0
-        self._link = gpu.interconnect_bytes_per_s
+        self._pair_s = 4 * m.head_dim * (m.num_heads / tp) * m.num_layers / (gpu.flops_per_s * cfg.attention_efficiency)
+        self._key_s = m.kv_bytes_per_token(tp) / bw
         self._host = gpu.host_bytes_per_s
         self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
-        self._decode_fixed: dict[int, float] = {}  # batch size -> fixed cost of a decode step
+        self._fixed: dict[tuple[int, int, int], tuple[float, float, float]] = {}  # see _fixed_parts
+        self._paged_terms: dict[int, tuple[float, float]] = {}
 
-    def _fixed_s(self, num_tokens: int, num_seqs: int, num_sampled: int) -> float:
-        """Everything but attention: it depends on the token and sequence counts only."""
-        c = self.cfg
-        t = max(2 * num_tokens * self._linear_params / self._matmul_flops, self._linear_weight_s)
-        if num_sampled:
-            t += max(2 * num_sampled * self._lm_params / self._matmul_flops, self._lm_weight_s)
-        if self._ar_count:
-            ring = 2 * (self.tp - 1) / self.tp * num_tokens * self._ar_bytes_per_token / self._link
-            t += self._ar_count * (c.allreduce_latency_s + ring)
-        return t + c.step_overhead_s + c.per_sequence_overhead_s * num_seqs
+    def _fixed_parts(self, num_tokens: int, num_seqs: int, num_sampled: int) -> tuple[float, float, float]:
+        """(GPU seconds of everything but attention, serial host seconds, overlapped host seconds): they
+        depend on the token, sequence and sample counts only, so they are cached."""
+        key = (num_tokens, num_seqs, num_sampled)
+        got = self._fixed.get(key)
+        if got is None:
+            layer = self.ops.layer_s(num_tokens)
+            gpu = self._num_layers * (layer["linear"] + layer["elementwise"] + layer["allreduce"])
+            gpu += self.ops.lm_head_s(num_sampled) + self.cfg.gpu_overhead_s
+            e = self.engine
+            serial = e.serial_step_s + e.serial_per_seq_s * num_seqs + e.serial_per_token_s * num_sampled
+            hidden = e.overlapped_step_s + e.overlapped_per_seq_s * num_seqs + e.overlapped_per_token_s * num_sampled
+            got = self._fixed[key] = (float(gpu), serial, hidden)
+            if len(self._fixed) > 65536:  # bounded: prefill steps of many sizes
+                self._fixed.clear()
+        return got
+
+    def decode_key_terms(self, block_size: int) -> tuple[float, float]:
+        """(seconds per key read, seconds per decoding sequence) of decode attention at this block size.
+
+        A paged kernel reads whole blocks: a sequence of L keys visits ceil(L / b) blocks, reads the
+        padding of the last one, and pays ``paged_block_cost_tokens`` keys' worth per block visited.
+        Over uniformly spread last-block fills, E[ceil(L / b)] = L / b + (b - 1) / (2b) and the mean
+        padding is (b - 1) / 2 keys, so the cost stays linear in the keys (the closed form holds):
+
+            per key:      key_s * (1 + beta / b)
+            per sequence: key_s * (b - 1) / 2 * (1 + beta / b)
+        """
+        got = self._paged_terms.get(block_size)
+        if got is None:
+            if self.paged:
+                f = 1.0 + self.cfg.paged_block_cost_tokens / block_size
+                got = (self._key_s * f, self._key_s * (block_size - 1) / 2 * f)
+            else:
+                got = (self._key_s, 0.0)
+            self._paged_terms[block_size] = got
+        return got
 
     def swap_s(self, num_blocks: int, block_size: int) -> float:
         if not num_blocks:
@@ -92,9 +176,19 @@ class RooflineStepTime:
         slots = len(plan.copy_blocks) * plan.block_size + sum(n for _, _, n in plan.copy_slots)
         return 2 * slots * self._kv_bytes_per_token / self._bw + self.cfg.swap_copy_overhead_s if slots else 0.0
 
+    def _step_s(self, fixed: tuple[float, float, float], attention_s: float) -> float:
+        # NOTE: the one place GPU and host combine; step_time_s and decode_span_s both end here
+        gpu, serial, hidden = fixed
+        g = gpu + attention_s
+        return serial + (g if g >= hidden else hidden)
+
     def step_time_s(self, plan: StepPlan) -> float:
-        t = self._fixed_s(plan.num_tokens, plan.num_seqs, plan.num_sampled)
-        t += plan.prefill_attention_pairs * self._pair_s + plan.decode_context_tokens * self._key_s
+        fixed = self._fixed_parts(plan.num_tokens, plan.num_seqs, plan.num_sampled)
+        per_key, per_seq = self.decode_key_terms(plan.block_size)
+        attn = plan.prefill_attention_pairs * self._pair_s
+        if plan.num_decode_tokens:
+            attn += plan.decode_context_tokens * per_key + plan.num_decode_tokens * per_seq
+        t = self._step_s(fixed, attn)
         if plan.copy_blocks or plan.copy_slots:
             t += self.copy_s(plan)
         return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
@@ -102,11 +196,33 @@ class RooflineStepTime:
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
         n = plan.num_seqs
-        fixed = self._decode_fixed.get(n)
-        if fixed is None:
-            fixed = self._decode_fixed[n] = self._fixed_s(n, n, n)
-        key_s, keys = self._key_s, plan.decode_context_tokens
-        return [fixed + (keys + n * j) * key_s for j in range(k)]
+        fixed = self._fixed_parts(n, n, n)
+        per_key, per_seq = self.decode_key_terms(plan.block_size)
+        keys, seq_s, step = plan.decode_context_tokens, n * per_seq, self._step_s
+        return [step(fixed, (keys + n * j) * per_key + seq_s) for j in range(k)]
+
+    def breakdown(self, num_tokens: int, context_tokens: int = 0, block_size: int = 16) -> dict[str, float]:
+        """Milliseconds of a prefill step of ``num_tokens`` new tokens of one sequence over
+        ``context_tokens`` cached ones, by part (``sim steptime``): per layer ``linear_ms``,
+        ``elementwise_ms``, ``attention_ms``, ``allreduce_ms`` and ``layer_ms``; for the whole step
+        ``gpu_ms`` (all layers, LM head, GPU overhead), ``host_ms`` (serial + overlapped host work) and
+        ``step_ms`` (what the simulator charges)."""
+        n, c = num_tokens, context_tokens
+        layer = self.ops.layer_s(n)
+        if n == 1:
+            per_key, per_seq = self.decode_key_terms(block_size)
+            attn = (c + 1) * per_key + per_seq
+        else:
+            attn = (n * c + n * (n + 1) // 2) * self._pair_s
+        fixed = self._fixed_parts(n, 1, 1)
+        ms = {"linear_ms": layer["linear"], "elementwise_ms": layer["elementwise"],
+              "attention_ms": attn / self._num_layers, "allreduce_ms": layer["allreduce"]}
+        ms["layer_ms"] = sum(ms.values())
+        ms = {k: float(v) * 1e3 for k, v in ms.items()}
+        ms["gpu_ms"] = (fixed[0] + attn) * 1e3
+        ms["host_ms"] = (fixed[1] + fixed[2]) * 1e3
+        ms["step_ms"] = self._step_s(fixed, attn) * 1e3
+        return ms
 
 
 # ---------------------------------------------------------------------------------------------- profile
@@ -189,3 +305,76 @@ class ProfileStepTime:
         n = plan.num_seqs
         keys = plan.decode_context_tokens + n * np.arange(k, dtype=np.float64)
         return self.predict(0, 0, n, keys).tolist()
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+STEPTIME_COLUMNS = ("tokens", "linear_ms", "elementwise_ms", "attention_ms", "allreduce_ms", "layer_ms", "gpu_ms",
+                    "host_ms", "step_ms")
+
+
+def load_step_time(path: str | Path):
+    """A ``step_time`` block from a file: a calibration profile (JSON), or YAML holding a scenario's
+    ``step_time`` block (a whole scenario, or the block alone)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from sim.config import ProfileConfig, StepTimeAdapter
+
+    path = Path(path)
+    if path.suffix == ".json":
+        return ProfileConfig(kind="profile", path=str(path))
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ScenarioError(f"{path}: not a readable YAML file ({e.__class__.__name__})") from None
+    if isinstance(doc, dict) and "step_time" in doc:
+        doc = doc["step_time"]
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{path}: expected a step_time block (kind: roofline | profile, ...)")
+    doc.setdefault("kind", "roofline")
+    try:
+        cfg = StepTimeAdapter.validate_python(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise ScenarioError(f"{path}: step_time.{where}: {first['msg']}") from None
+    if getattr(cfg, "kind", "") == "profile" and not Path(cfg.path).is_absolute():
+        cfg = ProfileConfig(kind="profile", path=str(path.parent / cfg.path))
+    return cfg
+
+
+def steptime_rows(model: ModelSpec, gpu: GpuSpec, tp: int, tokens: list[int], context: int = 0,
+                  step_time=None, block_size: int = 16) -> list[dict]:
+    """``sim steptime``: one row per token count (STEPTIME_COLUMNS). A calibration profile has no
+    per-part breakdown: only ``step_ms`` (its parts are None)."""
+    from sim.config import ProfileConfig
+
+    cfg = RooflineConfig() if step_time is None else step_time
+    rows = []
+    if isinstance(cfg, ProfileConfig):
+        if tp != 1:
+            raise ScenarioError(f"step_time profiles are measured on one GPU; --tp must be 1, not {tp}")
+        prof = ProfileStepTime.from_profile(load_profile(cfg.path, model), paged=True)
+        for n in tokens:
+            pairs = n * context + n * (n + 1) // 2
+            t = prof.predict(n, pairs, 0, 0) if n > 1 else prof.predict(0, 0, 1, context + 1)
+            rows.append({"tokens": n, **{c: None for c in STEPTIME_COLUMNS[1:-1]}, "step_ms": float(t) * 1e3})
+        return rows
+    st = RooflineStepTime(model, gpu, tp, cfg, paged=True)
+    return [{"tokens": n, **st.breakdown(n, context, block_size)} for n in tokens]
+
+
+def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, batch: int, context: int, cfg: RooflineConfig,
+                   block_size: int = 16) -> dict[str, float]:
+    """A decode step of ``batch`` sequences of ``context`` cached tokens each: GPU, host and step ms."""
+    st = RooflineStepTime(model, gpu, tp, cfg, paged=True)
+    plan = StepPlan(num_seqs=batch, num_tokens=batch, num_prefill_tokens=0, num_decode_tokens=batch,
+                    num_sampled=batch, decode_context_tokens=batch * (context + 1), prefill_attention_pairs=0,
+                    block_size=block_size, paged=True)
+    gpu_s, serial, hidden = st._fixed_parts(batch, batch, batch)
+    per_key, per_seq = st.decode_key_terms(block_size)
+    attn = plan.decode_context_tokens * per_key + batch * per_seq
+    return {"gpu_ms": (gpu_s + attn) * 1e3, "host_ms": (serial + hidden) * 1e3, "step_ms": st.step_time_s(plan) * 1e3}

@@ -99,7 +99,7 @@ def test_task_key_is_the_resolved_scenario(make_scenario):
 
 def test_resolved_mapping_parses_back_to_the_same_scenario(make_scenario, tmp_path):
     s = make_scenario(gpu={"name": "x", "memory_gib": 40, "hbm_gb_per_s": 1555, "tflops": 312},
-                      step_time={"kind": "roofline", "step_overhead_s": 0.003})
+                      step_time={"kind": "roofline", "gpu_overhead_s": 0.003})
     data, files = resolved_mapping(s)
     assert parse_scenario(data).model_dump() == s.model_copy(update={"record_steps": False}).model_dump()
     assert files == []

@@ -1,0 +1,461 @@
+"""Measured GPU operator profiles (Vidur's layout) and the per-GPU operator model fitted to them.
+
+A profile folder in Vidur's layout (``vidur/data/profiling/`` or a user's own profiling output):
+
+    compute/<gpu>/<org>/<model>/mlp.csv      one row per (num_tokens, num_tensor_parallel_workers): the
+                                             median ms of each non-attention op of ONE layer
+    network/<topology>/all_reduce.csv        all-reduce ms by message size (bytes) and num_workers
+
+The fit is **per GPU, not per model**: every op is priced from its shape (GEMM dimensions, bytes moved)
+and the GPU's datasheet, and the few coefficients (efficiencies, launch costs, a transition sharpness)
+are fitted on all the models measured on that GPU. So a model never profiled on a GPU (any catalog
+model, any config.json) is priced by the same coefficients; leave-one-model-out validation
+(``validate``) measures how well that carries over.
+
+Op models (times in seconds; M tokens; N, K the GEMM's output and reduction sizes on one TP rank):
+
+    GEMM         launch + (t_c**p + t_m**p) ** (1/p)
+                   t_c = 2*M*N*K / (compute_eff * peak FLOP/s) * (1 + m_tile / M)   tile under-use at small M
+                   t_m = 2 * (M*K + K*N + M*N) bytes / (bandwidth_eff * HBM bytes/s)
+                 a smooth (p-norm) transition between the weight-streaming and compute-bound regimes:
+                 no kink at the ridge point, where ``max(t_c, t_m)`` would switch abruptly.
+    elementwise  launch + bytes / (bandwidth_eff * HBM bytes/s)     per op kind (norm, rope, act, add)
+    all-reduce   (latency**p + (bytes / bus bytes/s)**p) ** (1/p)   per (topology, num_workers)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.catalog import AllReduceFit, ElementwiseFit, GemmFit, GpuSpec, ModelSpec, OperatorFit
+
+# The ops of one layer as Vidur names them; ``add`` (a residual add) runs twice per layer.
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+ELEMENTWISE_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+LAYER_OPS = GEMM_OPS + ELEMENTWISE_OPS
+OP_CALLS_PER_LAYER = {op: 2 if op == "add" else 1 for op in LAYER_OPS}
+SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
+KEY_COLUMNS = ("num_tokens", "num_tensor_parallel_workers")
+NETWORK_COLUMNS = ("num_workers", "size", "time_stats.all_reduce.median")
+
+# Vidur's GPU folder names -> catalog GPUs; network topologies -> the GPU whose tensor-parallel group uses it.
+PROFILE_GPUS = {"a100": "a100-80gb", "h100": "h100", "a40": "a40"}
+TOPOLOGY_GPUS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100"}
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be read: the message names the file, line and column."""
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class ComputeProfile:
+    gpu: str  # Vidur's folder name (a100, h100, a40, ...)
+    model: str  # org/model
+    path: Path
+    table: pd.DataFrame  # KEY_COLUMNS + SHAPE_COLUMNS + one median-ms column per op in LAYER_OPS
+
+
+@dataclass
+class NetworkProfile:
+    topology: str
+    path: Path
+    table: pd.DataFrame  # num_workers, size (bytes), time_ms
+
+
+def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The file's rows, with ``required`` and whichever ``optional`` columns it has checked as numbers."""
+    try:
+        df = pd.read_csv(path, skip_blank_lines=False)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: not a readable CSV file ({str(e).strip()})") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ProfileError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                           f"(expected Vidur's profiling columns)")
+    if not len(df):
+        raise ProfileError(f"{path}: no rows")
+    for col in required + tuple(c for c in optional if c in df.columns):
+        v = pd.to_numeric(df[col], errors="coerce")
+        bad = ~np.isfinite(v.to_numpy(dtype=np.float64)) | (v.to_numpy(dtype=np.float64) < 0)
+        if col in ("num_tokens", "num_tensor_parallel_workers", "num_workers", "size") or col in SHAPE_COLUMNS:
+            bad |= (v.to_numpy(dtype=np.float64) % 1 != 0) & ~bad
+        if col != "use_gated_mlp" and (col in KEY_COLUMNS or col in SHAPE_COLUMNS or col in ("num_workers", "size")):
+            bad |= v.to_numpy(dtype=np.float64) <= 0
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            what = ("a whole number ≥ 0" if col == "use_gated_mlp" else
+                    "a positive whole number" if col in KEY_COLUMNS + SHAPE_COLUMNS + ("num_workers", "size")
+                    else "a finite time in ms ≥ 0")
+            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected {what}, got {df[col].iloc[i]!r}")
+        df[col] = v
+    return df
+
+
+def read_compute_profile(path: str | Path) -> ComputeProfile:
+    """One ``compute/<gpu>/<org>/<model>/mlp.csv``."""
+    path = Path(path)
+    # NOTE: every layer has the GEMMs; an elementwise op a model lacks is absent (phi-2 runs attention and
+    # MLP in parallel after one norm: no post_attention_layernorm column), and stays NaN here
+    df = _read_csv(path, KEY_COLUMNS + SHAPE_COLUMNS + tuple(f"time_stats.{op}.median" for op in GEMM_OPS),
+                   tuple(f"time_stats.{op}.median" for op in ELEMENTWISE_OPS))
+    present = [op for op in LAYER_OPS if f"time_stats.{op}.median" in df.columns]
+    shape = df[list(SHAPE_COLUMNS)].drop_duplicates()
+    if len(shape) > 1:
+        i = int(df.index[(df[list(SHAPE_COLUMNS)] != df[list(SHAPE_COLUMNS)].iloc[0]).any(axis=1)][0])
+        raise ProfileError(f"{path}: line {i + 2}: the model's shape columns ({', '.join(SHAPE_COLUMNS)}) "
+                           f"differ from the first row's: one file holds one model")
+    table = df[list(KEY_COLUMNS + SHAPE_COLUMNS)].astype(np.int64).copy()
+    for op in LAYER_OPS:
+        table[op] = df[f"time_stats.{op}.median"].astype(np.float64) if op in present else np.nan
+    # NOTE: Vidur's files repeat some (num_tokens, tp) rows (measured twice): their mean is the measurement
+    table = table.groupby(list(KEY_COLUMNS + SHAPE_COLUMNS), as_index=False, dropna=False)[list(LAYER_OPS)].mean()
+    parts = path.parts
+    return ComputeProfile(gpu=parts[-4] if len(parts) >= 4 else "?", model="/".join(parts[-3:-1]),
+                          path=path, table=table)
+
+
+def read_network_profile(path: str | Path) -> NetworkProfile:
+    """One ``network/<topology>/all_reduce.csv``; only single-node groups (devices_per_node ≥ num_workers)."""
+    path = Path(path)
+    df = _read_csv(path, NETWORK_COLUMNS)
+    if "devices_per_node" in df.columns:
+        df = df[pd.to_numeric(df.devices_per_node, errors="coerce") >= df.num_workers]
+    table = pd.DataFrame({"num_workers": df.num_workers.astype(np.int64), "size": df["size"].astype(np.int64),
+                          "time_ms": df["time_stats.all_reduce.median"].astype(np.float64)})
+    return NetworkProfile(topology=path.parent.name, path=path, table=table.reset_index(drop=True))
+
+
+@dataclass
+class ProfileSet:
+    root: Path
+    compute: list[ComputeProfile] = field(default_factory=list)
+    network: list[NetworkProfile] = field(default_factory=list)
+
+    def gpus(self) -> list[str]:
+        return sorted({p.gpu for p in self.compute})
+
+    def for_gpu(self, gpu: str) -> list[ComputeProfile]:
+        return [p for p in self.compute if p.gpu == gpu]
+
+
+def read_profiles(root: str | Path) -> ProfileSet:
+    """Every ``compute/*/*/*/mlp.csv`` and ``network/*/all_reduce.csv`` under ``root`` (Vidur's layout)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ProfileError(f"{root}: no such profile folder (expected Vidur's layout: compute/<gpu>/<org>/<model>/"
+                           f"mlp.csv, network/<topology>/all_reduce.csv)")
+    out = ProfileSet(root)
+    out.compute = [read_compute_profile(p) for p in sorted(root.glob("compute/*/*/*/mlp.csv"))]
+    out.network = [read_network_profile(p) for p in sorted(root.glob("network/*/all_reduce.csv"))]
+    if not out.compute and not out.network:
+        raise ProfileError(f"{root}: no compute/<gpu>/<org>/<model>/mlp.csv or network/<topology>/all_reduce.csv "
+                           f"files found")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- op shapes
+
+
+def profile_model(table: pd.DataFrame, name: str) -> ModelSpec:
+    """The shape a profile's columns give (layers and lengths are not in the files and not needed here)."""
+    r = table.iloc[0]
+    return ModelSpec(name, 1, int(r.n_embd), int(r.n_head), int(r.n_kv_head), int(r.n_expanded_embd),
+                     int(r.vocab_size), 4096, gated_mlp=bool(r.use_gated_mlp), tie_embeddings=False)
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+
+
+def _least_squares(fun, x0, lower, upper):
+    from scipy.optimize import least_squares  # NOTE: only fitting needs scipy; pricing a step does not
+
+    return least_squares(fun, x0, bounds=(lower, upper), x_scale="jac").x
+
+
+def _gemm_rows(profiles: list[ComputeProfile]):
+    Ms, Ns, Ks, ys = [], [], [], []
+    for p in profiles:
+        model = profile_model(p.table, p.model)
+        for tp, g in p.table.groupby("num_tensor_parallel_workers"):
+            shapes = model.layer_gemms(int(tp))
+            for op in GEMM_OPS:
+                n, k = shapes[op]
+                Ms.append(g.num_tokens.to_numpy(np.float64))
+                Ns.append(np.full(len(g), n, np.float64))
+                Ks.append(np.full(len(g), k, np.float64))
+                ys.append(g[op].to_numpy(np.float64) / 1e3)
+    return [np.concatenate(a) for a in (Ms, Ns, Ks, ys)]
+
+
+def fit_gemm(profiles: list[ComputeProfile], gpu: GpuSpec) -> GemmFit:
+    """Fit the GEMM coefficients on every GEMM of every profile (relative error: least squares in log time)."""
+    M, N, K, y = _gemm_rows(profiles)
+    ok = y > 0
+
+    def resid(x):
+        fit = GemmFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], bandwidth_efficiency=x[2], sharpness=x[3],
+                      tile_tokens=x[4])
+        return np.log(fit.time_s(M[ok], N[ok], K[ok], gpu) / y[ok])
+
+    x = _least_squares(resid, [8.0, 0.7, 0.8, 2.0, 10.0], [0.0, 0.05, 0.05, 1.0, 0.0], [200.0, 1.0, 1.2, 20.0, 2000.0])
+    return GemmFit(launch_s=float(x[0]) * 1e-6, compute_efficiency=float(x[1]), bandwidth_efficiency=float(x[2]),
+                   sharpness=float(x[3]), tile_tokens=float(x[4]))
+
+
+def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, ElementwiseFit]:
+    """Per op kind: launch + bytes / (efficiency * HBM bandwidth), fitted in log time."""
+    out = {}
+    for op in ELEMENTWISE_OPS:
+        b, y = [], []
+        for p in profiles:
+            model = profile_model(p.table, p.model)
+            for tp, g in p.table.groupby("num_tensor_parallel_workers"):
+                b.append(g.num_tokens.to_numpy(np.float64) * model.layer_elementwise_bytes(int(tp))[op])
+                y.append(g[op].to_numpy(np.float64) / 1e3)
+        b, y = np.concatenate(b), np.concatenate(y)
+        ok = y > 0  # NaN (an op the model lacks) compares False
+
+        def resid(x):
+            return np.log((x[0] * 1e-6 + b[ok] / (x[1] * gpu.hbm_bytes_per_s)) / y[ok])
+
+        x = _least_squares(resid, [5.0, 0.5], [0.0, 0.01], [200.0, 1.2])
+        out[op] = ElementwiseFit(launch_s=float(x[0]) * 1e-6, bandwidth_efficiency=float(x[1]))
+    return out
+
+
+def fit_allreduce(net: NetworkProfile) -> dict[int, AllReduceFit]:
+    """Per worker count: a p-norm of a fixed latency and bytes over a bus bandwidth."""
+    out = {}
+    for w, g in net.table.groupby("num_workers"):
+        s, y = g["size"].to_numpy(np.float64), g.time_ms.to_numpy(np.float64) / 1e3
+        ok = y > 0
+
+        def resid(x):
+            fit = AllReduceFit(latency_s=x[0] * 1e-6, bus_bytes_per_s=x[1] * 1e9, sharpness=x[2])
+            return np.log(fit.time_array(s[ok]) / y[ok])
+
+        x = _least_squares(resid, [20.0, 100.0, 2.0], [0.1, 0.1, 1.0], [1000.0, 5000.0, 20.0])
+        out[int(w)] = AllReduceFit(latency_s=float(x[0]) * 1e-6, bus_bytes_per_s=float(x[1]) * 1e9,
+                                   sharpness=float(x[2]))
+    return out
+
+
+def fit_gpu(profiles: list[ComputeProfile], gpu: GpuSpec, network: NetworkProfile | None = None,
+            source: str = "") -> OperatorFit:
+    """All of one GPU's coefficients from the given profiles (all of them measured on that GPU)."""
+    models = sorted({p.model for p in profiles})
+    return OperatorFit(gemm=fit_gemm(profiles, gpu), elementwise=fit_elementwise(profiles, gpu),
+                       allreduce=fit_allreduce(network) if network is not None else {},
+                       topology=network.topology if network is not None else "",
+                       source=source or f"fitted to {', '.join(models)}")
+
+
+# ---------------------------------------------------------------------------------------------- predicting
+
+
+def predict_ops(fit: OperatorFit | None, gpu: GpuSpec, model: ModelSpec, tp: int, tokens) -> dict[str, np.ndarray]:
+    """Predicted ms per call of each layer op for token counts ``tokens`` (an array), by the step-time
+    model's own op pricer: with ``fit`` (fitted coefficients) or, when None, the datasheet roofline."""
+    from sim.config import RooflineConfig
+    from sim.steptime import OpPricer
+
+    pricer = OpPricer(model, replace(gpu, operators=fit), tp,
+                      RooflineConfig(operators="fitted" if fit is not None else "datasheet"))
+    M = np.asarray(tokens, np.float64)
+    out = {op: np.asarray(pricer.gemm_s(M, n, k)) * 1e3 for op, (n, k) in pricer.gemms.items()}
+    for op in pricer.elementwise:  # the ops this model has (OPT: no rope)
+        out[op] = np.asarray(pricer.elementwise_s(op, M)) * 1e3
+    return out
+
+
+def layer_ms(ops: dict[str, np.ndarray], present=LAYER_OPS) -> np.ndarray:
+    """One layer's non-attention time: the sum of its ops (``add`` twice), of those ``present``."""
+    return sum(ops[op] * OP_CALLS_PER_LAYER[op] for op in present)
+
+
+def measured_ops(p: ComputeProfile, tp: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Token counts and the measured ms of each op the model has, at one TP degree."""
+    g = p.table[p.table.num_tensor_parallel_workers == tp]
+    return g.num_tokens.to_numpy(), {op: g[op].to_numpy(np.float64) for op in LAYER_OPS if g[op].notna().all()}
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1.0)
+
+
+def leave_one_model_out(ps: ProfileSet, gpu_specs: dict[str, GpuSpec]) -> pd.DataFrame:
+    """For every GPU and every model measured on it: fit on the other models, predict this one.
+
+    One row per (gpu, left-out model, tp, num_tokens, op) with the measured and predicted ms, for the
+    fitted model ("fitted") and the datasheet roofline ("roofline"); op ``layer`` is the layer's sum."""
+    rows = []
+    for g in ps.gpus():
+        spec = gpu_specs[g]
+        profs = ps.for_gpu(g)
+        for left in profs:
+            fit = fit_gpu([p for p in profs if p is not left], spec)
+            model = profile_model(left.table, left.model)
+            for tp in sorted(left.table.num_tensor_parallel_workers.unique()):
+                tokens, meas = measured_ops(left, int(tp))
+                for kind, pred in (("fitted", predict_ops(fit, spec, model, int(tp), tokens)),
+                                   ("roofline", predict_ops(None, spec, model, int(tp), tokens))):
+                    for op in tuple(meas) + ("layer",):
+                        m = layer_ms(meas, tuple(meas)) if op == "layer" else meas[op]
+                        q = layer_ms(pred, tuple(meas)) if op == "layer" else pred[op]
+                        rows.append(pd.DataFrame({"gpu": g, "model": left.model, "tp": int(tp), "num_tokens": tokens,
+                                                  "op": op, "kind": kind, "measured_ms": m, "predicted_ms": q}))
+    df = pd.concat(rows, ignore_index=True)
+    df["ape"] = _ape(df.predicted_ms.to_numpy(), df.measured_ms.to_numpy())
+    return df
+
+
+def allreduce_errors(ps: ProfileSet, fits: dict[str, dict[int, AllReduceFit]]) -> pd.DataFrame:
+    """In-sample error of each topology's all-reduce fit (there is one measured topology per fit)."""
+    rows = []
+    for net in ps.network:
+        fit = fits[net.topology]
+        for w, g in net.table.groupby("num_workers"):
+            if int(w) in fit:
+                pred = fit[int(w)].time_array(g["size"].to_numpy(np.float64)) * 1e3
+                rows.append(pd.DataFrame({"topology": net.topology, "num_workers": int(w), "size": g["size"],
+                                          "measured_ms": g.time_ms, "predicted_ms": pred}))
+    df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+    if len(df):
+        df["ape"] = _ape(df.predicted_ms.to_numpy(), df.measured_ms.to_numpy())
+    return df
+
+
+def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU and op: MAPE (%) of the fitted and the roofline model, and the worst token count's MAPE
+    (the mean over left-out models and TP degrees at one token count)."""
+    by = loo.groupby(["gpu", "op", "kind"])
+    t = by.ape.mean().unstack("kind") * 100
+    worst = loo.groupby(["gpu", "op", "kind", "num_tokens"]).ape.mean().groupby(["gpu", "op", "kind"]).max()
+    t = t.join((worst.unstack("kind") * 100).add_suffix("_worst_tokens"))
+    return t.reset_index()
+
+
+def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: str = "") -> dict[str, OperatorFit]:
+    """The coefficients the catalog ships: each profiled GPU fitted on all its models, with the
+    all-reduce of its topology."""
+    nets = {n.topology: n for n in ps.network}
+    out = {}
+    for g in ps.gpus():
+        name = PROFILE_GPUS.get(g, g)
+        topo = next((t for t, gg in TOPOLOGY_GPUS.items() if gg == name and t in nets), None)
+        models = sorted({p.model.split("/")[-1] for p in ps.for_gpu(g)})
+        src = f"Vidur profiles{' @' + commit[:12] if commit else ''}: {g}, {', '.join(models)}"
+        if topo:
+            src += f"; all-reduce {topo}"
+        out[name] = fit_gpu(ps.for_gpu(g), gpu_specs[g], nets.get(topo) if topo else None, source=src)
+    return out
+
+
+def fit_to_dict(fit: OperatorFit) -> dict:
+    d = asdict(fit)
+    d["allreduce"] = {str(k): v for k, v in d["allreduce"].items()}
+    return d
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.4g}") if x else 0.0
+
+
+def fit_literal(fit: OperatorFit) -> str:
+    """Python source of ``fit``, as pasted into ``sim/catalog.py``."""
+    g = fit.gemm
+    lines = [f"OperatorFit(",
+             f"    gemm=GemmFit(launch_s={_round(g.launch_s)!r}, compute_efficiency={_round(g.compute_efficiency)!r}, "
+             f"bandwidth_efficiency={_round(g.bandwidth_efficiency)!r}, sharpness={_round(g.sharpness)!r}, "
+             f"tile_tokens={_round(g.tile_tokens)!r}),",
+             "    elementwise={"]
+    for op, e in fit.elementwise.items():
+        lines.append(f"        {op!r}: ElementwiseFit({_round(e.launch_s)!r}, {_round(e.bandwidth_efficiency)!r}),")
+    lines.append("    },")
+    lines.append("    allreduce={" + ", ".join(
+        f"{w}: AllReduceFit({_round(a.latency_s)!r}, {_round(a.bus_bytes_per_s)!r}, {_round(a.sharpness)!r})"
+        for w, a in fit.allreduce.items()) + "},")
+    lines.append(f"    topology={fit.topology!r},")
+    lines.append(f"    source={fit.source!r},")
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def smoothness(fit: OperatorFit, gpu: GpuSpec, model: ModelSpec, tp: int, max_tokens: int = 4096) -> float:
+    """The largest relative change of the predicted layer time between adjacent token counts."""
+    ops = predict_ops(fit, gpu, model, tp, np.arange(1, max_tokens + 1))
+    t = layer_ms(ops, tuple(ops))
+    return float(np.max(np.abs(np.diff(t) / t[:-1])))
+
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+# Step time vs tensor parallelism at a large decode batch (the report's figure): model, GPU, batch, context
+TP_FIGURE_CASES = (("llama-3-70b", "h100", 256, 1024), ("llama-3-8b", "h100", 256, 1024),
+                   ("llama-2-70b", "a100-80gb", 256, 1024))
+
+
+def step_vs_tp() -> pd.DataFrame:
+    """Predicted decode-step ms vs TP at a large batch: today's model (fitted operators + the vllm-v1
+    host profile) and the model before the fit (datasheet roofline, a constant 2 ms per step)."""
+    from sim.catalog import GPUS, MODELS
+    from sim.config import RooflineConfig
+    from sim.steptime import decode_step_ms
+
+    before = RooflineConfig(operators="datasheet", engine="none", gpu_overhead_s=0.002, paged_block_cost_tokens=0)
+    rows = []
+    for model, gpu, batch, ctx in TP_FIGURE_CASES:
+        for tp in (1, 2, 4, 8):
+            for label, cfg in (("fitted + vllm-v1 host", RooflineConfig()),
+                               ("fitted + vllm-0.5 host", RooflineConfig(engine="vllm-0.5")),
+                               ("before: datasheet + 2 ms", before)):
+                ms = decode_step_ms(MODELS[model], GPUS[gpu], tp, batch, ctx, cfg)
+                rows.append({"model": model, "gpu": gpu, "batch": batch, "context": ctx, "tp": tp, "model_kind": label,
+                             **ms})
+    return pd.DataFrame(rows)
+
+
+def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
+    """``sim profiles validate``: leave-one-model-out on every GPU of ``root``; writes ``loo.parquet``
+    (every prediction), ``mape.csv`` (per GPU and op), ``allreduce.parquet``, ``step_vs_tp.csv`` and
+    ``fits.json`` (each GPU fitted on all its models)."""
+    import json
+
+    from sim.catalog import GPUS
+
+    ps = read_profiles(root)
+    unknown = [g for g in ps.gpus() if PROFILE_GPUS.get(g, g) not in GPUS]
+    if unknown:
+        raise ProfileError(f"{root}: no catalog GPU for profile folder(s) {', '.join(unknown)} "
+                           f"(known: {', '.join(PROFILE_GPUS)})")
+    specs = {g: GPUS[PROFILE_GPUS.get(g, g)] for g in ps.gpus()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = (Path(root) / "COMMIT").read_text().strip() if (Path(root) / "COMMIT").is_file() else ""
+    fits = fit_catalog_literals(ps, specs, commit)
+    loo = leave_one_model_out(ps, specs)
+    paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
+             "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
+    loo.to_parquet(paths["loo"])
+    mape_table(loo).to_csv(paths["mape"], index=False)
+    nets = {n.topology: fit_allreduce(n) for n in ps.network}
+    allreduce_errors(ps, nets).to_parquet(paths["allreduce"])
+    step_vs_tp().to_csv(paths["step_vs_tp"], index=False)
+    paths["fits"].write_text(json.dumps({"source": str(root), "commit": commit,
+                                         "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
+                                         "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
+                                                       for t, f in nets.items()}}, indent=1))
+    return paths

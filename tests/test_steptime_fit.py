@@ -1,0 +1,287 @@
+"""The step-time model fitted to measured operator profiles: the reader, the fit, its smoothness,
+the host cost, `sim steptime`, and (with ../shared/profiles) the leave-one-model-out targets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from sim.catalog import GPUS, MODELS, ElementwiseFit, GemmFit, OperatorFit, model_from_hf_config
+from sim.config import RooflineConfig
+from sim.core import StepPlan
+from sim.engines import ENGINES
+from sim.profiles import (ELEMENTWISE_OPS, GEMM_OPS, LAYER_OPS, ProfileError, fit_gpu, layer_ms, predict_ops,
+                          read_compute_profile, read_profiles, smoothness)
+from sim.steptime import RooflineStepTime, decode_step_ms, steptime_rows
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "vidur"
+TOKENS = np.array([1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096])
+SHAPES = {  # n_head, n_kv_head, n_embd, n_expanded_embd, vocab_size, use_gated_mlp
+    "org/big": (64, 8, 8192, 28672, 32000, 1), "org/mid": (40, 40, 5120, 13824, 32000, 1),
+    "org/small": (32, 32, 2560, 10240, 51200, 0)}
+TRUE = OperatorFit(gemm=GemmFit(8e-6, 0.72, 0.85, 2.5, 40.0),
+                   elementwise={op: ElementwiseFit(3e-6 + 1e-6 * i, 0.5 + 0.05 * i)
+                                for i, op in enumerate(ELEMENTWISE_OPS)})
+
+
+def write_profile(root: Path, gpu: str, name: str, shape, fit: OperatorFit, spec, tps=(1, 2, 4)) -> Path:
+    """A profile in Vidur's layout whose times are the model's own predictions with ``fit``."""
+    from sim.profiles import profile_model
+
+    cols = dict(zip(("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"), shape))
+    rows = []
+    for tp in tps:
+        model = profile_model(pd.DataFrame([cols]), name)
+        ops = predict_ops(fit, spec, model, tp, TOKENS)
+        for i, n in enumerate(TOKENS):
+            r = {**cols, "num_tokens": int(n), "num_tensor_parallel_workers": tp}
+            for op in LAYER_OPS:
+                r[f"time_stats.{op}.median"] = float(ops[op][i])
+            rows.append(r)
+    path = root / "compute" / gpu / name / "mlp.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- reader
+
+
+def test_reader_reads_vidur_layout(tmp_path):
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"])
+    ps = read_profiles(tmp_path)
+    assert ps.gpus() == ["a100"] and len(ps.compute) == 3
+    p = ps.compute[0]
+    assert set(LAYER_OPS) <= set(p.table.columns) and len(p.table) == 3 * len(TOKENS)
+    assert p.model.startswith("org/")
+
+
+def test_reader_averages_repeated_measurements(tmp_path):
+    path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
+    df = pd.read_csv(path)
+    twice = pd.concat([df, df.iloc[:1].assign(**{"time_stats.add.median": df["time_stats.add.median"][0] * 3})])
+    twice.to_csv(path, index=False)
+    t = read_compute_profile(path).table
+    assert len(t) == len(TOKENS)
+    assert t[t.num_tokens == TOKENS[0]]["add"].iloc[0] == pytest.approx(2 * df["time_stats.add.median"][0])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda df: df.drop(columns=["time_stats.mlp_up_proj.median"]), "missing column time_stats.mlp_up_proj.median"),
+    (lambda df: df.assign(**{"time_stats.attn_pre_proj.median": ["x"] + [1.0] * (len(df) - 1)}),
+     "line 2, column 'time_stats.attn_pre_proj.median': expected a finite time"),
+    (lambda df: df.assign(num_tokens=[0] + list(df.num_tokens[1:])), "line 2, column 'num_tokens': expected a positive"),
+    (lambda df: df.assign(num_tokens=[1.5] + list(df.num_tokens[1:])), "column 'num_tokens'"),
+    (lambda df: df.assign(**{"time_stats.add.median": [-1.0] + [1.0] * (len(df) - 1)}), "column 'time_stats.add.median'"),
+    (lambda df: df.assign(n_embd=[8192] * 3 + [4096] * (len(df) - 3)), "line 5: the model's shape columns"),
+    (lambda df: df.iloc[0:0], "no rows"),
+])
+def test_reader_names_file_line_and_column(tmp_path, edit, message):
+    path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
+    edit(pd.read_csv(path)).to_csv(path, index=False)
+    with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        read_compute_profile(path)
+    assert str(path) in str(e.value)
+
+
+def test_reader_bad_folders(tmp_path):
+    with pytest.raises(ProfileError, match="no such profile folder"):
+        read_profiles(tmp_path / "nope")
+    with pytest.raises(ProfileError, match="no compute/"):
+        read_profiles(tmp_path)
+    (tmp_path / "compute/a100/org/m").mkdir(parents=True)
+    (tmp_path / "compute/a100/org/m/mlp.csv").write_bytes(b"\xff\xfe\x00bin")
+    with pytest.raises(ProfileError, match="mlp.csv"):
+        read_profiles(tmp_path)
+
+
+def test_cli_profiles_bad_input_exits_2(tmp_path):
+    r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "no such profile folder" in r.output and "Traceback" not in r.output
+
+
+# ---------------------------------------------------------------------------------------------- fit
+
+
+def test_fit_recovers_known_coefficients(tmp_path):
+    spec = GPUS["h100"]
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "h100", name, shape, TRUE, spec)
+    fit = fit_gpu(read_profiles(tmp_path).compute, spec)
+    g, t = fit.gemm, TRUE.gemm
+    assert g.compute_efficiency == pytest.approx(t.compute_efficiency, rel=0.02)
+    assert g.bandwidth_efficiency == pytest.approx(t.bandwidth_efficiency, rel=0.02)
+    assert g.sharpness == pytest.approx(t.sharpness, rel=0.05)
+    assert g.launch_s == pytest.approx(t.launch_s, rel=0.05)
+    assert g.tile_tokens == pytest.approx(t.tile_tokens, rel=0.1)
+    for op in ELEMENTWISE_OPS:
+        assert fit.elementwise[op].bandwidth_efficiency == pytest.approx(TRUE.elementwise[op].bandwidth_efficiency,
+                                                                         rel=0.02)
+        assert fit.elementwise[op].launch_s == pytest.approx(TRUE.elementwise[op].launch_s, rel=0.05)
+
+
+@pytest.mark.parametrize("gpu", [g for g in GPUS if GPUS[g].operators is not None])
+def test_fitted_layer_time_is_smooth_in_tokens(gpu):
+    """No jump of more than 2 % between adjacent token counts, for any catalog model and TP degree."""
+    for model in ("llama-2-7b", "llama-3-70b", "opt-13b", "mistral-7b"):
+        for tp in (1, 2, 4, 8):
+            assert smoothness(GPUS[gpu].operators, GPUS[gpu], MODELS[model], tp) <= 0.02, (gpu, model, tp)
+
+
+def test_datasheet_and_fitted_prices_differ_only_through_the_catalog():
+    m, g = MODELS["llama-2-7b"], GPUS["a100-80gb"]
+    fitted = RooflineStepTime(m, g, 1, RooflineConfig(), paged=True)
+    bare = RooflineStepTime(m, replace(g, operators=None), 1, RooflineConfig(), paged=True)
+    sheet = RooflineStepTime(m, g, 1, RooflineConfig(operators="datasheet"), paged=True)
+    assert bare.breakdown(256) == sheet.breakdown(256) != fitted.breakdown(256)
+
+
+# ---------------------------------------------------------------------------------------------- host cost
+
+
+def test_large_batch_step_at_tp8_is_not_below_its_host_cost():
+    model, gpu, batch = MODELS["llama-3-70b"], GPUS["h100"], 256
+    for name, e in ENGINES.items():
+        cfg = RooflineConfig(engine=name)
+        host = e.serial_step_s + (e.serial_per_seq_s + e.serial_per_token_s) * batch
+        hidden = e.overlapped_step_s + (e.overlapped_per_seq_s + e.overlapped_per_token_s) * batch
+        ms = decode_step_ms(model, gpu, 8, batch, 1024, cfg)
+        assert ms["step_ms"] >= (host + hidden) * 1e3 * (1 - 1e-12) or ms["step_ms"] >= (host * 1e3 + ms["gpu_ms"])
+        assert ms["step_ms"] == pytest.approx(host * 1e3 + max(ms["gpu_ms"], hidden * 1e3))
+
+
+def test_host_cost_keeps_steps_from_shrinking_with_tp():
+    """The GPU's part shrinks with TP; the serial host part does not: the step shrinks less than the GPU."""
+    m, g = MODELS["llama-3-8b"], GPUS["h100"]
+    one = decode_step_ms(m, g, 1, 256, 1024, RooflineConfig(engine="vllm-0.5"))
+    eight = decode_step_ms(m, g, 8, 256, 1024, RooflineConfig(engine="vllm-0.5"))
+    assert eight["host_ms"] == one["host_ms"] > 0
+    assert one["step_ms"] / eight["step_ms"] < one["gpu_ms"] / eight["gpu_ms"]
+
+
+def test_host_overrides_replace_the_engine_profile():
+    cfg = RooflineConfig(engine="none", host={"serial_step_s": 0.01})
+    st = RooflineStepTime(MODELS["llama-2-7b"], GPUS["h100"], 1, cfg, paged=True)
+    assert st.engine.serial_step_s == 0.01 and st.engine.serial_per_seq_s == 0
+
+
+# ---------------------------------------------------------------------------------------------- paged cost
+
+
+def _decode_plan(n: int, ctx: int, block_size: int, paged: bool) -> StepPlan:
+    return StepPlan(num_seqs=n, num_tokens=n, num_prefill_tokens=0, num_decode_tokens=n, num_sampled=n,
+                    decode_context_tokens=n * ctx, prefill_attention_pairs=0, block_size=block_size, paged=paged)
+
+
+def test_paged_block_cost_follows_block_size():
+    m, g = MODELS["llama-2-7b"], GPUS["a100-80gb"]
+    cfg = RooflineConfig(engine="none")
+    paged = RooflineStepTime(m, g, 1, cfg, paged=True)
+    contiguous = RooflineStepTime(m, g, 1, cfg, paged=False)
+    n, ctx = 64, 300
+    base = contiguous.step_time_s(_decode_plan(n, ctx, 16, False))
+    extra = {b: paged.step_time_s(_decode_plan(n, ctx, b, True)) - base for b in (1, 4, 16, 64, 256)}
+    key_s = paged._key_s
+    for b, e in extra.items():  # beta / b per key, plus the mean padding of the last block
+        f = 1 + cfg.paged_block_cost_tokens / b
+        assert e == pytest.approx(key_s * (n * ctx * (f - 1) + n * (b - 1) / 2 * f), rel=1e-9)
+    assert extra[1] > extra[4] > extra[16] > extra[64]  # small blocks pay per block ...
+    assert extra[256] > extra[64]  # ... large ones read padding
+
+
+# ---------------------------------------------------------------------------------------------- sim steptime
+
+
+def test_steptime_csv_columns_and_sums():
+    r = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "a100-80gb", "--tokens", "1,16,256,4096",
+                                 "--context", "100", "--csv"])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(__import__("io").StringIO(r.stdout))
+    assert list(df.columns) == ["tokens", "linear_ms", "elementwise_ms", "attention_ms", "allreduce_ms", "layer_ms",
+                                "gpu_ms", "host_ms", "step_ms"]
+    assert list(df.tokens) == [1, 16, 256, 4096]
+    parts = df.linear_ms + df.elementwise_ms + df.attention_ms + df.allreduce_ms
+    assert np.allclose(parts, df.layer_ms, rtol=1e-4)
+    assert (df.allreduce_ms == 0).all() and (df.step_ms > df.layer_ms * 32).all()
+    assert df.step_ms.is_monotonic_increasing
+
+
+def test_steptime_matches_the_simulators_step(tmp_path):
+    """The table's step_ms is what the simulator charges for that prefill step."""
+    m, g = MODELS["llama-3-8b"], GPUS["h100"]
+    rows = steptime_rows(m, g, 2, [512], context=100)
+    st = RooflineStepTime(m, g, 2, RooflineConfig(), paged=True)
+    plan = StepPlan(num_seqs=1, num_tokens=512, num_prefill_tokens=512, num_decode_tokens=0, num_sampled=1,
+                    decode_context_tokens=0, prefill_attention_pairs=512 * 100 + 512 * 513 // 2, block_size=16,
+                    paged=True)
+    assert rows[0]["step_ms"] == pytest.approx(st.step_time_s(plan) * 1e3, rel=1e-12)
+
+
+def test_steptime_takes_a_scenario_step_time_block(tmp_path):
+    f = tmp_path / "st.yaml"
+    f.write_text("step_time: {kind: roofline, engine: none, gpu_overhead_s: 0}\n")
+    r = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--tokens", "8", "--csv",
+                                 "--step-time", str(f)])
+    assert r.exit_code == 0, r.output
+    row = pd.read_csv(__import__("io").StringIO(r.stdout)).iloc[0]
+    assert row.host_ms == 0 and row.step_ms == pytest.approx(row.gpu_ms, rel=1e-4)
+    f.write_text("step_time: {kind: roofline, engin: none}\n")
+    bad = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--step-time", str(f)])
+    assert bad.exit_code == 2 and "engin" in bad.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope-7b", "--gpu", "h100"], "unknown model 'nope-7b'"),
+    (["llama-2-7b", "--gpu", "h10"], "did you mean 'h100'"),
+    (["llama-2-7b", "--gpu", "h100", "--tokens", "1,x"], "--tokens"),
+    (["llama-2-7b", "--gpu", "h100", "--tokens", "0"], "--tokens"),
+])
+def test_steptime_bad_input(args, message):
+    r = CliRunner().invoke(app, ["steptime", *args])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+def test_head_dim_from_config_json(tmp_path):
+    """Mistral-Nemo declares head_dim 128 where hidden / heads is 160: KV bytes follow the declared one."""
+    cfg = {"model_type": "mistral", "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 131072,
+           "max_position_embeddings": 131072}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = model_from_hf_config(p)
+    assert m.head_dim == 128 and m.kv_bytes_per_token() == 2 * 40 * 8 * 128 * 2
+    assert m.layer_gemms(1)["attn_post_proj"] == (5120, 32 * 128)
+    p.write_text(json.dumps({**cfg, "head_dim": None}))
+    assert model_from_hf_config(p).head_dim == 160
+
+
+def test_catalog_models_head_dim_is_their_configs():
+    for m in MODELS.values():  # every catalog model's config.json has head_dim = hidden / heads
+        assert m.head_dim * m.num_heads == m.hidden_size, m.name
+
+
+# ---------------------------------------------------------------------------------------------- measured
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"no measured profiles at {SHARED} (../shared/profiles)")
+def test_leave_one_model_out_meets_the_targets():
+    from sim.profiles import PROFILE_GPUS, leave_one_model_out, mape_table
+
+    ps = read_profiles(SHARED)
+    loo = leave_one_model_out(ps, {g: GPUS[PROFILE_GPUS[g]] for g in ps.gpus()})
+    t = mape_table(loo).set_index(["gpu", "op"])
+    target = {"a100": 8.0, "h100": 8.0, "a40": 12.0}
+    for gpu, limit in target.items():
+        assert t.loc[(gpu, "layer"), "fitted"] <= limit
+        assert t.loc[(gpu, "layer"), "fitted"] < t.loc[(gpu, "layer"), "roofline"]
