@@ -110,7 +110,10 @@ def test_sim_report_rebuilds_from_saved_results(small_run, tmp_path):
     assert (small_run / "report.html").exists() and "bytes" in r.output
     out = tmp_path / "sub" / "cmp.html"
     r = runner.invoke(app, ["report", str(small_run), str(small_run), "--out", str(out)])
-    assert r.exit_code == 0, r.output and out.exists()
+    assert r.exit_code == 0, r.output
+    assert out.exists() and str(out) in r.output.replace("\n", "")  # written where --out says (folder made)
+    names = {tr.get("meta") for s in figure_specs(out.read_text()) for tr in s["data"]}
+    assert {"small / vllm", "small#2 / vllm"} <= names  # a comparison of both folders, not one run's page
 
 
 def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
