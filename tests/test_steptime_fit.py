@@ -285,3 +285,16 @@ def test_leave_one_model_out_meets_the_targets():
     for gpu, limit in target.items():
         assert t.loc[(gpu, "layer"), "fitted"] <= limit
         assert t.loc[(gpu, "layer"), "fitted"] < t.loc[(gpu, "layer"), "roofline"]
+
+
+def test_startup_delays_service_not_arrivals(make_scenario):
+    """startup_s: no step before it; requests still arrive (and wait) from t = 0; exact and fast agree."""
+    from sim import run
+
+    wl = {"arrival": {"kind": "poisson", "rate": 8.0}, "lengths": "alpaca", "num_requests": 60, "seed": 3}
+    base = run(make_scenario(policies=["vllm"], workload=wl)).policies["vllm"].requests
+    for exact in (False, True):
+        late = run(make_scenario(policies=["vllm"], workload=wl, startup_s=5.0, exact=exact)).policies["vllm"].requests
+        assert (late.first_token_s >= 5.0).all() and (base.first_token_s < 5.0).any()
+        assert (late.arrival_s == base.arrival_s).all()
+        assert late.ttft_ms.iloc[0] >= (5.0 - late.arrival_s.iloc[0]) * 1e3
