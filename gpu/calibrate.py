@@ -215,6 +215,46 @@ def fit_swap(blocks: list[int], seconds: list[float]) -> float:
     return float(max(0.0, (b @ np.asarray(seconds)) / (b @ b))) if len(b) else 0.0
 
 
+BLOCK_COST_SIZES = (8, 16, 32, 64)
+
+
+def fit_block_cost(points: list[dict], key_s: float) -> float:
+    """The paged decode kernel's cost per block visited, in keys' worth (``paged_block_cost_tokens``),
+    from decode steps measured paged at several block sizes and contiguous on the same batches.
+
+    The step-time model says a paged step's extra time over the contiguous one is
+    ``key_s * [K * beta / b + n * (b - 1) / 2 * (1 + beta / b)]`` (K keys, n sequences): linear in beta,
+    so beta is least squares through the origin (clipped at 0)."""
+    x = np.array([key_s * (p["keys"] / p["block_size"] + p["num_seqs"] * (p["block_size"] - 1) / (2 * p["block_size"]))
+                  for p in points])
+    y = np.array([p["paged_s"] - p["contiguous_s"] - key_s * p["num_seqs"] * (p["block_size"] - 1) / 2
+                  for p in points])
+    return float(max(0.0, (x @ y) / (x @ x))) if len(x) and (x @ x) > 0 else 0.0
+
+
+def measure_block_cost(llama: LlamaModel, shape: ModelShape, model: ModelSpec, dev, dtype, attention: str, grid: Grid,
+                       seed: int, block_sizes=BLOCK_COST_SIZES) -> list[dict]:
+    """Median seconds of the grid's decode points, paged at each block size and contiguous."""
+    cap = grid.max_context - 1
+    points = []
+    for b in block_sizes:
+        pool = KvPool(-(-grid.pool_tokens(b) // b), b, model.kv_bytes_per_token(1), 0, 0, 0)
+        cache = KvCache(shape, pool, dev, dtype)
+        benches = {paged: StepBench(llama, cache, paged, attention, seed) for paged in (True, False)}
+        for bench in benches.values():
+            bench.ex.warmup()
+        for batch, ctx in grid.decode:
+            cached = spread(batch, ctx, cap)
+            t = {}
+            for paged, bench in benches.items():  # NOTE: interleaved, so drift hits both alike
+                bench.step_s([1] * batch, cached)
+                t[paged] = float(np.median([bench.step_s([1] * batch, cached) for _ in range(grid.repeats)]))
+            points.append({"block_size": b, "num_seqs": batch, "keys": sum(c + 1 for c in cached),
+                           "paged_s": t[True], "contiguous_s": t[False]})
+        del benches, cache
+    return points
+
+
 def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | None = None, block_size: int = 16,
               dtype: torch.dtype | None = None, attention: str | None = None, seed: int = 0) -> dict:
     """Measure ``grid`` on ``device`` for both layouts, fit, and write the profile to ``out`` (if given)."""
@@ -237,7 +277,9 @@ def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | No
             for k in grid.swap_blocks:
                 bench.swap_s(k)
                 swap.append((k, float(np.median([bench.swap_s(k) for _ in range(grid.repeats)]))))
+    block_points = measure_block_cost(llama, shape, model, dev, dtype, attention, grid, seed)
     synchronize(dev)
+    key_s = layouts["contiguous"]["coefficients"]["decode_key_s"]
     profile = {
         "format": PROFILE_FORMAT,
         "model": profile_model(model),
@@ -248,9 +290,12 @@ def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | No
         "terms": list(PROFILE_TERMS),
         "layouts": layouts,
         "swap_block_s": fit_swap([k for k, _ in swap], [t for _, t in swap]),
+        # per block visited, in keys' worth: the roofline's paged_block_cost_tokens, measured
+        "paged_block_cost_tokens": fit_block_cost(block_points, key_s),
         "grid": asdict(grid),
         "points": points,
         "swap_points": [{"num_blocks": k, "measured_s": t} for k, t in swap],
+        "block_cost_points": block_points,
     }
     if out is not None:
         out = Path(out)
@@ -292,5 +337,9 @@ def print_profile(profile: dict, path: str | Path, console) -> None:
         mape = "-" if fit["mape"] is None else f"{fit['mape']:.1%}"
         worst = "-" if fit["max_relative_error"] is None else f"{fit['max_relative_error']:.1%}"
         console.print(f"  {layout:>10}: held-back MAPE {mape} over {fit['num_points']} points (max {worst})",
+                      highlight=False)
+    if "paged_block_cost_tokens" in profile:
+        console.print(f"  paged block cost: {profile['paged_block_cost_tokens']:.2f} keys' worth per block "
+                      f"(block sizes {', '.join(str(b) for b in sorted({p['block_size'] for p in profile['block_cost_points']}))})",
                       highlight=False)
     console.print(f"  profile: {path}", highlight=False)

@@ -282,29 +282,48 @@ class ProfileStepTime:
     """Step time from a calibration profile: ``coefficients`` (PROFILE_TERMS, in seconds per unit) dotted
     with ``profile_features``, plus ``swap_block_s`` per block copied to or from the host."""
 
-    def __init__(self, coefficients: dict[str, float], swap_block_s: float = 0.0) -> None:
+    def __init__(self, coefficients: dict[str, float], swap_block_s: float = 0.0, block_size: int | None = None,
+                 block_cost_tokens: float = 0.0) -> None:
         self.coef = np.array([float(coefficients[t]) for t in PROFILE_TERMS])
         self.swap_block_s = float(swap_block_s)
+        # NOTE: a paged profile is measured at one block size; at another, the per-key decode cost scales
+        # by (1 + beta / b) / (1 + beta / b0) with the measured block cost beta (RooflineStepTime's model)
+        self.block_size, self.block_cost_tokens = block_size, float(block_cost_tokens)
+        self._by_block: dict[int, np.ndarray] = {}
 
     @classmethod
     def from_profile(cls, profile: dict, paged: bool) -> "ProfileStepTime":
         layout = profile["layouts"]["paged" if paged else "contiguous"]
-        return cls(layout["coefficients"], profile.get("swap_block_s", 0.0))
+        return cls(layout["coefficients"], profile.get("swap_block_s", 0.0),
+                   profile.get("block_size") if paged else None,
+                   profile.get("paged_block_cost_tokens", 0.0) if paged else 0.0)
+
+    def _coef(self, block_size: int) -> np.ndarray:
+        if self.block_size is None or not self.block_cost_tokens or block_size == self.block_size:
+            return self.coef
+        got = self._by_block.get(block_size)
+        if got is None:
+            got = self.coef.copy()
+            beta = self.block_cost_tokens
+            got[PROFILE_TERMS.index("decode_key_s")] *= (1 + beta / block_size) / (1 + beta / self.block_size)
+            self._by_block[block_size] = got
+        return got
 
     def predict(self, num_prefill_tokens, prefill_attention_pairs, num_decode_tokens, decode_context_tokens,
-                num_swap_blocks=0):
+                num_swap_blocks=0, block_size: int | None = None):
         """Seconds of steps given by their terms (scalars or arrays)."""
         x = profile_features(num_prefill_tokens, prefill_attention_pairs, num_decode_tokens, decode_context_tokens)
-        return x @ self.coef + self.swap_block_s * np.asarray(num_swap_blocks, dtype=np.float64)
+        coef = self.coef if block_size is None else self._coef(block_size)
+        return x @ coef + self.swap_block_s * np.asarray(num_swap_blocks, dtype=np.float64)
 
     def step_time_s(self, plan: StepPlan) -> float:
         return float(self.predict(plan.num_prefill_tokens, plan.prefill_attention_pairs, plan.num_decode_tokens,
-                                  plan.decode_context_tokens, len(plan.swap_in) + len(plan.swap_out)))
+                                  plan.decode_context_tokens, len(plan.swap_in) + len(plan.swap_out), plan.block_size))
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         n = plan.num_seqs
         keys = plan.decode_context_tokens + n * np.arange(k, dtype=np.float64)
-        return self.predict(0, 0, n, keys).tolist()
+        return self.predict(0, 0, n, keys, 0, plan.block_size).tolist()
 
 
 # ---------------------------------------------------------------------------------------------- tables

@@ -298,3 +298,33 @@ def test_startup_delays_service_not_arrivals(make_scenario):
         assert (late.first_token_s >= 5.0).all() and (base.first_token_s < 5.0).any()
         assert (late.arrival_s == base.arrival_s).all()
         assert late.ttft_ms.iloc[0] >= (5.0 - late.arrival_s.iloc[0]) * 1e3
+
+
+def test_calibration_recovers_the_block_cost():
+    """sim calibrate's fit of the paged block cost recovers beta from steps priced by the same model."""
+    pytest.importorskip("torch")
+    from gpu.calibrate import fit_block_cost
+
+    key_s, beta = 2e-9, 5.0
+    pts = []
+    for b in (8, 16, 32, 64):
+        for n, keys in ((8, 8000), (32, 64000), (64, 40000)):
+            contiguous = 1e-3 + key_s * keys
+            paged = 1e-3 + key_s * (keys * (1 + beta / b) + n * (b - 1) / 2 * (1 + beta / b))
+            pts.append({"block_size": b, "num_seqs": n, "keys": keys, "paged_s": paged, "contiguous_s": contiguous})
+    assert fit_block_cost(pts, key_s) == pytest.approx(beta, rel=1e-9)
+    for p in pts:
+        p["paged_s"] = p["contiguous_s"]  # a kernel that pays nothing per block
+    assert fit_block_cost(pts, key_s) == 0.0
+
+
+def test_profile_step_time_scales_decode_keys_by_block_size():
+    from sim.steptime import PROFILE_TERMS, ProfileStepTime
+
+    coef = dict(zip(PROFILE_TERMS, (1e-3, 1e-6, 1e-9, 2e-3, 1e-5, 4e-9)))
+    prof = ProfileStepTime(coef, block_size=16, block_cost_tokens=4.0)
+    at16 = prof.step_time_s(_decode_plan(10, 1000, 16, True))
+    at64 = prof.step_time_s(_decode_plan(10, 1000, 64, True))
+    keys_s = 10 * 1000 * 4e-9
+    assert at16 - at64 == pytest.approx(keys_s * (1 - (1 + 4 / 64) / (1 + 4 / 16)), rel=1e-9)
+    assert ProfileStepTime(coef).step_time_s(_decode_plan(10, 1000, 64, True)) == pytest.approx(at16)
