@@ -198,12 +198,24 @@ def test_model_that_does_not_fit_the_gpu_is_a_scenario_error(make_scenario):
 
 
 def test_quickstart_scenario_is_valid_and_small():
-    from sim.config import load_scenario
     from pathlib import Path
 
-    s = load_scenario(Path(__file__).parents[1] / "scenarios" / "quickstart.yaml")
+    from sim.config import load_scenario
+    from sim.run import check_scenario
+    from sim.workload import load_requests
+
+    path = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+    lines = check_scenario(path)  # valid: every key, the model's fit and the workload, as `sim check` says
+    assert lines[0].endswith(": ok") and sum("KV pool 14,720 tokens" in x for x in lines) == 5  # as the README says
+    s = load_scenario(path)
     assert [p.name for p in s.policies] == ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]
-    assert s.model == "opt-13b" and s.gpu == "a100-40gb"
+    assert s.model == "opt-13b" and s.gpu == "a100-40gb" and s.tensor_parallel == 1
+    # small: the README's 1,000 requests, under a million tokens in all, arriving within a quarter of an
+    # hour of simulated time (a run takes seconds)
+    t = load_requests(s)
+    assert len(t) == 1000
+    assert int(t.prompt_tokens.sum() + t.output_tokens.sum()) < 1_000_000
+    assert t.arrival_s[-1] < 900
 
 
 def test_kv_snapshot_tiles_the_pool_at_the_busiest_moment(make_scenario):
