@@ -309,19 +309,23 @@ class PolicyConfig(Strict):
         return self
 
 
+# NOTE (fair comparisons): the PagedAttention paper's Orca baselines are its authors' re-implementations
+# inside vLLM's own engine, so they share vLLM's iteration scheduler (v0: prefill-only steps) and differ
+# from it only in how KV memory is reserved. `orca-*` are those baselines: the same scheduler as `vllm`,
+# a contiguous allocator instead of paged blocks (tests/test_decomposition.py checks that nothing else
+# differs). `orca-*-mixed` are Orca as its own paper describes it (OSDI 2022): whole prompts batched
+# with the decodes of the same iteration.
+_ORCA = {"batching": "continuous", "prefill": "separate", "preemption": "recompute"}
+_ORCA_MIXED = {"batching": "continuous", "prefill": "mixed"}
 POLICY_PRESETS: dict[str, dict[str, Any]] = {
     "fastertransformer": {
         "batching": "static",
         "allocator": {"kind": "contiguous", "reserve": "max"},
         "prefill": "separate",
     },
-    "orca-max": {"batching": "continuous", "allocator": {"kind": "contiguous", "reserve": "max"}, "prefill": "mixed"},
-    "orca-pow2": {"batching": "continuous", "allocator": {"kind": "contiguous", "reserve": "pow2"}, "prefill": "mixed"},
-    "orca-oracle": {
-        "batching": "continuous",
-        "allocator": {"kind": "contiguous", "reserve": "oracle"},
-        "prefill": "mixed",
-    },
+    **{f"orca-{r}": {**_ORCA, "allocator": {"kind": "contiguous", "reserve": r}} for r in ("max", "pow2", "oracle")},
+    **{f"orca-{r}-mixed": {**_ORCA_MIXED, "allocator": {"kind": "contiguous", "reserve": r}}
+       for r in ("max", "pow2", "oracle")},
     "vllm": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "separate", "preemption": "recompute"},
     "vllm-v1": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "chunked", "preemption": "recompute"},
 }
@@ -410,24 +414,24 @@ class RooflineConfig(Strict):
     allreduce_latency_s: float = Field(1e-5, ge=0, description="fixed cost of one all-reduce (datasheet only)")
     swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
 
+    def host_overrides(self) -> dict:
+        return {} if self.host is None else self.host.model_dump(exclude_none=True)
+
 
 class ProfileConfig(Strict):
     """Step time from a profile that ``sim calibrate`` fitted to steps measured on a real device (a JSON
     file; a relative path resolves against the scenario's folder). The profile must be of this model."""
-    def host_overrides(self) -> dict:
-        return {} if self.host is None else self.host.model_dump(exclude_none=True)
-
 
     kind: Literal["profile"]
     path: str = Field(min_length=1, description="profile JSON written by sim calibrate")
 
 
 StepTime = Annotated[Union[RooflineConfig, ProfileConfig], Field(discriminator="kind")]
+StepTimeAdapter = TypeAdapter(StepTime)
 
 
 class Scenario(Strict):
     name: str = Field(min_length=1)
-StepTimeAdapter = TypeAdapter(StepTime)
     description: str = ""
     model: str = Field(description="catalog name or path to a Hugging Face config.json")
     gpu: str | GpuConfig
@@ -440,12 +444,14 @@ StepTimeAdapter = TypeAdapter(StepTime)
     sampling: Sampling | None = Field(None, description="parallel samples or beam search for every request")
     step_time: StepTime = RooflineConfig()
     horizon_s: PosFloat | None = Field(None, description="stop the simulation here; later requests are unfinished")
+    startup_s: float = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
+                             "(a freshly started server's warm-up, for benchmarks that send requests at once)")
     exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
     record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
     timeline_bin_s: PosFloat = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
+    decompose: bool = Field(True, description="sim run: decompose each policy's difference from the first one "
+                            "knob by knob, running the intermediate policies on the same requests (sim.decompose)")
 
-    startup_s: float = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
-                             "(a freshly started server's warm-up, for benchmarks that send requests at once)")
     # Relative paths in the scenario resolve against its file's folder (set on load).
     _base_dir: Path = PrivateAttr(default=Path("."))
 

@@ -112,7 +112,11 @@ class Engine:
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
         self.num_steps = 0
-        self.seq_steps = 0
+        self.seq_steps = 0  # sequences summed over steps
+        self.decode_steps = 0  # steps in which some sequence decodes
+        self.decode_seq_steps = 0  # decoding sequences summed over steps
+        self.running_request_s = 0.0  # requests holding KV, integrated over time
+        self._holding = 0  # requests holding KV during the step being taken
         self.num_done = 0
         self._snap_key: tuple = (0, 0)
         self._snap = None
@@ -146,7 +150,9 @@ class Engine:
         timeline = self.timeline.frame(self.kv.capacity, self._end_s)
         mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
         summary = summarize(req, self.itl, mem_slot_s, duration, self.kv.capacity, float(timeline.busy_s.sum()),
-                            self.num_steps, self.seq_steps, int(timeline.num_preempted.sum()))
+                            self.num_steps, self.seq_steps, int(timeline.num_preempted.sum()),
+                            decode_steps=self.decode_steps, decode_seq_steps=self.decode_seq_steps,
+                            running_request_s=self.running_request_s)
         if isinstance(self.kv, SharedPagedKv):
             summary.update(self._sharing_summary(req, mem_slot_s[:3].sum(), float(timeline.shared_slot_s.sum())))
         elif self.sampling is not None:  # contiguous slabs cannot share: samples and beams are copies
@@ -196,14 +202,14 @@ class Engine:
     def _serve(self, env: simpy.Environment):
         sched, executor, log, arrivals = self.scheduler, self.executor, self.log, self._arrivals
         loops = 0
+        if self.startup_s > 0:
+            yield env.timeout(min(self.startup_s, self._horizon))
         while True:
             now = env.now
             if now >= self._horizon:
                 return
             if arrivals[self._next] <= now:
                 self._admit_arrivals(now)
-        if self.startup_s > 0:
-            yield env.timeout(min(self.startup_s, self._horizon))
             plan = sched.schedule()
             if plan is None:
                 if sched.has_work():
@@ -217,6 +223,7 @@ class Engine:
                 continue
             if len(sched.waiting) + len(sched.swapped) > self._snap_waiting or self.kv.alloc > self._snap_alloc:
                 self._maybe_capture(now)  # the address space as this step holds it
+            self._holding = sched.num_requests_holding_kv()  # as planned: those that finish in it included
             if sched.first_admitted:  # the requests this step schedules for the first time
                 for seq in sched.first_admitted:
                     log.scheduled(seq.request_id, now)
@@ -279,12 +286,13 @@ class Engine:
                 waiting_s += end - ends[j - 1]
                 i += 1
         if idle:
-            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared * total])
+            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared * total, 0.0])
             k = 0
         else:
-            n = plan.num_seqs
+            n, holding = plan.num_seqs, self._holding
             totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
-                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared * total]
+                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared * total,
+                      holding * total]
 
             def per_step():  # only for a span across a bin edge
                 filled, alloc, capped, rounding, held, blocked = mem
@@ -292,11 +300,16 @@ class Engine:
                     w = waiting + sum(1 for x in joins if x <= j)
                     cls = breakdown(kv.capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
                                     capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t]
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
+                           holding * t]
 
             self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
             self.num_steps += k
             self.seq_steps += k * n
+            if plan.num_decode_tokens:
+                self.decode_steps += k
+                self.decode_seq_steps += k * plan.num_decode_tokens
+            self.running_request_s += holding * total
         if self.record_steps:
             if idle:
                 shape = (0, 0, 0, 0, 0, 0, waiting, s.num_running, len(s.swapped), 0, 0)

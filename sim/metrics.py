@@ -6,12 +6,24 @@ Metric names follow vLLM's serving benchmark (references.md):
   normalized latency = E2EL / output tokens (the PagedAttention paper's metric, s/token);
   scheduling delay = first scheduled - arrival (Vidur's metric: the time a request waits before the first
   step that computes any of its tokens).
+
+Three batch measures, one meaning each:
+  mean_batch_size         sequences per step, over every step (prefill-only steps included);
+  mean_decode_batch_size  sequences decoding (computing one token) per step, over the steps that decode;
+  mean_running_requests   requests holding KV cache in GPU memory, averaged over the run's duration
+                          (time-weighted; a request's samples or beams count once; a static batch's
+                          finished requests count until the batch ends, as they keep their slabs).
+
+Every summary metric is declared once, in ``METRICS`` (name, unit, label, which way is better); the
+console, the report, sweeps and the decomposition read it.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -27,6 +39,56 @@ REASONS = {
     3: "prefill_exceeds_token_budget",
     4: "horizon",
 }
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One summary metric: its key in ``summary.json``, its unit, a short label, and which way is better
+    (``max``, ``min``, or None where neither is)."""
+
+    name: str
+    unit: str
+    label: str
+    better: Literal["max", "min"] | None = None
+
+
+def _declare(*metrics: Metric) -> dict[str, Metric]:
+    return {m.name: m for m in metrics}
+
+
+_LATENCIES = (("scheduling_delay_ms", "scheduling delay"), ("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
+              ("itl_ms", "ITL"), ("e2el_ms", "E2E latency"))
+
+METRICS: dict[str, Metric] = _declare(
+    Metric("num_requests", "requests", "requests"),
+    Metric("num_finished", "requests", "finished", "max"),
+    Metric("num_rejected", "requests", "rejected", "min"),
+    Metric("num_unfinished", "requests", "unfinished", "min"),
+    Metric("duration_s", "s", "duration"),
+    Metric("request_throughput", "req/s", "request throughput", "max"),
+    Metric("output_throughput", "tok/s", "output throughput", "max"),
+    Metric("total_token_throughput", "tok/s", "total token throughput", "max"),
+    *(Metric(f"{stat}_{key}", "ms", f"{stat} {label}", "min")
+      for key, label in _LATENCIES for stat in ("mean", "median", "p99")),
+    Metric("mean_normalized_latency_s", "s/token", "mean normalized latency", "min"),
+    Metric("mean_batch_size", "sequences", "mean batch", "max"),
+    Metric("mean_decode_batch_size", "sequences", "mean decode batch", "max"),
+    Metric("mean_running_requests", "requests", "mean running requests"),
+    Metric("num_steps", "steps", "steps"),
+    Metric("num_preemptions", "preemptions", "preemptions", "min"),
+    Metric("kv_capacity_tokens", "tokens", "KV capacity"),
+    *(Metric(f"memory.{c}", "share", f"KV in {c.replace('_', ' ')}", "max" if c == "token_states" else None)
+      for c in MEMORY_CLASSES),
+    Metric("busy_fraction", "share", "busy fraction"),
+    # block sharing (paged policies that share blocks; contiguous ones with samples or beams)
+    Metric("prefill_tokens_saved", "tokens", "prefill tokens saved", "max"),
+    Metric("num_cow_copies", "blocks", "copy-on-write block copies", "min"),
+    Metric("num_evicted_blocks", "blocks", "evicted cached blocks"),
+    Metric("memory_saved_by_sharing", "share", "memory saved by sharing", "max"),
+    Metric("prefix_hit_rate_tokens", "share", "prefix hit rate (tokens)", "max"),
+    Metric("prefix_hit_rate_blocks", "share", "prefix hit rate (blocks)", "max"),
+    Metric("num_slab_copies", "copies", "slab copies (contiguous forks)", "min"),
+)
 
 
 class RequestLog:
@@ -166,8 +228,12 @@ def _nan_to_none(x: float):
 
 
 def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
-              capacity_tokens: int, step_seconds: float, num_steps: int, seq_steps: int, num_preemptions: int) -> dict:
-    """The headline metrics of one policy's run, with vLLM's serving-benchmark names."""
+              capacity_tokens: int, step_seconds: float, num_steps: int, seq_steps: int, num_preemptions: int,
+              decode_steps: int = 0, decode_seq_steps: int = 0, running_request_s: float = 0.0) -> dict:
+    """The headline metrics of one policy's run, with vLLM's serving-benchmark names (declared in
+    ``METRICS``). ``seq_steps``: sequences summed over steps; ``decode_steps``: steps that decode;
+    ``decode_seq_steps``: decoding sequences summed over steps; ``running_request_s``: requests holding
+    KV, integrated over time (request-seconds)."""
     fin = requests[requests.status == "finished"]
     out: dict[str, float | int | None] = {
         "num_requests": int(len(requests)),
@@ -190,6 +256,8 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     out["p99_itl_ms"] = itl.quantile(0.99) * 1e3
     out["mean_normalized_latency_s"] = float(fin.normalized_latency_s.mean()) if len(fin) else math.nan
     out["mean_batch_size"] = seq_steps / num_steps if num_steps else 0.0
+    out["mean_decode_batch_size"] = decode_seq_steps / decode_steps if decode_steps else 0.0
+    out["mean_running_requests"] = running_request_s / duration_s if duration_s > 0 else math.nan
     out["num_steps"] = int(num_steps)
     out["num_preemptions"] = int(num_preemptions)
     out["kv_capacity_tokens"] = int(capacity_tokens)
@@ -202,7 +270,8 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
 
 TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", "num_prefill_tokens",
                     "num_preempted", "num_finished") + tuple(f"mem_{c}_slot_s" for c in MEMORY_CLASSES) + (
-                    "num_prompt_tokens_admitted", "num_prefix_hit_tokens", "shared_slot_s")  # block sharing
+                    "num_prompt_tokens_admitted", "num_prefix_hit_tokens", "shared_slot_s",  # block sharing
+                    "running_request_s")  # requests holding KV x time
 
 
 class Timeline:
@@ -294,7 +363,8 @@ class Timeline:
         df.insert(0, "bin_start_s", start)
         w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
         df.insert(1, "bin_s", w)
-        df["mean_running"] = df.seq_s / w
+        df["mean_running"] = df.seq_s / w  # sequences in the steps, time-weighted (the batch over time)
+        df["mean_running_requests"] = df.running_request_s / w  # requests holding KV
         df["mean_waiting"] = df.waiting_s / w
         for k in MEMORY_CLASSES:
             df[f"memory.{k}"] = df[f"mem_{k}_slot_s"] / (w * capacity)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, load_scenario
+from sim.decompose import decompose as decompose_policies
 from sim.engine import Engine, PolicyResult, resolved_token_budget
 from sim.kv import MEMORY_CLASSES, CapacityError, KvPool, kv_pool
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
@@ -47,6 +48,7 @@ class RunResult:
     gpu: GpuSpec
     requests: RequestTable
     policies: dict[str, PolicyResult] = field(default_factory=dict)
+    decomposition: dict | None = None  # sim.decompose: each policy's difference from the first, knob by knob
 
     def workload_summary(self) -> dict:
         r = self.requests
@@ -92,7 +94,10 @@ class RunResult:
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(),
         }
-        return {"scenario": scenario, "policies": {n: r.summary for n, r in self.policies.items()}}
+        out = {"scenario": scenario, "policies": {n: r.summary for n, r in self.policies.items()}}
+        if self.decomposition is not None:
+            out["decomposition"] = self.decomposition
+        return out
 
 
 def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig) -> KvPool:
@@ -106,8 +111,12 @@ def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: Poli
 
 
 def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], None] | None = None,
-        executor: ExecutorFactory = model_executor, requests: RequestTable | None = None) -> RunResult:
-    """Simulate every policy of the scenario on the same requests."""
+        executor: ExecutorFactory = model_executor, requests: RequestTable | None = None,
+        decompose: bool = False) -> RunResult:
+    """Simulate every policy of the scenario on the same requests; with ``decompose``, also the
+    knob-by-knob decomposition of each policy's difference from the first (``sim.decompose``), which
+    runs the intermediate policies it needs (``sim run`` asks for it unless the scenario says
+    ``decompose: false``; the Python API, sweeps and the GPU replay do not)."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     model = scenario.model_spec()
@@ -117,13 +126,22 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     if len(requests) == 0:
         raise ScenarioError(f"{scenario.name}: the workload has no requests")
     result = RunResult(scenario, model, gpu, requests)
-    for policy in scenario.policies:
+
+    def one(policy: PolicyConfig, record_steps: bool) -> PolicyResult:
         pool = policy_pool(scenario, model, gpu, policy)
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
         engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy, requests),
-                        horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=scenario.record_steps,
-                        timeline_bin_s=scenario.timeline_bin_s, sampling=scenario.sampling, progress=cb)
-        result.policies[policy.name] = engine.run()
+                        horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=record_steps,
+                        timeline_bin_s=scenario.timeline_bin_s, sampling=scenario.sampling, progress=cb,
+                        startup_s=scenario.startup_s)
+        return engine.run()
+
+    for policy in scenario.policies:
+        result.policies[policy.name] = one(policy, scenario.record_steps)
+    if decompose and len(scenario.policies) > 1:
+        result.decomposition = decompose_policies(
+            scenario.policies, {n: r.summary for n, r in result.policies.items()},
+            lambda policy: one(policy, record_steps=False).summary)
     return result
 
 
@@ -177,7 +195,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
                 tasks[name] = bar.add_task(name, total=total)
             bar.update(tasks[name], completed=done)
 
-        result = run(scenario, progress=progress)
+        result = run(scenario, progress=progress, decompose=scenario.decompose)
     paths = write_results(result, out, report=report)
     return result.summary(), paths
 

@@ -88,6 +88,7 @@ class Scheduler:
         self.first_admitted: list[Sequence] = []  # requests the planned step schedules for the first time
         self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
         self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
+        self._grouped = False  # some request has samples or beams (then requests != sequences)
         self.num_slot_copies = 0  # contiguous: forks and beam moves copied between slabs
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
         self._pending_slot_copies: list[tuple[int, int, int]] = []
@@ -118,7 +119,20 @@ class Scheduler:
         return len(self.clocked) + len(self.explicit)
 
     def add(self, seq: Sequence) -> None:
+        if seq.group is not None:
+            self._grouped = True
         self.waiting.append(seq)
+
+    def num_requests_holding_kv(self) -> int:
+        """Requests whose KV cache is in GPU memory: the running ones, and under static batching every
+        request of the current batch (finished ones keep their slabs until the batch ends). A request's
+        samples or beams count once; swapped and waiting requests hold none. O(1) without groups."""
+        seqs = self.batch if self.static else None
+        if not self._grouped:
+            return len(seqs) if seqs is not None else len(self.clocked) + len(self.explicit)
+        if seqs is None:
+            seqs = [*self.clocked, *self.explicit]
+        return len({s.request_id for s in seqs})
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.clocked or self.explicit or self.swapped or self.batch)

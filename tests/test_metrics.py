@@ -8,15 +8,17 @@ def test_timeline_splits_time_exactly_and_doubles_bins():
     tl = Timeline(bin_s=1.0, max_bins=8)
     times = np.array([0.5, 0.7, 2.3])
     per_step = lambda: np.column_stack([times, 2 * times, times, np.ones(3), np.zeros((3, 4)),  # noqa: E731
-                                        10 * times, np.zeros((3, 7))])
+                                        10 * times, np.zeros((3, 7)), 3 * times])
     totals = list(per_step().sum(axis=0))
     tl.add(0.0, times, totals, per_step)  # a span across bin edges: each step in the bin where it ends
-    tl.add(3.5, np.array([20.0]), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 20.0 * 50, 0, 0, 0])  # idle gap: split by time
+    tl.add(3.5, np.array([20.0]), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 20.0 * 50, 0, 0, 0, 0])  # idle gap: split by time
     assert tl.bin_s == 4.0  # 23.5 s fit in at most 8 bins
     df = tl.frame(capacity=50, end_s=23.5)
     assert df.busy_s.sum() == pytest.approx(3.5)
     assert df.seq_s.sum() == pytest.approx(7.0)
     assert df.mem_token_states_slot_s.sum() == pytest.approx(35.0)
+    assert df.running_request_s.sum() == pytest.approx(10.5)  # 3 requests holding KV for 3.5 s
+    assert df.mean_running_requests.iloc[0] == pytest.approx(10.5 / 4.0)  # all of it in the first 4 s bin
     assert df.mem_free_slot_s.sum() == pytest.approx(1000.0)
     assert df["memory.free"].iloc[-1] == pytest.approx(1.0)  # the gap's last bin is all free
     assert df.num_steps.sum() == 3 and df.num_steps.iloc[0] == 3  # all three steps end before 4 s

@@ -126,7 +126,7 @@ def test_chunked_prefill_splits_prompts_under_the_token_budget():
 
 
 def test_orca_mixes_whole_prompts_with_decodes():
-    s = make("orca-oracle", num_blocks=1000, block_size=4)
+    s = make("orca-oracle-mixed", num_blocks=1000, block_size=4)  # Orca as its own paper runs it
     a = Sequence(0, 0, 10, 5)
     s.add(a)
     drive(s, 1)
@@ -136,8 +136,9 @@ def test_orca_mixes_whole_prompts_with_decodes():
     assert plan.seq_ids == (0, 1) and plan.num_new_tokens == (1, 7)
 
 
-def test_vllm_v0_prefill_step_pauses_decodes():
-    s = make("vllm", num_blocks=1000, block_size=4)
+@pytest.mark.parametrize("preset", ["vllm", "orca-oracle"])  # the paper's Orca shares vLLM's scheduler
+def test_vllm_v0_prefill_step_pauses_decodes(preset):
+    s = make(preset, num_blocks=1000, block_size=4)
     a = Sequence(0, 0, 10, 5)
     s.add(a)
     drive(s, 1)
