@@ -26,6 +26,7 @@ from plotly.subplots import make_subplots
 
 from reports.paper import PAPER_CITATION, PublishedBreakdown
 from sim.kv import MEMORY_CLASSES
+from sim.metrics import METRICS
 
 MEMORY_LABELS = {
     "token_states": "token states",
@@ -157,6 +158,53 @@ def memory_breakdown(policies: pd.DataFrame, published: Mapping[str, PublishedBr
     return _layout(fig, "KV cache memory: where it goes", subtitle)
 
 
+# ------------------------------------------------------------------------------------------- decomposition
+
+KNOB_COLORS = {"batching": "#4c78a8", "reservation": "#f58518", "paged allocation": "#54a24b", "prefill": "#b279a2",
+               "block size": "#eeca3b", "other": "#9d755d"}
+MERGED_KNOB_COLOR = "#616161"  # a step of several knobs merged (one alone would not be a valid policy)
+DECOMPOSITION_FIGURE_METRICS = ("request_throughput", "mean_normalized_latency_s", "median_ttft_ms")
+
+
+def decomposition(decomp: Mapping, metrics: Sequence[str] = DECOMPOSITION_FIGURE_METRICS,
+                  title_prefix: str = "") -> go.Figure:
+    """Each policy's difference from the first, split by knob (summary.json's ``decomposition``, as
+    ``sim.decompose`` computed it): per metric, one stacked bar per policy, a segment per knob (above
+    zero where it raised the metric, below where it lowered it), and a diamond at the total difference,
+    which the segments add up to."""
+    metrics = [m for m in metrics if m in decomp.get("metrics", [])]
+    targets = list(decomp.get("targets", {}))
+    short = short_labels(targets)
+    x = [short[t] for t in targets]
+    fig = make_subplots(rows=1, cols=len(metrics), horizontal_spacing=0.09,
+                        subplot_titles=[f"{METRICS[m].label} ({METRICS[m].unit})" for m in metrics])
+    labels = list(dict.fromkeys(st["label"] for t in targets for st in decomp["targets"][t]["steps"]))
+    for col, m in enumerate(metrics, start=1):
+        for label in labels:
+            ys, custom = [], []
+            for t in targets:
+                st = next((s for s in decomp["targets"][t]["steps"] if s["label"] == label), None)
+                share = None if st is None else st["share"].get(m)
+                ys.append(share)
+                same = st.get("same_as") if st else None
+                custom.append([text(t), text(same) if same else "an intermediate policy"])
+            fig.add_bar(x=x, y=ys, name=text(label), legendgroup=label, showlegend=col == 1, customdata=custom,
+                        marker_color=KNOB_COLORS.get(label, MERGED_KNOB_COLOR), row=1, col=col,
+                        hovertemplate=f"%{{customdata[0]}}: {text(label)}<br>%{{y:+.4g}} {METRICS[m].unit}"
+                        "<br>reaches %{customdata[1]}<extra></extra>")
+        totals = [decomp["targets"][t]["total"].get(m) for t in targets]
+        fig.add_scatter(x=x, y=totals, mode="markers", name="total difference", legendgroup="total",
+                        showlegend=col == 1, marker=dict(symbol="diamond", size=11, color="#222"), row=1, col=col,
+                        customdata=[text(t) for t in targets],
+                        hovertemplate=f"%{{customdata}}: total %{{y:+.4g}} {METRICS[m].unit}<extra></extra>")
+        fig.update_yaxes(title=f"difference from {text(decomp.get('base'))}" if col == 1 else None, row=1, col=col)
+    fig.update_layout(barmode="relative")
+    fig.update_xaxes(automargin=True)
+    return _layout(fig, f"{title_prefix}What each knob explains: difference from {text(decomp.get('base'))}",
+                   "one knob at a time, in the order batching, reservation, paged allocation, prefill, block size, "
+                   "other; segments add up to the diamond", height_px=480, top_px=110)
+
+
 # ------------------------------------------------------------------------------------------- timelines
 
 
@@ -221,10 +269,14 @@ def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
     short = short_labels([n for n, _ in groups])
     n = len(groups)
     rows = n + 2
+    # requests holding KV; folders written before that column existed show sequences per step instead
+    running, what_running, running_title = (("mean_running_requests", "requests holding KV", "running requests")
+                                            if "mean_running_requests" in timeline.columns else
+                                            ("mean_running", "sequences in the step", "running batch"))
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.045, 0.35 / rows),
                         row_heights=[1.0] * n + [1.4, 1.4],
                         subplot_titles=[f"{short[name]}: KV pool" for name, _ in groups]
-                        + ["running batch (all policies)", "waiting queue (all policies)"])
+                        + [f"{running_title} (all policies)", "waiting queue (all policies)"])
     for i, (name, g) in enumerate(groups):
         d = display_bins(g, max_points)
         t = _time_axis(d)
@@ -235,13 +287,14 @@ def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
                             hovertemplate="%{meta}, bin from %{x:,.1f} s<br>%{fullData.name}: %{y:.2f} %"
                             "<extra></extra>")
         fig.update_yaxes(title="% of KV", range=[0, 100], row=i + 1, col=1)
-        for row, col, what in ((n + 1, "mean_running", "running sequences"),
+        for row, col, what in ((n + 1, running, what_running),
                                (n + 2, "mean_waiting", "waiting requests")):
             fig.add_scatter(**t, y=f32(d[col]), row=row, col=1, name=short[name], meta=text(name),
                             legendgroup=f"policy-{i}", showlegend=row == n + 1, mode="lines",
                             line=dict(color=colors[name], width=1.5),
                             hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s<br>mean %{{y:.2f}} {what}<extra></extra>")
-    fig.update_yaxes(title="running (sequences)", rangemode="tozero", row=n + 1, col=1)
+    fig.update_yaxes(title=f"{running_title} ({'requests' if running == 'mean_running_requests' else 'sequences'})",
+                     rangemode="tozero", row=n + 1, col=1)
     fig.update_yaxes(title="waiting (requests)", rangemode="tozero", row=n + 2, col=1)
     fig.update_xaxes(title="time since first arrival (s)", row=rows, col=1)
     fig.update_layout(hovermode="x")

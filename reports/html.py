@@ -24,23 +24,32 @@ from plotly.offline import get_plotlyjs
 from reports import figures
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import RunTables, concat, load_run, load_runs
+from sim.metrics import METRICS
 
 GB = 1e9
 GIB = 1 << 30
 
-HEADLINE = [  # summary key, column head, format, which is best
-    ("request_throughput", "req/s", "{:.3f}", "max"),
-    ("output_throughput", "output tok/s", "{:,.0f}", "max"),
-    ("mean_normalized_latency_s", "mean norm. latency (s/tok)", "{:.4f}", "min"),
-    ("median_ttft_ms", "median TTFT (ms)", "{:,.0f}", "min"),
-    ("p99_ttft_ms", "P99 TTFT (ms)", "{:,.0f}", "min"),
-    ("median_tpot_ms", "median TPOT (ms)", "{:.1f}", "min"),
-    ("p99_tpot_ms", "P99 TPOT (ms)", "{:.1f}", "min"),
-    ("median_e2el_ms", "median E2E latency (ms)", "{:,.0f}", "min"),
-    ("mean_batch_size", "mean batch (seqs)", "{:.1f}", "max"),
-    ("num_preemptions", "preemptions", "{:,}", "min"),
-    ("memory.token_states", "KV in token states", "{:.1%}", "max"),
+HEADLINE = [  # summary key and format; the head (label, unit) and which value is best come from sim.metrics.METRICS
+    ("request_throughput", "{:.3f}"),
+    ("output_throughput", "{:,.0f}"),
+    ("mean_normalized_latency_s", "{:.4f}"),
+    ("median_ttft_ms", "{:,.0f}"),
+    ("p99_ttft_ms", "{:,.0f}"),
+    ("median_tpot_ms", "{:.1f}"),
+    ("p99_tpot_ms", "{:.1f}"),
+    ("median_e2el_ms", "{:,.0f}"),
+    ("mean_batch_size", "{:.1f}"),
+    ("mean_decode_batch_size", "{:.1f}"),
+    ("mean_running_requests", "{:.1f}"),
+    ("num_preemptions", "{:,}"),
+    ("memory.token_states", "{:.1%}"),
 ]
+
+
+def _head(key: str) -> str:
+    m = METRICS[key]
+    return m.label if m.unit in ("share", "preemptions") else f"{m.label} ({m.unit})"
+
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1280px;color:#222;
@@ -102,16 +111,17 @@ def _fmt(fmt: str, v: object) -> str:
 def summary_table(policies: pd.DataFrame) -> str:
     """Every policy's headline metrics; the best value of each column marked (none when all tie)."""
     best: dict[str, float] = {}
-    for key, _, _, how in HEADLINE:
-        if key in policies.columns:
+    for key, _ in HEADLINE:
+        how = METRICS[key].better
+        if key in policies.columns and how is not None:
             vals = pd.to_numeric(policies[key], errors="coerce").dropna()
             if vals.nunique() > 1:
                 best[key] = vals.max() if how == "max" else vals.min()
-    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _, _ in HEADLINE)
+    head = "".join(f"<th>{html.escape(_head(k))}</th>" for k, _ in HEADLINE)
     rows = []
     for label, m in policies.iterrows():
         cells = []
-        for key, _, fmt, _ in HEADLINE:
+        for key, fmt in HEADLINE:
             v = m.get(key)
             mark = ' class="best" title="best in this column"' if key in best and v == best[key] else ""
             cells.append(f"<td{mark}>{_fmt(fmt, v)}</td>")
@@ -119,8 +129,69 @@ def summary_table(policies: pd.DataFrame) -> str:
         rows.append(f"<tr><td>{html.escape(str(label))}</td>{''.join(cells)}<td>{counts}</td></tr>")
     return (f"<table><thead><tr><th>policy</th>{head}<th>finished / rejected / unfinished</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"
-            "<p class='muted'>Bold: best value in its column. Latencies over finished requests; KV in token states: "
+            "<p class='muted'>Bold: best value in its column. Latencies over finished requests. Mean batch: sequences "
+            "per step, every step counted; mean decode batch: sequences decoding per step, over the steps that decode; "
+            "mean running requests: requests holding KV cache, averaged over the run's duration. KV in token states: "
             "time-weighted share of the KV pool holding computed K/V (summary.json).</p>")
+
+
+def _num(v: object, signed: bool = False) -> str:
+    """A metric value: 4 significant digits, whole numbers from 10,000 up; ``signed``: with its sign."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    sign = "+" if signed else ""
+    return f"{v:{sign},.0f}" if abs(v) >= 1e4 else f"{v:{sign}.4g}"
+
+
+def _change_text(changes: dict) -> str:
+    """``field: before → after`` for each changed field (— where a field does not apply)."""
+    def val(v: object) -> str:
+        return "—" if v is None else str(v)
+    return "; ".join(f"{k}: {val(a)} → {val(b)}" for k, (a, b) in changes.items())
+
+
+def decomposition_table(decomp: dict) -> str:
+    """The decomposition (summary.json, computed by ``sim.decompose``): per policy, the base's metrics,
+    each step's knob, what it changed, the metrics after it with its share (and that share as a percentage
+    of the total difference), and the total."""
+    metrics = [m for m in decomp.get("metrics", []) if m in METRICS]
+    esc = html.escape
+    head = "".join(f"<th>{esc(METRICS[m].label)} ({esc(METRICS[m].unit)})</th>" for m in metrics)
+    base = str(decomp.get("base"))
+    rows = []
+    for target, t in decomp.get("targets", {}).items():
+        rows.append(f"<tr><td rowspan='{len(t['steps']) + 2}'>{esc(str(target))}</td><td>from {esc(base)}</td>"
+                    "<td></td>" + "".join(f"<td>{_num(decomp['base_metrics'].get(m))}</td>" for m in metrics)
+                    + "</tr>")
+        for st in t["steps"]:
+            cells = []
+            for m in metrics:
+                share, total = st["share"].get(m), t["total"].get(m)
+                pct = (f" ({100 * share / total:.0f} %)" if share is not None and total else "")
+                cells.append(f"<td>{_num(st['metrics'].get(m))}<br><span class='muted'>{_num(share, True)}{pct}"
+                             "</span></td>")
+            same = f" = {esc(str(st['same_as']))}" if st.get("same_as") else ""
+            rows.append(f"<tr><td>+ {esc(st['label'])}{same}</td><td>{esc(_change_text(st['changes']))}</td>"
+                        + "".join(cells) + "</tr>")
+        unchanged = ", ".join(t.get("unchanged", [])) or "none"
+        rows.append(f"<tr><td><b>total</b></td><td class='muted'>unchanged: {esc(unchanged)}</td>"
+                    + "".join(f"<td><b>{_num(t['total'].get(m), True)}</b></td>" for m in metrics) + "</tr>")
+    n = decomp.get("num_intermediate_runs", 0)
+    return (f"<table><thead><tr><th>policy</th><th>step</th><th>settings changed</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>"
+            f"<p class='muted'>Each policy is reached from {esc(base)} one knob at a time (batching, reservation, "
+            "paged allocation, prefill, block size, then any other setting); every intermediate policy ran on the "
+            "same requests. Under each value: the step's share of the difference (and its percentage of the "
+            "total); the shares add up to the total. '= policy': the intermediate is that policy of the "
+            f"scenario; {n:,} intermediate polic{'y' if n == 1 else 'ies'} ran in addition to the scenario's. The "
+            "order matters where knobs interact: the interaction goes to the later knob (summary.json: "
+            "decomposition).</p>")
+
+
+def _has_shares(decomp: dict) -> bool:
+    """Whether any step of the decomposition has a share to draw."""
+    return any(v is not None for t in decomp.get("targets", {}).values() for st in t["steps"]
+               for v in st["share"].values())
 
 
 def _policy_line(p: dict) -> str:
@@ -199,12 +270,24 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                               "Alpaca-like lengths, Poisson arrivals)."),
         figures.memory_breakdown(policies.assign(preset=policies["preset"].where(paper_policy)),
                                  FIG2 if any(paper) else None))]
+    for r in with_run:
+        d = r.summary.get("decomposition")
+        if d and d.get("targets"):
+            sections.append(Section(
+                "What each knob explains" + (f" ({r.label})" if len(with_run) > 1 else ""),
+                f"Each policy's difference from {esc(str(d.get('base')))}, the scenario's first policy, split by "
+                "the knob that made it: the policy is reached one knob at a time and every intermediate policy "
+                "runs on the same requests; a segment is the change its knob made, the diamond the total "
+                "(summary.json: decomposition; the table above gives every step).",
+                figures.decomposition(d) if _has_shares(d) else None,
+                "no metric has a value under both policies (no request finished)"))
     no_bins = "no time bin was recorded (no request was served)"
     finished = requests is not None and bool((requests["status"].astype(str) == "finished").any())
     sections += [
         Section("Memory, batch and queue over time",
                 "Per policy, the KV pool's classes over time (stacked, % of capacity); below, on the same time axis, "
-                "the mean number of running sequences and of waiting requests in each time bin (timeline.parquet).",
+                "the mean number of running requests (holding KV cache) and of waiting requests in each time bin "
+                "(timeline.parquet).",
                 figures.memory_timeline(timeline, colors) if timeline is not None else None, no_bins),
         Section("KV address space",
                 "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous "
@@ -384,6 +467,9 @@ def render(runs: Sequence[RunTables]) -> str:
     desc = html.escape(str(runs[0].scenario.get("description", "") or (runs[0].sweep_info or {}).get(
         "description", ""))) if len(runs) == 1 else ""
     sweeps = sweep_block(runs)
+    decomp = "".join((f"<h3>{html.escape(r.label)}</h3>" if len(with_run) > 1 else "")
+                     + decomposition_table(r.summary["decomposition"])
+                     for r in with_run if r.summary.get("decomposition"))
     plotly_js = get_plotlyjs()
     version = re.search(r"plotly\.js v([0-9.]+)", plotly_js[:400])
     return f"""<!DOCTYPE html>
@@ -398,6 +484,7 @@ def render(runs: Sequence[RunTables]) -> str:
 for the page; each figure says where.</p>
 {"<h2>Scenario</h2>" + "".join(scenario_block(r) for r in with_run) if with_run else ""}
 {"<h2>Summary</h2>" + summary if summary else ""}
+{"<h2>Decomposition: what each knob explains</h2>" + decomp if decomp else ""}
 {"<h2>Sweep</h2>" + sweeps if sweeps else ""}
 <h2>Figures</h2>
 {chr(10).join(blocks)}

@@ -13,7 +13,8 @@ def timeline_table(policy: str, n: int, bin_s: float = 1.0, seed: int = 0) -> pd
     rng = np.random.default_rng(seed)
     shares = rng.dirichlet(np.ones(len(CLASSES)), size=n)
     df = pd.DataFrame({"bin_start_s": np.arange(n) * bin_s, "bin_s": bin_s,
-                       "mean_running": rng.uniform(0, 20, n), "mean_waiting": rng.uniform(0, 50, n),
+                       "mean_running": rng.uniform(0, 20, n), "mean_running_requests": rng.uniform(0, 20, n),
+                       "mean_waiting": rng.uniform(0, 50, n),
                        "num_sampled": rng.integers(0, 500, n).astype(float),
                        "num_finished": rng.integers(0, 3, n).astype(float),
                        "num_preempted": rng.integers(0, 2, n).astype(float), "policy": policy})

@@ -109,6 +109,8 @@ def test_memory_timeline_has_stacks_and_queue_rows_on_one_time_axis():
     assert len(stacks) == 10 and {tr.stackgroup for tr in stacks} == {"p0", "p1"}
     lines = [tr for tr in fig.data if not tr.stackgroup]
     assert [tr.line.color for tr in lines] == [colors["a"]] * 2 + [colors["b"]] * 2
+    assert "requests holding KV" in lines[0].hovertemplate  # the running row: requests holding KV cache
+    assert np.allclose(lines[0].y, timeline_table("a", 30).mean_running_requests, rtol=1e-6)
     assert fig.data[len(CLASSES) + 2].dx == 2.0 and fig.data[0].dx == 1.0  # bins drawn at their starts
     assert [fig.layout[f"xaxis{i}"].matches for i in ("", 2, 3, 4)] == ["x4", "x4", "x4", None]  # one time axis
     assert_units(fig)

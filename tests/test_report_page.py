@@ -31,7 +31,7 @@ def small_run(tmp_path_factory):
         "workload": {"arrival": {"kind": "poisson", "rate": 3.0}, "lengths": "alpaca", "num_requests": 60, "seed": 5},
         "policies": ["orca-oracle", "vllm"]})
     d = tmp_path_factory.mktemp("run") / "small"
-    write_results(run(scenario), d, report=False)
+    write_results(run(scenario, decompose=True), d, report=False)
     return d
 
 
@@ -51,14 +51,17 @@ def test_page_inlines_plotly_once_and_every_figure(small_run):
     assert "<script src" not in ours and "http" not in ours.lower()
     specs = figure_specs(page)
     titles = [s["layout"]["title"]["text"] for s in specs]
-    assert titles == ["KV cache memory: where it goes", "KV cache memory, batch size and queue over time",
+    assert titles == ["KV cache memory: where it goes", "What each knob explains: difference from orca-oracle",
+                      "KV cache memory, batch size and queue over time",
                       "KV address space at the busiest moment", "Latency distributions (finished requests)",
                       "Throughput and preemptions over time"]
     assert all("template" not in s["layout"] for s in specs) and page.count("const KVSIM_TEMPLATE") == 1
     assert "Orca (Oracle), paper" in json.dumps(specs[0])  # OPT-13B, Alpaca-like, Poisson: one of the paper's
     assert "14,720 tokens = 11.23 GiB (12.06 GB)" in page
-    table = page[page.index("<h2>Summary</h2>"):page.index("<h2>Figures</h2>")]
+    table = page[page.index("<h2>Summary</h2>"):page.index("<h2>Decomposition")]
     assert table.count("<tr>") == 3 and 'class="best"' in table
+    decomposition = page[page.index("<h2>Decomposition"):page.index("<h2>Figures</h2>")]
+    assert "+ paged allocation = vllm" in decomposition and "allocator.kind: contiguous → paged" in decomposition
 
 
 def test_same_colour_for_a_policy_in_every_figure(small_run):
@@ -97,7 +100,7 @@ def test_sweep_folder_shows_sweep_figures(small_run, tmp_path):
     for f in small_run.iterdir():
         (both / f.name).write_bytes(f.read_bytes())
     sweep_table().to_parquet(both / "sweep.parquet")
-    assert len(figure_specs(build_report([both]).read_text())) == 6
+    assert len(figure_specs(build_report([both]).read_text())) == 7  # 5 run figures + the decomposition + 1 sweep
 
 
 # ------------------------------------------------------------------------------------------- sim report
@@ -176,4 +179,4 @@ def test_report_of_a_long_run_stays_under_10_mb(small_run, tmp_path):
     size = page.stat().st_size
     assert size < 10_000_000, size
     assert size - len(get_plotlyjs().encode()) < 2_000_000, size  # the figures themselves stay small
-    assert len(figure_specs(page.read_text())) == 5
+    assert len(figure_specs(page.read_text())) == 6  # 5 run figures + the decomposition (of small_run)
