@@ -48,13 +48,27 @@ def test_run_writes_results_and_report(tmp_path):
     assert {"start_s", "duration_s", "num_steps", "mem_token_states"} <= set(steps.columns)
     html = (out / "report.html").read_text()
     assert "small &lt;b&gt;run&lt;/b&gt;" in html and "<b>run</b>" not in html
-    assert "vllm" in r.output  # the printed summary table
+    # the printed summary: one row per policy in the scenario's order, with its request rate; then each file
+    rows = [line for line in r.output.splitlines() if line.strip("│| ").split(" ")[0] in s["policies"]]
+    assert [row.strip("│| ").split(" ")[0] for row in rows] == list(s["policies"]), r.output
+    for row, p in zip(rows, s["policies"].values()):
+        assert f"{p['request_throughput']:.2f}" in row, row
+    for f in ("summary.json", "requests.parquet", "steps.parquet", "report.html"):
+        assert str(out / f) in r.output.replace("\n", ""), f  # (a long path wraps)
 
 
-def test_check_validates_without_running(tmp_path):
-    r = runner.invoke(app, ["check", str(scen(tmp_path))])
+def test_check_validates_without_running(tmp_path, monkeypatch):
+    path = scen(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["check", str(path)])
     assert r.exit_code == 0, r.output
-    assert "ok" in r.output and "KV pool" in r.output
+    text = " ".join(r.output.split())  # lines as printed, whatever the terminal's width wrapped
+    assert text.startswith(f"{path}: ok model opt-13b on 1 x a100-40gb; 60 requests"), text
+    for name, batching, kind in (("fastertransformer", "static", "contiguous"), ("orca-max", "continuous", "contiguous"),
+                                 ("orca-pow2", "continuous", "contiguous"), ("orca-oracle", "continuous", "contiguous"),
+                                 ("vllm", "continuous", "paged")):
+        assert f"{name}: {batching} batching, {kind} allocator, KV pool 14,720 tokens" in text, name
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]  # nothing run, nothing written
 
 
 def test_user_errors_exit_2_without_traceback(tmp_path):
