@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from sim.metrics import METRICS
+
 COLUMNS = [
     ("request_throughput", "req/s", "{:.2f}"),
     ("output_throughput", "tok/s", "{:.0f}"),
@@ -34,8 +36,27 @@ def summary_table(summary: dict, title: str = "") -> Table:
     return t
 
 
+def decomposition_lines(decomp: dict, metrics: tuple[str, ...] = ("request_throughput",
+                                                                  "mean_normalized_latency_s")) -> list[str]:
+    """One line per policy: its difference from the first policy and each knob's share (``sim.decompose``)."""
+    metrics = tuple(m for m in metrics if m in decomp.get("metrics", []))
+
+    def fmt(values: dict) -> str:
+        return ", ".join("-" if values.get(m) is None else f"{values[m]:+.4g} {METRICS[m].unit}" for m in metrics)
+
+    lines = [f"what each knob explains, from {decomp['base']} (sim.decompose; summary.json: decomposition):"]
+    for target, t in decomp.get("targets", {}).items():
+        steps = "; ".join(f"{st['label']} {fmt(st['share'])}" for st in t["steps"]) or "no knob differs"
+        lines.append(f"  {target}: {fmt(t['total'])} = {steps}")
+    return lines
+
+
 def print_summary(summary: dict, title: str = "", console: Console | None = None) -> None:
-    (console or Console()).print(summary_table(summary, title))
+    console = console or Console()
+    console.print(summary_table(summary, title))
+    if summary.get("decomposition"):
+        for line in decomposition_lines(summary["decomposition"]):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def capacity_table(capacity, axes: list[str]) -> Table:

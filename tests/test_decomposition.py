@@ -5,6 +5,7 @@ import json
 import pytest
 
 from reports import figures
+from reports.console import decomposition_lines
 from reports.html import decomposition_table
 from sim.config import POLICY_PRESETS, PolicyConfig, _expand_policy, parse_scenario
 from sim.decompose import DECOMPOSED_METRICS, KNOBS, chain, decompose, policy_fields, policy_key
@@ -154,6 +155,9 @@ def test_real_runs_telescope_and_a_knob_without_effect_has_zero_share(tmp_path):
     table = decomposition_table(saved)
     assert table.count("<tr>") == 1 + sum(len(t["steps"]) + 2 for t in saved["targets"].values())
     assert "+ prefill" in table and "swap_space_gib: 4.0 → 1.0" in table
+    lines = decomposition_lines(saved)  # what sim run prints under its table
+    assert lines[0].startswith("what each knob explains, from orca-max-mixed") and len(lines) == 4
+    assert lines[-1].startswith("  v-idle-knobs: ") and "other +0 req/s, +0 s/token" in lines[-1]
     fig = figures.decomposition(saved)
     bars = [tr for tr in fig.data if tr.type == "bar"]
     assert {tr.name for tr in bars} == {"paged allocation", "prefill", "block size", "other"}
