@@ -61,7 +61,8 @@ CDF_METRICS = (  # column, short name, axis title with unit, hover unit
     ("normalized_latency_s", "normalized latency", "normalized latency (s/token)", "s/token"),
 )
 
-# Axis titles (with units) for known sweep axes and metrics; other columns are titled by their name.
+# Axis titles (with units) for known sweep axes; a summary metric is titled from its declaration
+# (sim.metrics.METRICS); other columns by their name.
 AXIS_TITLES = {
     "workload.arrival.rate": "request rate (req/s)",
     "block_size": "block size (tokens)",
@@ -70,9 +71,6 @@ AXIS_TITLES = {
     "gpu_memory_utilization": "GPU memory utilization (share)",
     "tensor_parallel": "tensor-parallel GPUs",
     "swap_space_gib": "swap space (GiB)",
-    "mean_normalized_latency_s": "mean normalized latency (s/token)",
-    "request_throughput": "request throughput (req/s)",
-    "output_throughput": "output throughput (tok/s)",
     "sustainable_request_rate": "sustainable request rate (req/s)",
 }
 
@@ -504,6 +502,8 @@ def sweep_axes(sweep: pd.DataFrame) -> list[str]:
 
 
 def _axis_title(col: str) -> str:
+    if col in METRICS:
+        return f"{METRICS[col].label} ({METRICS[col].unit})"
     return AXIS_TITLES.get(col) or AXIS_TITLES.get(col.split(".")[-1]) or col
 
 
