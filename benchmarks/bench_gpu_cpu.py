@@ -20,7 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-AZURE = ROOT.parent / "shared" / "traces" / "azure_2023" / "AzureLLMInferenceTrace_conv.csv"
+from sim.trace_paths import locate  # noqa: E402  (searched in $KVSIM_TRACES, then ../shared/traces)
+
+AZURE = locate("azure_2023/AzureLLMInferenceTrace_conv.csv")
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
     python benchmarks/bench_speed.py --sizes 10000 100000 --presets vllm
 
 Setup (issue 8): Llama-2-7B on one A100-80GB. (a) The Azure LLM inference 2023 conv trace at its own
-rate, read from ../shared/traces/ when present. (b) Generated workloads with Azure-conv-like sizes
+rate, read from $KVSIM_TRACES or ../shared/traces/ when present. (b) Generated workloads with Azure-conv-like sizes
 (log-normal prompts: mean 1155, cv 0.6, at most 3072 tokens; outputs: mean 211, cv 1.3, at most 1000)
 and Poisson arrivals at 5.5 requests/s, about the trace's own rate, which keeps every preset busy.
 Each (workload, preset) runs in a fresh process, pinned to one core when `taskset` exists, so its
@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AZURE = ROOT.parent / "shared" / "traces" / "azure_2023" / "AzureLLMInferenceTrace_conv.csv"
+sys.path.insert(0, str(ROOT))
+from sim.trace_paths import locate  # noqa: E402  (searched in $KVSIM_TRACES, then ../shared/traces)
+
+AZURE = locate("azure_2023/AzureLLMInferenceTrace_conv.csv")
 PRESETS = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm", "vllm-v1"]
 
 
@@ -88,7 +91,8 @@ def main() -> None:
                 print(f"  {p:<18} {r['wall_s']:7.2f} s (cpu {r['cpu_s']:5.2f} s) {r['requests'] / r['wall_s']:9,.0f} req/s  "
                       f"peak RSS {r['peak_rss_mib']:6.0f} MiB  ({r['finished']:,} finished, {r['steps']:,} steps)")
         else:
-            print(f"\n(a) skipped: {AZURE} not found (real traces live outside the project)")
+            print(f"\n(a) skipped: {AZURE} not found (real traces live outside the project: "
+                  "sim trace fetch azure-2023-conv)")
     print("\n(b) generated, Azure-conv-like sizes, Poisson 5.5 req/s")
     for p in a.presets:
         prev, last_n = None, 1

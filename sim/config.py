@@ -21,6 +21,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       model_validator)
 
 from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, model_from_hf_config
+from sim.trace_paths import PREFIX as TRACE_PREFIX
+from sim.trace_paths import locate as locate_trace
 
 
 class ScenarioError(ValueError):
@@ -194,7 +196,8 @@ class TraceWorkload(Strict):
     ``cap_lengths``. ``kind: table`` is the older name of ``kind: trace``."""
 
     kind: Literal["trace", "table"]
-    path: str = Field(description="trace file, relative to the scenario file")
+    path: str = Field(description="trace file, relative to the scenario file; traces:REL for REL in the traces "
+                      "folders ($KVSIM_TRACES, then ../shared/traces; `sim trace fetch` fills them)")
     format: Literal["auto", "azure", "burstgpt", "mooncake", "vidur", "lengths", "canonical"] = "auto"
     columns: TraceColumns | None = Field(None, description="column mapping of a generic table")
     models: list[str] | None = Field(None, min_length=1, description="burstgpt: keep only these models")
@@ -470,6 +473,8 @@ class Scenario(Strict):
         return self
 
     def resolve_path(self, p: str) -> Path:
+        if p.startswith(TRACE_PREFIX):  # a file of the traces folders ($KVSIM_TRACES, ../shared/traces)
+            return locate_trace(p[len(TRACE_PREFIX):])
         q = Path(p).expanduser()
         return q if q.is_absolute() else self._base_dir / q
 

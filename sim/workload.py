@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sim import trace_paths
 from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, Uniform
 
 
@@ -219,6 +220,9 @@ def load_requests(s: Scenario) -> RequestTable:
 
     path = s.resolve_path(w.path)
     if not path.exists():
+        if w.path.startswith(trace_paths.PREFIX):
+            raise ScenarioError(f"workload.path: {w.path}: not found in the traces folders ({trace_paths.searched()}); "
+                                "`sim trace fetch --list` names the public traces and the file each writes")
         raise ScenarioError(f"workload.path: {path}: no such trace file (relative paths start at the scenario's "
                             "folder; real traces are not part of the project: see the README's Traces section)")
     max_model_len = s.model_spec().max_model_len if w.cap_lengths == "truncate" else None

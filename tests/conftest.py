@@ -6,10 +6,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
 sys.path.insert(0, str(ROOT))
 
+from sim import trace_paths  # noqa: E402
 from sim.config import parse_scenario  # noqa: E402
+
+TRACES_DIR: str | None = None  # pytest --traces-dir DIR (searched before $KVSIM_TRACES and ../shared/traces)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--traces-dir", default=None, metavar="DIR",
+                     help="folder of real traces (searched before $KVSIM_TRACES, then ../shared/traces)")
+
+
+def pytest_configure(config):
+    global TRACES_DIR
+    TRACES_DIR = config.getoption("--traces-dir")
 
 
 def scenario(**over):
@@ -31,7 +43,9 @@ def make_scenario():
 
 
 def shared_trace(rel: str) -> Path:
-    p = SHARED_TRACES / rel
-    if not p.exists():
-        pytest.skip(f"shared trace {rel} not found at {SHARED_TRACES} (real traces live outside the project)")
+    """A real trace by its path in a traces folder (sim.trace_paths' search order); skip if it is absent."""
+    p = trace_paths.find_trace(rel, TRACES_DIR)
+    if p is None:
+        pytest.skip(f"trace {rel} not found in {trace_paths.searched(TRACES_DIR)}; real traces live outside the "
+                    "project: `sim trace fetch tests` downloads them")
     return p

@@ -1,0 +1,55 @@
+"""Where real traces are found: one search order for scenarios, tests, benchmarks and the device check.
+
+A trace is named by its path inside a traces folder (``azure_2023/AzureLLMInferenceTrace_conv.csv``, the
+layout ``sim trace fetch`` writes). The folders searched, in order:
+
+1. a folder given explicitly (``--dir``, or the tests' ``--traces-dir``);
+2. ``$KVSIM_TRACES``;
+3. ``../shared/traces`` beside the project's root (where this repository keeps its copy).
+
+In a scenario, ``path: traces:azure_2023/AzureLLMInferenceTrace_conv.csv`` names a trace this way (any
+other path is relative to the scenario's file). Only paths here: the catalog of public traces and the
+download live in ``traces.catalog`` and ``traces.fetch``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "KVSIM_TRACES"
+PREFIX = "traces:"  # a scenario's trace path searched in the traces folders
+ROOT = Path(__file__).resolve().parents[1]  # the project's root (in a source checkout)
+PROJECT_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def trace_dirs(explicit: str | Path | None = None) -> list[Path]:
+    """The folders searched, in order (an unset or empty ``$KVSIM_TRACES`` is left out)."""
+    dirs = [Path(explicit).expanduser()] if explicit else []
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        dirs.append(Path(env).expanduser())
+    dirs.append(PROJECT_TRACES)
+    return dirs
+
+
+def find_trace(rel: str | Path, explicit: str | Path | None = None) -> Path | None:
+    """The first existing ``DIR/rel`` in the search order, or None."""
+    for d in trace_dirs(explicit):
+        if (d / rel).is_file():
+            return d / rel
+    return None
+
+
+def locate(rel: str | Path, explicit: str | Path | None = None) -> Path:
+    """``find_trace``, or where the first folder would hold it (for a message naming the file)."""
+    return find_trace(rel, explicit) or trace_dirs(explicit)[0] / rel
+
+
+def searched(explicit: str | Path | None = None) -> str:
+    """The search order in words, for a 'not found' message."""
+    env = os.environ.get(ENV, "").strip()
+    parts = [str(explicit)] if explicit else []
+    parts.append(f"${ENV} ({env})" if env else f"${ENV} (unset)")
+    parts.append(str(PROJECT_TRACES))
+    return ", ".join(parts)
