@@ -143,6 +143,26 @@ def trace_convert(file: TraceFile, out_file: Annotated[Path, typer.Argument(help
         out.print(line, highlight=False, soft_wrap=True)
 
 
+@trace_app.command("fetch")
+def trace_fetch(
+    names: Annotated[Optional[List[str]], typer.Argument(metavar="NAME...", help="catalog names, or a group: "
+                                                          "tests (what the tests read, ~8 MB), all")] = None,
+    folder: Optional[Path] = typer.Option(None, "--dir", help="traces folder (default: $KVSIM_TRACES, else "
+                                          "../shared/traces beside the project)"),
+    mirror: Optional[str] = typer.Option(None, "--mirror", help="download MIRROR/FILE instead of the publisher's URL"),
+    force: bool = typer.Option(False, "--force", help="download again even if the file is there"),
+    list_: bool = typer.Option(False, "--list", help="list the public traces, licences, and where each is found"),
+) -> None:
+    """Download public traces (Azure 2023/2024, BurstGPT, Mooncake, Vidur/Splitwise) and check their SHA-256."""
+    from traces.fetch import catalog_lines, fetch_command
+
+    with user_errors():
+        lines = catalog_lines(folder) if list_ else fetch_command(names or [], folder, mirror=mirror, force=force,
+                                                                   console=err)
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True)
+
+
 # ---------------------------------------------------------------------------------------------- GPU backend
 
 @contextmanager
