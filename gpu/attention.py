@@ -48,6 +48,19 @@ def _dot(a, b, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _cast(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 ``x`` to ``dtype``. NOTE: Triton's CPU interpreter truncates fp32 -> bf16 where a GPU rounds to
+    nearest even (a bias of -2^-9 relative: it doubles a bf16 kernel's error against its reference), so
+    under the interpreter (UPCAST) the rounding is done here first; on a GPU this is a plain cast."""
+    if UPCAST:
+        if dtype == tl.bfloat16:
+            b = x.to(tl.uint32, bitcast=True)
+            b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+            x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
 def _token_slots(offs, block_table_row_ptr, slab_start, mask, BLOCK_SIZE: tl.constexpr, PAGED: tl.constexpr):
     """Slots (int64) of token positions ``offs`` of one sequence."""
     if PAGED:
@@ -58,13 +71,11 @@ def _token_slots(offs, block_table_row_ptr, slab_start, mask, BLOCK_SIZE: tl.con
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, offs, n_mask, visible, k_cache_ptr, v_cache_ptr, block_table_row_ptr, slab_start,
-                 kv_head, d, d_mask, stride_cs, stride_ch, qk_scale, BLOCK_SIZE: tl.constexpr, PAGED: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """One tile of keys (positions ``offs``, present where ``n_mask``) for the query rows ``q``: load K
-    and V through the layout, mask what each row may not see (``visible`` [rows, BLOCK_N]), and fold the
-    tile into the running max ``m_i``, sum ``l_i`` and output ``acc`` (base-2 online softmax)."""
-    slots = _token_slots(offs, block_table_row_ptr, slab_start, n_mask, BLOCK_SIZE, PAGED)
+def _attend_tile(q, m_i, l_i, acc, slots, n_mask, visible, k_cache_ptr, v_cache_ptr, kv_head, d, d_mask, stride_cs,
+                 stride_ch, qk_scale, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of keys (pool ``slots`` [BLOCK_N] int64, present where ``n_mask``) for the query rows
+    ``q``: load K and V, mask what each row may not see (``visible`` [rows, BLOCK_N]), and fold the tile
+    into the running max ``m_i``, sum ``l_i`` and output ``acc`` (base-2 online softmax)."""
     kv_off = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
@@ -75,7 +86,7 @@ def _attend_tile(q, m_i, l_i, acc, offs, n_mask, visible, k_cache_ptr, v_cache_p
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST, PRECISION)
+    acc = acc * alpha[:, None] + _dot(_cast(p, v.dtype, UPCAST), v, UPCAST, PRECISION)
     return m_new, l_i, acc
 
 
@@ -108,6 +119,7 @@ def _decode_attention_kernel(
     PARTITION_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr = True,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -136,12 +148,23 @@ def _decode_attention_kernel(
     m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)
+    # Paged with PREFETCH: the next tile's block ids are loaded one iteration ahead, so a tile's K/V
+    # addresses never wait on a block-table load issued in the same iteration.
+    offs = start + tl.arange(0, BLOCK_N)
+    ids = tl.zeros([BLOCK_N], dtype=tl.int32)
+    if PAGED and PREFETCH:
+        ids = tl.load(block_table_row + offs // BLOCK_SIZE, mask=offs < end, other=0)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
-        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, offs, n_mask, n_mask[None, :], k_cache_ptr, v_cache_ptr,
-                                     block_table_row, slab_start, kv_head, d, d_mask, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, PAGED, UPCAST, PRECISION)
+        if PAGED and PREFETCH:
+            slots = ids.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
+            nxt = offs + BLOCK_N
+            ids = tl.load(block_table_row + nxt // BLOCK_SIZE, mask=nxt < end, other=0)
+        else:
+            slots = _token_slots(offs, block_table_row, slab_start, n_mask, BLOCK_SIZE, PAGED)
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, slots, n_mask, n_mask[None, :], k_cache_ptr, v_cache_ptr,
+                                     kv_head, d, d_mask, stride_cs, stride_ch, qk_scale, UPCAST, PRECISION)
 
     if PARTITION_SIZE > 0:
         base = seq.to(tl.int64) * stride_ps + head * stride_ph + part
@@ -153,7 +176,7 @@ def _decode_attention_kernel(
     else:
         out = acc / l_i[:, None]
         tl.store(out_ptr + row * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+                 _cast(out, out_ptr.dtype.element_ty, UPCAST), mask=g_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit(do_not_specialize=["stride_ps", "stride_ph", "stride_ms", "stride_mh"])
@@ -169,6 +192,7 @@ def _decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     PARTITION_SIZE: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """One program per (sequence, query head): merge its partitions' partial softmaxes."""
     seq = tl.program_id(0)
@@ -197,18 +221,23 @@ def _decode_reduce_kernel(
         m_run = m_new
     row = tl.load(query_loc_ptr + seq).to(tl.int64)
     out = acc / l_run
-    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, _cast(out, out_ptr.dtype.element_ty, UPCAST), mask=d_mask)
 
 
 def _layout_args(num_seqs: int, block_tables: torch.Tensor | None, slab_starts: torch.Tensor | None,
-                 seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
-    """(block_tables, slab_starts, block-table row stride, paged): the unused one is a placeholder."""
+                 seq_lens: torch.Tensor, block_size: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """(block_tables, slab_starts, block-table row stride, paged): the unused one is a placeholder. A block
+    table must be wide enough for ``max_seq_len`` tokens: a kernel would read past its row otherwise."""
     if (block_tables is None) == (slab_starts is None):
         raise ValueError("give exactly one of block_tables (paged) or slab_starts (contiguous)")
     if block_tables is not None:
         if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != num_seqs \
                 or block_tables.stride(1) != 1:
             raise ValueError(f"block_tables must be int32 [num_seqs={num_seqs}, max_num_blocks] with contiguous rows")
+        if num_seqs and block_tables.shape[1] * block_size < max_seq_len:
+            raise ValueError(f"block_tables has {block_tables.shape[1]} columns: {block_tables.shape[1]} x block_size "
+                             f"{block_size} = {block_tables.shape[1] * block_size} slots, fewer than max_seq_len "
+                             f"{max_seq_len}")
         return block_tables, seq_lens, block_tables.stride(0), True
     if slab_starts.dtype != torch.int64 or slab_starts.shape != (num_seqs,):
         raise ValueError(f"slab_starts must be int64 [num_seqs={num_seqs}]")
@@ -256,17 +285,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      query_loc: torch.Tensor, *, max_seq_len: int, block_size: int,
                      block_tables: torch.Tensor | None = None, slab_starts: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, sm_scale: float | None = None, split_k: bool | None = None,
-                     block_n: int = 64, num_warps: int | None = None) -> torch.Tensor:
+                     block_n: int = 64, num_warps: int | None = None, num_stages: int | None = None,
+                     prefetch: bool = True) -> torch.Tensor:
     """One query token per sequence (row ``query_loc[s]`` of ``q`` [num_tokens, H, D]) against its first
     ``seq_lens[s]`` cached tokens, read through ``block_tables`` (paged) or from ``slab_starts``
-    (contiguous). Writes rows ``query_loc`` of ``out``; ``max_seq_len`` (a host int) sizes the grid.
-    ``block_n`` keys per tile and ``num_warps`` are launch choices (the device check sweeps them)."""
+    (contiguous). Writes rows ``query_loc`` of ``out``; ``max_seq_len`` (a host int, at least every
+    ``seq_lens[s]``) sizes the grid. ``block_n`` keys per tile, ``num_warps``, ``num_stages`` (software
+    pipeline depth; Triton's default when None) and ``prefetch`` (paged: load the next tile's block ids
+    one iteration ahead) are launch choices the device check sweeps."""
     out = torch.empty_like(q) if out is None else out
     num_heads, num_kv_heads = _check_attention_args("decode_attention", q, k_cache, v_cache, out, seq_lens, query_loc)
     num_seqs = seq_lens.shape[0]
     if query_loc.shape != (num_seqs,):
         raise ValueError("decode_attention: query_loc needs one row per sequence")
-    tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens)
+    tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens, block_size,
+                                                   max_seq_len)
     check_launch("decode_attention", q, k_cache, v_cache, out, seq_lens, query_loc, tables, slabs)
     if num_seqs == 0:
         return out
@@ -277,9 +310,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         split_k = use_split_k(num_seqs, num_kv_heads, max_seq_len, q.device)
     block_d = triton.next_power_of_2(head_dim)
     common = dict(NUM_QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-                  BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged, **_dot_args(q.dtype))
+                  BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged, PREFETCH=prefetch,
+                  **_dot_args(q.dtype))
     if num_warps is not None:
         common["num_warps"] = num_warps
+    if num_stages is not None:
+        common["num_stages"] = num_stages
     if not split_k:
         _decode_attention_kernel[(num_seqs, num_kv_heads, 1)](
             q, k_cache, v_cache, out, out, seq_lens, seq_lens, query_loc, seq_lens, tables, slabs, sm_scale,
@@ -299,19 +335,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out, part_out, part_max, part_sum, query_loc, seq_lens,
         out.stride(0), out.stride(1), part_out.stride(0) // block_d, part_out.stride(1) // block_d,
         part_max.stride(0), part_max.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, PARTITION_SIZE=PARTITION_SIZE, BLOCK_P=16)
+        HEAD_DIM=head_dim, BLOCK_D=block_d, PARTITION_SIZE=PARTITION_SIZE, BLOCK_P=16,
+        UPCAST=interpreting())
     return out
 
 
 # ------------------------------------------------------------------------------------------ prefill
 
 
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "part_size", "num_parts", "max_num_new"])
 def _prefill_attention_kernel(
     q_ptr,  # [num_tokens, H, D]: sequence s owns rows query_start[s] .. + num_new[s]
     k_cache_ptr,  # [num_slots, H_kv, D] (the new tokens' K/V already stored)
     v_cache_ptr,  # [num_slots, H_kv, D]
-    out_ptr,  # [num_tokens, H, D]
+    out_ptr,  # [num_tokens, H, D] (written when not SPLIT)
+    part_out_ptr,  # [num_seqs, max_num_new, H, num_parts, BLOCK_D] fp32 (SPLIT)
+    part_max_ptr,  # [num_seqs, max_num_new, H, num_parts] fp32, log2 domain (SPLIT)
+    part_sum_ptr,  # [num_seqs, max_num_new, H, num_parts] fp32 (SPLIT)
     query_start_ptr,  # [num_seqs] int32
     num_new_ptr,  # [num_seqs] int32: new tokens (queries) of the sequence
     seq_lens_ptr,  # [num_seqs] int32: cached + new tokens
@@ -319,7 +359,9 @@ def _prefill_attention_kernel(
     slab_starts_ptr,  # [num_seqs] int64 (not PAGED)
     sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt,
+    part_size, num_parts, max_num_new,
     NUM_QUERIES_PER_KV: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -327,14 +369,23 @@ def _prefill_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
+    SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Causal attention of ``BLOCK_Q`` new tokens (x all G heads of one KV head) over the sequence's cache:
-    query token i (position num_cached + i) sees keys 0 .. num_cached + i."""
+    query token i (position num_cached + i) sees keys 0 .. num_cached + i. SPLIT (a split over keys, for
+    a short chunk over a long cached context): program axis 2 is (query block, key partition of
+    ``part_size`` keys); each writes its unnormalised partial output, max and sum, merged by
+    ``_prefill_reduce_kernel``."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_block = tl.program_id(2)
+    if SPLIT:
+        q_block = tl.program_id(2) // num_parts
+        part = tl.program_id(2) % num_parts
+    else:
+        q_block = tl.program_id(2)
+        part = 0
     num_new = tl.load(num_new_ptr + seq)
     seq_len = tl.load(seq_lens_ptr + seq)
     num_cached = seq_len - num_new
@@ -356,37 +407,118 @@ def _prefill_attention_kernel(
     # keys up to the last query of this tile; none when the tile holds no query
     kv_end = tl.minimum(seq_len, num_cached + (q_block + 1) * BLOCK_Q)
     kv_end = tl.where(q_block * BLOCK_Q < num_new, kv_end, 0)
+    kv_start = 0
+    if SPLIT:
+        kv_start = part * part_size
+        kv_end = tl.minimum(kv_end, kv_start + part_size)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < kv_end
         causal = n_mask[None, :] & (offs[None, :] <= pos[:, None])
-        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, offs, n_mask, causal, k_cache_ptr, v_cache_ptr,
-                                     block_table_row, slab_start, kv_head, d, d_mask, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, PAGED, UPCAST, PRECISION)
+        slots = _token_slots(offs, block_table_row, slab_start, n_mask, BLOCK_SIZE, PAGED)
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, slots, n_mask, causal, k_cache_ptr, v_cache_ptr, kv_head, d,
+                                     d_mask, stride_cs, stride_ch, qk_scale, UPCAST, PRECISION)
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    if SPLIT:
+        # partial row (seq, tok, head, part); a partition a row cannot see leaves max -1e30 and sum 0
+        prow = ((seq.to(tl.int64) * max_num_new + tok) * NUM_HEADS + head) * num_parts + part
+        tl.store(part_out_ptr + prow[:, None] * BLOCK_D + d[None, :], acc, mask=row_mask[:, None] & d_mask[None, :])
+        tl.store(part_max_ptr + prow, m_i, mask=row_mask)
+        tl.store(part_sum_ptr + prow, l_i, mask=row_mask)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 _cast(out, out_ptr.dtype.element_ty, UPCAST), mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_parts", "max_num_new"])
+def _prefill_reduce_kernel(
+    out_ptr,  # [num_tokens, H, D]
+    part_out_ptr,  # [num_seqs, max_num_new, H, num_parts, BLOCK_D] fp32
+    part_max_ptr,  # [num_seqs, max_num_new, H, num_parts] fp32
+    part_sum_ptr,  # [num_seqs, max_num_new, H, num_parts] fp32
+    query_start_ptr,  # [num_seqs] int32
+    num_new_ptr,  # [num_seqs] int32
+    stride_ot, stride_oh, num_parts, max_num_new,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One program per (sequence, new token), all its query heads: merge the token's key partitions one
+    at a time (a [heads, head_dim] running output)."""
+    pid = tl.program_id(0)
+    seq = pid // max_num_new
+    tok = pid % max_num_new
+    valid = tok < tl.load(num_new_ptr + seq)
+    parts = tl.where(valid, num_parts, 0)  # (scalar masks as bounds: the interpreter takes no scalar & tensor)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    h_mask = h < NUM_HEADS
+    base = ((seq.to(tl.int64) * max_num_new + tok) * NUM_HEADS + h) * num_parts  # [BLOCK_H]
+    m_run = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for p in range(0, parts):
+        m_p = tl.load(part_max_ptr + base + p, mask=h_mask, other=-1.0e30)
+        l_p = tl.load(part_sum_ptr + base + p, mask=h_mask, other=0.0)
+        acc_p = tl.load(part_out_ptr + (base + p)[:, None] * BLOCK_D + d[None, :],
+                        mask=h_mask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+        m_new = tl.maximum(m_run, m_p)
+        alpha = tl.exp2(m_run - m_new)
+        scale = tl.exp2(m_p - m_new)
+        l_run = l_run * alpha + l_p * scale
+        acc = acc * alpha[:, None] + acc_p * scale[:, None]
+        m_run = m_new
+    row = tl.load(query_start_ptr + seq).to(tl.int64) + tok
+    out = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    tl.store(out_ptr + row * stride_ot + h[:, None] * stride_oh + d[None, :], _cast(out, out_ptr.dtype.element_ty, UPCAST),
+             mask=h_mask[:, None] & (d < tl.where(valid, HEAD_DIM, 0))[None, :])
+
+
+def prefill_partitions(num_programs: int, max_seq_len: int, block_n: int, device: torch.device) -> tuple[int, int]:
+    """(key partitions, keys per partition) for a prefill of ``num_programs`` (sequence, KV head, query
+    block) programs over up to ``max_seq_len`` keys: (1, 0) when one program each already fills the
+    device or the context is short; else enough partitions (of whole tiles, at least ``PARTITION_SIZE``
+    keys) to give the device about two programs per multiprocessor."""
+    target = 2 * (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4)
+    if num_programs >= target // 2 or max_seq_len <= PARTITION_SIZE:
+        return 1, 0
+    parts = min(-(-target // num_programs), -(-max_seq_len // PARTITION_SIZE))
+    size = -(-max_seq_len // parts)
+    size = -(-size // block_n) * block_n
+    return -(-max_seq_len // size), size
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start: torch.Tensor,
                       num_new: torch.Tensor, seq_lens: torch.Tensor, *, max_num_new: int, block_size: int,
                       block_tables: torch.Tensor | None = None, slab_starts: torch.Tensor | None = None,
                       out: torch.Tensor | None = None, sm_scale: float | None = None, block_m: int = 64,
-                      block_n: int = 64) -> torch.Tensor:
+                      block_n: int = 64, max_seq_len: int | None = None, split_k: bool | None = None,
+                      partition_size: int | None = None) -> torch.Tensor:
     """Causal attention of each sequence's ``num_new[s]`` new tokens (rows ``query_start[s]`` ..) over
-    its ``seq_lens[s]`` cached tokens, the new ones included (they must already be stored)."""
+    its ``seq_lens[s]`` cached tokens, the new ones included (they must already be stored).
+
+    ``max_seq_len`` (a host int, at least every ``seq_lens[s]``) checks the block table's width and
+    decides the split over keys; when None it is read from ``seq_lens`` (a device sync). ``split_k``:
+    split each sequence's keys into partitions of ``partition_size`` keys (chosen by
+    :func:`prefill_partitions` when None), merged by a second kernel: for a short chunk over a long
+    cached context, which otherwise gives the device a handful of programs each walking every key."""
     out = torch.empty_like(q) if out is None else out
     num_heads, num_kv_heads = _check_attention_args("prefill_attention", q, k_cache, v_cache, out, seq_lens,
                                                     query_start)
     num_seqs = seq_lens.shape[0]
     if query_start.shape != (num_seqs,) or num_new.shape != (num_seqs,) or num_new.dtype != torch.int32:
         raise ValueError("prefill_attention: query_start and num_new need one int32 entry per sequence")
-    tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if num_seqs else 0
+    tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens, block_size,
+                                                   max_seq_len)
     check_launch("prefill_attention", q, k_cache, v_cache, out, seq_lens, query_start, num_new, tables, slabs)
     if num_seqs == 0:
         return out
@@ -394,14 +526,41 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     group = num_heads // num_kv_heads
     block_m = max(block_m, 16, triton.next_power_of_2(group))
     block_q = block_m // group
+    block_d = triton.next_power_of_2(head_dim)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    grid = (num_seqs, num_kv_heads, triton.cdiv(max_num_new, block_q))
+    q_blocks = triton.cdiv(max_num_new, block_q)
+    num_parts, part_size = 1, 0
+    if partition_size is not None:
+        if partition_size < 1:
+            raise ValueError(f"prefill_attention: partition_size must be positive, got {partition_size}")
+        num_parts, part_size = triton.cdiv(max(max_seq_len, 1), partition_size), partition_size
+    elif split_k is not False:
+        num_parts, part_size = prefill_partitions(num_seqs * num_kv_heads * q_blocks, max_seq_len, block_n, q.device)
+        if split_k and num_parts == 1:  # asked for: split into whole tiles anyway
+            part_size = max(block_n, -(-max_seq_len // 2))
+            num_parts = triton.cdiv(max(max_seq_len, 1), part_size)
+    split = split_k is not False and num_parts > 1
+    parts = dummy = None
+    if split:
+        shape = (num_seqs, max_num_new, num_heads, num_parts)
+        parts = (torch.empty((*shape, block_d), device=q.device, dtype=torch.float32),
+                 torch.empty(shape, device=q.device, dtype=torch.float32),
+                 torch.empty(shape, device=q.device, dtype=torch.float32))
+    else:
+        num_parts, part_size = 1, 0
+        dummy = out
+    grid = (num_seqs, num_kv_heads, q_blocks * num_parts)
     _prefill_attention_kernel[grid](
-        q, k_cache, v_cache, out, query_start, num_new, seq_lens, tables, slabs, sm_scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), stride_bt,
-        NUM_QUERIES_PER_KV=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged,
-        **_dot_args(q.dtype))
+        q, k_cache, v_cache, out, *(parts if split else (dummy, dummy, dummy)), query_start, num_new, seq_lens, tables,
+        slabs, sm_scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        stride_bt, part_size, num_parts, max_num_new,
+        NUM_QUERIES_PER_KV=group, NUM_HEADS=num_heads, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged, SPLIT=split, **_dot_args(q.dtype))
+    if split:
+        _prefill_reduce_kernel[(num_seqs * max_num_new,)](
+            out, *parts, query_start, num_new, out.stride(0), out.stride(1), num_parts, max_num_new,
+            NUM_HEADS=num_heads, BLOCK_H=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim, BLOCK_D=block_d,
+            UPCAST=interpreting())
     return out
 
 
@@ -432,24 +591,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, c
 
 
 def decode_attention_ref(q, k_cache, v_cache, seq_lens, query_loc, *, block_size: int, block_tables=None,
-                         slab_starts=None, out=None, sm_scale: float | None = None) -> torch.Tensor:
-    """PyTorch reference of :func:`decode_attention`: gather each sequence's keys and attend."""
-    out = torch.empty_like(q) if out is None else out
+                         slab_starts=None, out=None, sm_scale: float | None = None,
+                         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """PyTorch reference of :func:`decode_attention`: gather each sequence's keys and attend (in ``dtype``
+    when given: only the gathered keys are converted, so a huge pool is never copied whole)."""
+    out = torch.empty_like(q if dtype is None else q.to(dtype)) if out is None else out
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
+    cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (n, row) in enumerate(zip(seq_lens.tolist(), query_loc.tolist())):
         slots = sequence_slots(s, n, block_size, block_tables, slab_starts)
-        out[row] = attend(q[row:row + 1], k_cache[slots], v_cache[slots], sm_scale, None)[0]
+        out[row] = attend(cast(q[row:row + 1]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale, None)[0]
     return out
 
 
 def prefill_attention_ref(q, k_cache, v_cache, query_start, num_new, seq_lens, *, block_size: int,
-                          block_tables=None, slab_starts=None, out=None, sm_scale: float | None = None) -> torch.Tensor:
-    """PyTorch reference of :func:`prefill_attention`."""
-    out = torch.empty_like(q) if out is None else out
+                          block_tables=None, slab_starts=None, out=None, sm_scale: float | None = None,
+                          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """PyTorch reference of :func:`prefill_attention` (in ``dtype`` when given, as the decode reference)."""
+    out = torch.empty_like(q if dtype is None else q.to(dtype)) if out is None else out
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
+    cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (start, n, length) in enumerate(zip(query_start.tolist(), num_new.tolist(), seq_lens.tolist())):
         slots = sequence_slots(s, length, block_size, block_tables, slab_starts)
-        out[start:start + n] = attend(q[start:start + n], k_cache[slots], v_cache[slots], sm_scale, length - n)
+        out[start:start + n] = attend(cast(q[start:start + n]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale,
+                                      length - n)
     return out
 
 

@@ -20,12 +20,14 @@ def configurations(dt: str) -> list[tuple[str, dict]]:
     """(kernel, constexprs) as launched for Llama-3-8B heads (32 over 8, head dim 128), blocks of 16."""
     prec = "ieee" if dt == "fp32" else "tf32"
     common = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, BLOCK_SIZE=16, UPCAST=False, PRECISION=prec)
-    out = [("_prefill_attention_kernel", dict(NUM_QUERIES_PER_KV=4, BLOCK_M=64, BLOCK_Q=16, PAGED=paged, **common))
-           for paged in (True, False)]
+    out = [("_prefill_attention_kernel", dict(NUM_QUERIES_PER_KV=4, NUM_HEADS=32, BLOCK_M=64, BLOCK_Q=16, PAGED=paged,
+                                              SPLIT=split, **common))
+           for paged in (True, False) for split in (False, True)]
     out += [("_decode_attention_kernel", dict(NUM_QUERIES_PER_KV=4, GROUP_PAD=16, PAGED=paged, PARTITION_SIZE=part,
-                                              **common))
+                                              PREFETCH=True, **common))
             for paged in (True, False) for part in (0, 512)]
-    out += [("_decode_reduce_kernel", dict(HEAD_DIM=128, BLOCK_D=128, PARTITION_SIZE=512, BLOCK_P=16)),
+    out += [("_decode_reduce_kernel", dict(HEAD_DIM=128, BLOCK_D=128, PARTITION_SIZE=512, BLOCK_P=16, UPCAST=False)),
+            ("_prefill_reduce_kernel", dict(NUM_HEADS=32, BLOCK_H=32, HEAD_DIM=128, BLOCK_D=128, UPCAST=False)),
             ("_store_kv_kernel", dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128))]
     return out
 

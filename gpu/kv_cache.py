@@ -25,10 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sim.kv import KvPool
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the kernels need no simulator (nor pydantic): the device check runs them without it
     from gpu.model import ModelShape
+    from sim.kv import KvPool
 
 
 class KvCache:
@@ -36,7 +35,8 @@ class KvCache:
 
     Guarantees: ``layer(l)`` returns ``(k_cache, v_cache)``, views ``[num_slots, H_kv, D]`` of the one
     pool tensor (no copies); the pool starts zeroed, so a slot never written reads as zeros. Swapped-out
-    blocks live on the host keyed by the scheduler's CPU block id; memory grows with what is swapped."""
+    blocks live on the host keyed by the scheduler's CPU block id; memory grows with what is swapped.
+    On a GPU the host copies are in pinned (page-locked) memory, so a swap is one DMA each way."""
 
     def __init__(self, shape: ModelShape, pool: KvPool, device: torch.device, dtype: torch.dtype) -> None:
         self.num_blocks = pool.num_blocks
@@ -60,7 +60,13 @@ class KvCache:
         if not pairs:
             return
         src = torch.tensor([g for g, _ in pairs], device=self.kv.device)
-        host = self.kv.index_select(2, src).to("cpu", non_blocking=False)  # [L, 2, n, B, H, D]
+        blocks = self.kv.index_select(2, src)  # [L, 2, n, B, H, D]
+        if self.kv.device.type == "cuda":
+            # pinned: a real DMA, ordered on the stream before any later swap-in reads it back
+            host = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
+            host.copy_(blocks, non_blocking=True)
+        else:
+            host = blocks.to("cpu")
         for i, (_, cpu_block) in enumerate(pairs):
             self.swap_space[cpu_block] = host[:, :, i]
 
@@ -70,7 +76,9 @@ class KvCache:
             return
         host = torch.stack([self.swap_space.pop(c) for c, _ in pairs], dim=2)
         dst = torch.tensor([g for _, g in pairs], device=self.kv.device)
-        self.kv.index_copy_(2, dst, host.to(self.kv.device))
+        if self.kv.device.type == "cuda":
+            host = host.pin_memory()
+        self.kv.index_copy_(2, dst, host.to(self.kv.device, non_blocking=True))
 
 
     def copy_blocks(self, pairs: tuple[tuple[int, int], ...], use_kernel: bool = True) -> None:
@@ -130,12 +138,14 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """One program per new token: copy its K and V (all KV heads) into its slot."""
-    t = tl.program_id(0)
+    """One program per new token: copy its K and V (all KV heads) into its slot; a negative slot (a padded
+    row of a captured batch) writes nothing. Offsets in int64: a token row times its stride, or a slot
+    times the cache's, passes 2^31 elements in a large step or pool."""
+    t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM) & (h * 0 + slot >= 0)  # a tensor compare (the interpreter)
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     tl.store(k_cache_ptr + slot * stride_cs + h * stride_ch + d, k, mask=mask)
@@ -144,7 +154,8 @@ def _store_kv_kernel(
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write ``key[t]``/``value[t]`` ([num_tokens, H_kv, D]) into slot ``slot_mapping[t]`` of the caches."""
+    """Write ``key[t]``/``value[t]`` ([num_tokens, H_kv, D]) into slot ``slot_mapping[t]`` of the caches;
+    tokens whose slot is negative are skipped (padding)."""
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_head_major(name, t)
     if k_cache.stride() != v_cache.stride() or key.shape[1:] != k_cache.shape[1:] or value.shape != key.shape:
@@ -167,8 +178,12 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """PyTorch reference of :func:`store_kv`."""
+                 slot_mapping: torch.Tensor, skip_negative: bool = True) -> None:
+    """PyTorch reference of :func:`store_kv`. Skipping negative slots costs a device sync on a GPU; the
+    executor's torch path, which never pads, passes ``skip_negative=False``."""
+    if skip_negative:
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_cache[slot_mapping] = key.to(k_cache.dtype)
     v_cache[slot_mapping] = value.to(v_cache.dtype)
 
