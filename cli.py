@@ -20,6 +20,24 @@ err = Console(stderr=True)
 out = Console()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("kvsim")
+        except PackageNotFoundError:  # run from a checkout without `pip install`
+            v = "(not installed)"
+        out.print(f"kvsim {v}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="print kvsim's version and exit")) -> None:
+    pass
+
+
 @contextmanager
 def user_errors():
     from rich.markup import escape

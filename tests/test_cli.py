@@ -90,3 +90,10 @@ def test_sim_runs_without_torch(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "o" / "report.html").exists()
+
+
+def test_version_is_the_installed_packages():
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output == f"kvsim {version('kvsim')}\n", r.output
