@@ -219,10 +219,11 @@ def load_requests(s: Scenario) -> RequestTable:
     from traces.workload import load_trace  # the trace readers are a separate package
 
     path = s.resolve_path(w.path)
-    if not path.exists():
+    if not path.is_file():  # (a folder too: traces: with no file, a path to a directory)
         if w.path.startswith(trace_paths.PREFIX):
-            raise ScenarioError(f"workload.path: {w.path}: not found in the traces folders ({trace_paths.searched()}); "
-                                "`sim trace fetch --list` names the public traces and the file each writes")
+            raise ScenarioError(f"workload.path: {w.path}: not found in the traces folders "
+                                f"({trace_paths.searched()}); `sim trace fetch --list` names the public traces "
+                                "and the file each writes")
         raise ScenarioError(f"workload.path: {path}: no such trace file (relative paths start at the scenario's "
                             "folder; real traces are not part of the project: see the README's Traces section)")
     max_model_len = s.model_spec().max_model_len if w.cap_lengths == "truncate" else None
