@@ -80,7 +80,7 @@ def make_grid(max_batch: int, max_context: int, max_prefill_tokens: int, max_poo
     prefill = [(s, t, c) for s, t, c in prefill if s * (t + c + 16) <= max_pool_tokens]
     mixed = []
     for b, c in decode[:: max(1, len(decode) // (2 if quick else 4))]:
-        t = min(max_prefill_tokens - b, max(16, max_prefill_tokens // 4))
+        t = min(max_prefill_tokens - b, max(16, max_prefill_tokens // 4), max_context)  # one sequence's prompt
         if t > 1 and b * (c + 17) + t + 16 <= max_pool_tokens:
             mixed.append((b, c, t))
     swaps = (1, 8) if quick else (1, 4, 16, 64)
@@ -256,8 +256,10 @@ def measure_block_cost(llama: LlamaModel, shape: ModelShape, model: ModelSpec, d
 
 
 def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | None = None, block_size: int = 16,
-              dtype: torch.dtype | None = None, attention: str | None = None, seed: int = 0) -> dict:
-    """Measure ``grid`` on ``device`` for both layouts, fit, and write the profile to ``out`` (if given)."""
+              dtype: torch.dtype | None = None, attention: str | None = None, seed: int = 0,
+              step_logs: list | None = None) -> dict:
+    """Measure ``grid`` on ``device`` for both layouts, fit, and write the profile to ``out`` (if given).
+    ``step_logs``: a list that receives every measured step's host and GPU times (the executor's log)."""
     dev = resolve_device(device)
     dtype = dtype or default_dtype(dev)
     attention = attention or default_attention(dev)
@@ -271,6 +273,8 @@ def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | No
         bench = StepBench(llama, cache, layout == "paged", attention, seed)
         bench.ex.warmup()
         rows = measure(bench, grid, layout)
+        if step_logs is not None:
+            step_logs.extend(bench.ex.step_log)
         layouts[layout] = fit_layout(rows)
         points += rows
         if layout == "paged":

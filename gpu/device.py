@@ -11,19 +11,27 @@ import torch
 import triton
 
 from gpu.kv_cache import interpreting
-from sim.config import ScenarioError
 
 T = TypeVar("T")
+GIB = 1 << 30
+
+
+def _user_error(msg: str) -> Exception:
+    """The simulator's ScenarioError (the CLI prints it plainly), imported only when raised: the kernels
+    and this module run without the simulator's dependencies (pydantic)."""
+    from sim.config import ScenarioError
+
+    return ScenarioError(msg)
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
     """``cuda`` (or ``cuda:N``) or ``cpu``; a CUDA request without a CUDA device is a user error."""
     name = str(name)
     if name != "cpu" and not name.startswith("cuda"):
-        raise ScenarioError(f"--device {name!r}: expected cuda or cpu")
+        raise _user_error(f"--device {name!r}: expected cuda or cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ScenarioError(f"--device {name}: torch {torch.__version__} sees no CUDA device (use --device cpu)")
+        raise _user_error(f"--device {name}: torch {torch.__version__} sees no CUDA device (use --device cpu)")
     return device
 
 
@@ -44,9 +52,18 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def usable_memory(device: torch.device) -> dict | None:
+    """The device's memory as the driver reports it (``torch.cuda.mem_get_info``): what a run can really
+    allocate, not a datasheet figure (an H200 shows about 139.8 GiB of its 141 GB). None on the CPU."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {"free_bytes": int(free), "total_bytes": int(total), "free_gib": free / GIB, "total_gib": total / GIB}
+
+
 def provenance(device: torch.device) -> dict:
     """Where and with what a measurement was taken."""
-    return {
+    out = {
         "device": device_name(device),
         "device_type": device.type,
         "torch": torch.__version__,
@@ -56,6 +73,78 @@ def provenance(device: torch.device) -> dict:
         "triton_interpreter": interpreting(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(sm_count=props.multi_processor_count, compute_capability=f"{props.major}.{props.minor}",
+                   memory=usable_memory(device))
+        out["nvml"] = nvml_info(device)
+    return out
+
+
+def _nvml(device: torch.device):
+    """(pynvml, handle) of the device, or (None, reason) when nvidia-ml-py is missing or NVML fails."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py (pynvml) is not installed"
+    try:
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    except Exception as e:  # noqa: BLE001 - provenance is best effort, and says why it is missing
+        return None, f"NVML: {e.__class__.__name__}: {e}"
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_info(device: torch.device) -> dict:
+    """Driver, board and limits from NVML (nvidia-ml-py), each field guarded."""
+    nv, h = _nvml(device)
+    if nv is None:
+        return {"error": h}
+    out: dict = {}
+    fields = {
+        "driver": lambda: _text(nv.nvmlSystemGetDriverVersion()),
+        "name": lambda: _text(nv.nvmlDeviceGetName(h)),
+        "memory_total_bytes": lambda: int(nv.nvmlDeviceGetMemoryInfo(h).total),
+        "power_limit_w": lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        "max_sm_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "max_memory_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        "persistence_mode": lambda: nv.nvmlDeviceGetPersistenceMode(h),
+    }
+    for k, f in fields.items():
+        try:
+            out[k] = f()
+        except Exception as e:  # noqa: BLE001
+            out[k] = f"unavailable ({e.__class__.__name__})"
+    return out
+
+
+def clocks(device: torch.device) -> dict | None:
+    """Clocks, temperature, power and throttle reasons now (NVML), for before and after each section.
+    None on the CPU; ``{"error": ...}`` where NVML is missing."""
+    if device.type != "cuda":
+        return None
+    nv, h = _nvml(device)
+    if nv is None:
+        return {"error": h}
+    fields = {
+        "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "memory_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "temperature_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        "power_w": lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000,
+        "clock_event_reasons": lambda: int((getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                                            or nv.nvmlDeviceGetCurrentClocksThrottleReasons)(h)),
+        "memory_used_bytes": lambda: int(nv.nvmlDeviceGetMemoryInfo(h).used),
+    }
+    out = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    for k, f in fields.items():
+        try:
+            out[k] = f()
+        except Exception as e:  # noqa: BLE001
+            out[k] = f"unavailable ({e.__class__.__name__})"
+    return out
 
 
 def synchronize(device: torch.device) -> None:
@@ -77,6 +166,26 @@ def timed(device: torch.device, fn: Callable[[], T]) -> tuple[T, float]:
     end.record()
     end.synchronize()
     return out, start.elapsed_time(end) / 1e3
+
+
+def host_and_device_s(device: torch.device, fn: Callable[[], T]) -> tuple[T, float, float | None]:
+    """Run ``fn`` (which must not wait for the device) and return (its result, host seconds to enqueue it,
+    device seconds between CUDA events around it, None on the CPU). Device time >= host time means the
+    device, not Python, set the pace; host time close to device time means the step was host-bound
+    (the GPU waited for launches)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0, None
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    out = fn()
+    host = time.perf_counter() - t0
+    end.record()
+    end.synchronize()
+    return out, host, start.elapsed_time(end) / 1e3
 
 
 def configure_cpu(threads: int | None) -> None:

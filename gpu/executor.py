@@ -10,6 +10,13 @@ Per step::
             and the prefill batch (n > 1: first row, n, seq_len, block table | slab start)
     model forward: store K/V through slot_mapping, attention over the pool, greedy next tokens
 
+Timing (``step_time_s``): on a GPU, CUDA events around the step's launches (the GPU's time, idle gaps
+waiting for the host included) and the host's time to enqueue them, per step in ``step_log``; a step
+whose host time reaches 90 % of its GPU time is ``host_bound`` (the GPU waited for Python). Decode-only
+steps run as CUDA graphs captured per (batch bucket, context bucket) (``DecodeGraphs``), so an eager
+8-layer step's ~700 launches do not set its time. On the CPU the step's wall time (host time only).
+Step inputs reach the GPU from pinned host memory.
+
 Token bookkeeping mirrors ``sim.core.Sequence``: each sequence knows prompt + generated token ids;
 an entry computes ``tokens[num_computed : num_computed + n]`` and, when that reaches the last known
 token, samples one more. A sequence preempted by recompute therefore re-prefills its prompt *and* the
@@ -18,6 +25,7 @@ tokens it had generated, exactly as the scheduler planned it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -25,7 +33,7 @@ import numpy as np
 import torch
 
 from gpu.attention import decode_attention, decode_attention_torch, prefill_attention, prefill_attention_ref
-from gpu.device import default_attention, default_dtype, resolve_device, synchronize, timed
+from gpu.device import default_attention, default_dtype, host_and_device_s, resolve_device, synchronize
 from gpu.kv_cache import KvCache, store_kv, store_kv_ref, token_slots
 from gpu.model import LlamaModel, ModelShape
 from sim.catalog import GpuSpec, ModelSpec
@@ -59,6 +67,7 @@ class PrefillBatch:
     seq_lens: torch.Tensor  # [num_seqs] int32
     max_num_new: int
     layout: Layout
+    max_seq_len: int = 0
 
 
 @dataclass
@@ -85,7 +94,10 @@ class PoolAttention:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         x, bs = self.inputs, self.cache.block_size
         k_cache, v_cache = self.cache.layer(layer)
-        (store_kv if self.triton else store_kv_ref)(k, v, k_cache, v_cache, x.slot_mapping)
+        if self.triton:
+            store_kv(k, v, k_cache, v_cache, x.slot_mapping)
+        else:
+            store_kv_ref(k, v, k_cache, v_cache, x.slot_mapping, skip_negative=False)
         out = torch.empty_like(q)
         if x.decode is not None:
             d = x.decode
@@ -94,15 +106,145 @@ class PoolAttention:
                block_tables=d.layout.block_tables, slab_starts=d.layout.slab_starts, out=out)
         if x.prefill is not None:
             p = x.prefill
-            kw = {"max_num_new": p.max_num_new} if self.triton else {}
+            kw = {"max_num_new": p.max_num_new, "max_seq_len": p.max_seq_len} if self.triton else {}
             (prefill_attention if self.triton else prefill_attention_ref)(
                 q, k_cache, v_cache, p.query_start, p.num_new, p.seq_lens, block_size=bs,
                 block_tables=p.layout.block_tables, slab_starts=p.layout.slab_starts, out=out, **kw)
         return out
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: through pinned memory on a GPU (an asynchronous DMA)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _int_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(values), dtype=dtype).to(device, non_blocking=True)
+    return _to_device(torch.as_tensor(np.asarray(values), dtype=dtype), device)
+
+
+@dataclass
+class Launched:
+    """A step whose work is enqueued: the sampled sequences and, on the device, the next token of each
+    row (``rows`` picks the sampled rows out of it)."""
+
+    sample_seq_ids: list[int]
+    next_ids: torch.Tensor
+    rows: list[int] | None = None  # None: next_ids holds exactly the sampled rows
+    graph: tuple[int, int] | None = None  # the (batch, context) bucket of a graph replay
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+MIN_CONTEXT_BUCKET = 512
+
+
+class DecodeGraphs:
+    """The decode step (all sequences computing one token) as CUDA graphs, one per (batch bucket,
+    context bucket): the batch padded to the next of ``BATCH_BUCKETS``, the longest context to the next
+    power of two (at least 512), which fixes the block table's width and the attention's grid.
+
+    Padded rows read slot 0 of block 0 (any valid memory: their output is dropped) and store to slot -1,
+    which ``store_kv`` skips, so padding never touches the pool. One pinned host buffer per bucket holds
+    the step's inputs (ids, positions, slots, lengths, block tables or slab starts) and reaches the GPU in
+    one copy. With ``capture=False`` (the CPU, or a test) the same padded step runs eagerly."""
+
+    def __init__(self, model: LlamaModel, cache: KvCache, paged: bool, capture: bool) -> None:
+        self.model, self.cache, self.paged, self.capture = model, cache, paged, capture
+        self.entries: dict[tuple[int, int], dict] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.max_batch = BATCH_BUCKETS[-1]
+
+    def bucket(self, num_seqs: int, max_seq_len: int) -> tuple[int, int] | None:
+        """(padded batch, padded context) of a decode step, or None past the largest batch bucket."""
+        if num_seqs > self.max_batch:
+            return None
+        b = next(x for x in BATCH_BUCKETS if x >= num_seqs)
+        c = max(MIN_CONTEXT_BUCKET, 1 << (max_seq_len - 1).bit_length())
+        bs = self.cache.block_size
+        return b, -(-c // bs) * bs
+
+    def _entry(self, key: tuple[int, int]) -> dict:
+        if key in self.entries:
+            return self.entries[key]
+        B, C = key
+        width = C // self.cache.block_size if self.paged else 1
+        dev = self.model.device
+        n = 4 * B + B * width
+        host = torch.zeros(n, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        packed = torch.zeros(n, dtype=torch.int64, device=dev)
+        e = {"B": B, "C": C, "width": width, "host": host, "packed": packed}
+        self._pad(e, 0)
+        packed.copy_(host)
+        loc = torch.arange(B, dtype=torch.int32, device=dev)
+        rows = torch.arange(B, dtype=torch.int64, device=dev)
+
+        def forward() -> torch.Tensor:
+            seq_lens = packed[3 * B:4 * B].to(torch.int32)
+            if self.paged:
+                layout = Layout(packed[4 * B:].view(B, width).to(torch.int32), None)
+            else:
+                layout = Layout(None, packed[4 * B:5 * B])
+            x = StepInputs(packed[:B], packed[B:2 * B], packed[2 * B:3 * B], DecodeBatch(loc, seq_lens, C, layout),
+                           None, rows, [])
+            logits = self.model.forward(x.input_ids, x.positions, PoolAttention(x, self.cache, "triton"), rows)
+            return logits.argmax(dim=-1)
+
+        e["forward"] = forward
+        if self.capture:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile and warm up eagerly (all rows padded: no pool writes)
+                forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                e["out"] = forward()
+            e["graph"] = graph
+        self.entries[key] = e
+        return e
+
+    def _pad(self, e: dict, n: int) -> None:
+        """Rows n .. B-1 of the host buffer as padding."""
+        B, h = e["B"], e["host"]
+        for seg, value in ((0, 0), (1, 0), (2, -1), (3, 1)):
+            h[seg * B + n:(seg + 1) * B] = value
+        if self.paged:
+            h[4 * B:].view(B, e["width"])[n:] = 0
+        else:
+            h[4 * B + n:5 * B] = 0
+
+    def prepare(self, plan: StepPlan) -> tuple[int, int] | None:
+        """The bucket of a decode-only plan (its graph captured now, outside any timing), or None."""
+        if plan.num_seqs == 0 or any(n != 1 for n in plan.num_new_tokens):
+            return None
+        key = self.bucket(plan.num_seqs, max(plan.num_computed_tokens) + 1)
+        if key is not None:
+            self._entry(key)
+        return key
+
+    def launch(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[int],
+               seq_lens: list[int], plan: StepPlan) -> torch.Tensor:
+        """Fill the bucket's inputs (one pinned copy) and replay its graph: the next token of every row."""
+        e = self.entries[key]
+        B, n, h = e["B"], len(ids), e["host"]
+        h[:n] = torch.as_tensor(ids)
+        h[B:B + n] = torch.as_tensor(positions)
+        h[2 * B:2 * B + n] = torch.as_tensor(slots)
+        h[3 * B:3 * B + n] = torch.as_tensor(seq_lens)
+        if self.paged:
+            tables = h[4 * B:].view(B, e["width"])
+            tables[:n] = 0
+            for i, t in enumerate(plan.block_tables):
+                tables[i, :len(t)] = torch.as_tensor(t)
+        else:
+            h[4 * B:4 * B + n] = torch.as_tensor(plan.slab_starts)
+        self._pad(e, n)
+        e["packed"].copy_(h, non_blocking=self.capture)
+        if self.capture:
+            e["graph"].replay()
+            return e["out"]
+        return e["forward"]()
 
 
 class TorchExecutor:
@@ -115,7 +257,8 @@ class TorchExecutor:
 
     def __init__(self, model: LlamaModel, cache: KvCache, prompt_tokens: Mapping[int, int] | Sequence[int],
                  *, paged: bool, attention: str, seed: int = 0,
-                 output_tokens: Mapping[int, int] | Sequence[int] | None = None, prefix_hashes=None) -> None:
+                 output_tokens: Mapping[int, int] | Sequence[int] | None = None, prefix_hashes=None,
+                 decode_graphs: bool | None = None) -> None:
         self.model = model
         self.cache = cache
         self.paged = paged
@@ -129,6 +272,15 @@ class TorchExecutor:
         self.outputs: dict[int, np.ndarray] = {}  # finished sequences: their generated tokens
         self.origin: dict[int, int] = {}  # a forked sample's or beam's id -> its request's id
         self.num_steps = 0
+        # (kind "graph" | "eager", sequences, new tokens, host prep s, host enqueue s, GPU s or None)
+        self.step_log: list[tuple[str, int, int, float, float, float | None]] = []
+        # decode steps as CUDA graphs: by default on a GPU with the Triton kernels; True elsewhere runs the
+        # same padded step eagerly (the tests' check of the padding)
+        if decode_graphs is None:
+            decode_graphs = self.device.type == "cuda" and attention == "triton"
+        if decode_graphs and attention != "triton":
+            raise ValueError("decode graphs need the triton attention backend (store_kv skips padded slots)")
+        self.graphs = DecodeGraphs(model, cache, paged, capture=self.device.type == "cuda") if decode_graphs else None
 
     # ------------------------------------------------------------------------------------ tokens
 
@@ -163,8 +315,8 @@ class TorchExecutor:
 
     # ------------------------------------------------------------------------------------ inputs
 
-    def prepare(self, plan: StepPlan) -> StepInputs:
-        """Turn the plan into device tensors (all index arithmetic on the host, one copy each)."""
+    def host_inputs(self, plan: StepPlan) -> dict:
+        """The step's inputs as host lists (all index arithmetic here, none on the device)."""
         B = plan.block_size
         paged = plan.block_tables is not None
         ids: list[int] = []
@@ -194,18 +346,24 @@ class TorchExecutor:
                 sample_rows.append(row + n - 1)
                 sample_seq_ids.append(seq_id)
             row += n
+        return {"ids": ids, "positions": positions, "slots": slots, "dec": dec, "pre": pre,
+                "sample_rows": sample_rows, "sample_seq_ids": sample_seq_ids, "paged": paged}
+
+    def device_inputs(self, h: dict, plan: StepPlan) -> StepInputs:
+        """The host inputs as device tensors (through pinned memory on a GPU)."""
         dev = self.device
         i64, i32 = torch.int64, torch.int32
 
         def layout(entries: list) -> Layout:
-            if not paged:
+            if not h["paged"]:
                 return Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))
             tables = [plan.block_tables[e[0]] for e in entries]
             arr = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
             for j, t in enumerate(tables):
                 arr[j, :len(t)] = t
-            return Layout(torch.from_numpy(arr).to(dev, non_blocking=True), None)
+            return Layout(_to_device(torch.from_numpy(arr), dev), None)
 
+        dec, pre = h["dec"], h["pre"]
         decode = prefill = None
         if dec:
             lens = [e[2] for e in dec]
@@ -213,25 +371,43 @@ class TorchExecutor:
                                  layout(dec))
         if pre:
             prefill = PrefillBatch(_int_tensor([e[1] for e in pre], i32, dev), _int_tensor([e[2] for e in pre], i32, dev),
-                                   _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre))
-        return StepInputs(_int_tensor(ids, i64, dev), _int_tensor(positions, i64, dev), _int_tensor(slots, i64, dev),
-                          decode, prefill,
-                          _int_tensor(sample_rows, i64, dev), sample_seq_ids)
+                                   _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre),
+                                   max(e[3] for e in pre))
+        return StepInputs(_int_tensor(h["ids"], i64, dev), _int_tensor(h["positions"], i64, dev),
+                          _int_tensor(h["slots"], i64, dev), decode, prefill,
+                          _int_tensor(h["sample_rows"], i64, dev), h["sample_seq_ids"])
+
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        """Turn the plan into device tensors (all index arithmetic on the host, one copy each)."""
+        return self.device_inputs(self.host_inputs(plan), plan)
 
     # ------------------------------------------------------------------------------------ run
 
-    def run(self, plan: StepPlan) -> list[int]:
-        """Swap, copy, fork, prepare, forward, sample; the sampled tokens are appended to their sequences."""
+    def _begin(self, plan: StepPlan) -> tuple[dict, tuple[int, int] | None]:
+        """Host work before the device's: the inputs, and the decode graph's bucket (captured if new)."""
+        h = self.host_inputs(plan)
+        key = self.graphs.prepare(plan) if self.graphs is not None else None
+        return h, key
+
+    def _launch(self, plan: StepPlan, h: dict, key: tuple[int, int] | None) -> Launched:
+        """Enqueue the step: swaps, copies, then the graph (decode) or the eager forward."""
         self.cache.swap_out(plan.swap_out)
         self.cache.swap_in(plan.swap_in)
         self.cache.copy_blocks(plan.copy_blocks, use_kernel=self.attention == "triton")
         self.cache.copy_slots(plan.copy_slots)
-        self.take_forks(plan)
-        x = self.prepare(plan)
+        if key is not None:
+            nxt = self.graphs.launch(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], plan)
+            return Launched(h["sample_seq_ids"], nxt, rows=h["sample_rows"], graph=key)
+        x = self.device_inputs(h, plan)
         logits = self.model.forward(x.input_ids, x.positions, PoolAttention(x, self.cache, self.attention),
                                     x.sample_rows)
-        next_ids = logits.argmax(dim=-1).tolist()
-        for seq_id, t in zip(x.sample_seq_ids, next_ids):
+        return Launched(x.sample_seq_ids, logits.argmax(dim=-1))
+
+    def _finish(self, launched: Launched) -> list[int]:
+        """Wait for the next tokens and append them to their sequences."""
+        vals = launched.next_ids.tolist()
+        next_ids = vals if launched.rows is None else [vals[r] for r in launched.rows]
+        for seq_id, t in zip(launched.sample_seq_ids, next_ids):
             toks = self.tokens[seq_id]
             toks.append(t)
             r = self.request_of(seq_id)
@@ -241,6 +417,12 @@ class TorchExecutor:
                 del self.tokens[seq_id]
         self.num_steps += 1
         return next_ids
+
+    def run(self, plan: StepPlan) -> list[int]:
+        """Swap, copy, fork, prepare, forward, sample; the sampled tokens are appended to their sequences."""
+        self.take_forks(plan)
+        h, key = self._begin(plan)
+        return self._finish(self._launch(plan, h, key))
 
     def take_forks(self, plan: StepPlan) -> None:
         """Samples and beams take their source's history (as it was before this step's moves); once a plan."""
@@ -253,10 +435,22 @@ class TorchExecutor:
         plan.extra["forks_taken"] = True
 
     def step_time_s(self, plan: StepPlan) -> float:
+        """The step's measured seconds: on a GPU the CUDA-event time of its device work (swaps, copies,
+        the inputs' copy, the forward), with the host's input preparation before it and the sync after
+        it outside; on the CPU the wall time of all of it. Each step's figures go to ``step_log``."""
         self.take_forks(plan)
         for seq_id in plan.seq_ids:  # a prompt's ids are the trace's input, not part of the step
             self.token_ids(seq_id)
-        return timed(self.device, lambda: self.run(plan))[1]
+        t0 = time.perf_counter()
+        h, key = self._begin(plan)
+        prep = time.perf_counter() - t0
+        launched, host, gpu = host_and_device_s(self.device, lambda: self._launch(plan, h, key))
+        t1 = time.perf_counter()
+        self._finish(launched)
+        fin = time.perf_counter() - t1
+        self.step_log.append(("graph" if key is not None else "eager", plan.num_seqs,
+                              int(sum(plan.num_new_tokens)), prep, host, gpu))
+        return gpu if gpu is not None else prep + host + fin
 
     def decode_span_s(self, plan: StepPlan, k: int) -> None:
         return None  # measured one step at a time
@@ -291,8 +485,33 @@ class TorchExecutor:
             self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = saved
 
     def release(self) -> None:
-        """Drop the KV pool (the next policy's pool takes its memory); token state stays readable."""
+        """Drop the KV pool and the graphs over it (the next policy's pool takes its memory); token state
+        stays readable."""
         self.cache = None
+        self.graphs = None
+
+
+HOST_BOUND = 0.9  # a step is host-bound when enqueueing it took at least this share of its GPU time
+
+
+def step_log_summary(log: list[tuple]) -> dict:
+    """Per kind of step (``graph``: a captured decode step; ``eager``): steps, median and total host
+    preparation, host enqueue and GPU seconds, and how many were host-bound (the GPU waited for the
+    host's launches: enqueue time >= 90 % of the GPU time). GPU figures are None on the CPU."""
+    out = {}
+    for kind in sorted({r[0] for r in log}):
+        rows = [r for r in log if r[0] == kind]
+        prep = [r[3] for r in rows]
+        host = [r[4] for r in rows]
+        gpu = [r[5] for r in rows if r[5] is not None]
+        bound = [r[4] >= HOST_BOUND * r[5] for r in rows if r[5] is not None]
+        out[kind] = {"num_steps": len(rows), "median_prep_s": float(np.median(prep)), "total_prep_s": float(sum(prep)),
+                     "median_host_s": float(np.median(host)), "total_host_s": float(sum(host)),
+                     "median_gpu_s": float(np.median(gpu)) if gpu else None,
+                     "total_gpu_s": float(sum(gpu)) if gpu else None,
+                     "num_host_bound": int(sum(bound)) if gpu else None,
+                     "host_bound_fraction": float(np.mean(bound)) if gpu else None}
+    return out
 
 
 def scratch_plan(seq_ids, news, cached, block_size: int, paged: bool, first_block: int = 0,
