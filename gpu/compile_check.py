@@ -81,11 +81,44 @@ def compile_all(ccs: list[int], dtypes: list[str]) -> list[dict]:
     return rows
 
 
+def pipelines(cc: int = 90) -> list[dict]:
+    """The bf16 decode kernel's software pipeline, paged (block ids prefetched a tile ahead, and not) and
+    contiguous, at Triton's default ``num_stages`` and at 1-3: shared memory and asynchronous copies in
+    the PTX. Equal figures mean the paging overhead compares like with like."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gpu import attention
+
+    fn = attention._decode_attention_kernel
+    types = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", out_ptr="*bf16", part_out_ptr="*fp32",
+                 part_max_ptr="*fp32", part_sum_ptr="*fp32", query_loc_ptr="*i32", seq_lens_ptr="*i32",
+                 block_tables_ptr="*i32", slab_starts_ptr="*i64", sm_scale="fp32")
+    rows = []
+    for paged, prefetch in ((True, True), (True, False), (False, True)):
+        for stages in (None, 1, 2, 3):
+            ce = dict(NUM_QUERIES_PER_KV=4, GROUP_PAD=16, PAGED=paged, PARTITION_SIZE=0, PREFETCH=prefetch,
+                      HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, BLOCK_SIZE=16, UPCAST=False, PRECISION="tf32")
+            sig = {n: "constexpr" if n in ce else types.get(n, "i32") for n in fn.arg_names}
+            k = triton.compile(ASTSource(fn, sig, ce, jit_alignment(fn.arg_names, ce)), target=GPUTarget("cuda", cc, 32),
+                               options={} if stages is None else {"num_stages": stages})
+            rows.append({"layout": "paged" if paged else "contiguous", "prefetch": prefetch if paged else None,
+                         "num_stages": stages or f"default ({k.metadata.num_stages})", "shared_bytes": k.metadata.shared,
+                         "async_copies": len(re.findall(r"cp\.async\.cg\.shared\.global", k.asm["ptx"]))})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cc", type=int, nargs="*", default=[90, 80], choices=sorted(SHARED_LIMIT))
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    ap.add_argument("--pipelines", action="store_true", help="the decode kernel's pipeline depth per layout and "
+                    "num_stages (bf16, the first --cc) instead")
     a = ap.parse_args(argv)
+    if a.pipelines:
+        print(json.dumps(pipelines(a.cc[0]), indent=1))
+        return 0
     rows = compile_all(a.cc, a.dtypes)
     print(json.dumps(rows, indent=1))
     return 0 if all(r["ok"] for r in rows) else 1

@@ -339,7 +339,7 @@ def all_cases(device, settings: Settings = Settings(), progress=None) -> list[di
         if progress:
             progress(row)
 
-    for dtype in s.dtypes:
+    def main_cases(dtype):
         for paged in ((True,) if s.quick else (True, False)):
             layout = "paged" if paged else "contiguous"
             add(_row("store_kv", layout, dtype, store_case(list(s.store_lens), s.shape, paged, dtype, device)))
@@ -361,24 +361,19 @@ def all_cases(device, settings: Settings = Settings(), progress=None) -> list[di
             add(_row("prefill_attention", "paged", dtype, prefill_case(bl, new, shape, True, dtype, device, seed=8),
                      block_size=bs))
             add(_row("store_kv", "paged", dtype, store_case(bl, shape, True, dtype, device, seed=9), block_size=bs))
-        if s.quick:
-            continue
-        # paged decode with the block ids loaded in the same iteration (no prefetch): same results
-        add(_row("decode_attention_no_prefetch", "paged", dtype,
-                 decode_case(dl, s.shape, True, dtype, device, split_k=False, prefetch=False)))
-    broken = broken_case(dl, s.shape, torch.bfloat16, device, seed=10)
-    row = _row("broken: wrong block-table entry", "paged", torch.bfloat16, broken, must_fail=True)
-    row["ok"] = not row["ok"]  # it passes only by failing
-    row["caught"] = row["ok"]
-    add(row)
-    long_cases = [("decode_attention (16k-33k)", "decode"), ("decode_attention_split_k (16k-33k)", "decode_split"),
-                  ("prefill_attention over 16k cached", "prefill"), ("pool > 2^31 elements", "high_pool")]
-    if not s.gpu_only:
-        for name, _ in long_cases:
-            add({"kernel": name, "skipped": GPU_ONLY_REASON, "ok": None})
-        return rows
-    shape = Shape(32, 8, 128, 16)
-    for dtype in s.dtypes:
+        if not s.quick:  # paged decode with the block ids loaded in the same iteration: the same function
+            add(_row("decode_attention_no_prefetch", "paged", dtype,
+                     decode_case(dl, s.shape, True, dtype, device, split_k=False, prefetch=False)))
+
+    def broken():
+        row = _row("broken: wrong block-table entry", "paged", torch.bfloat16,
+                   broken_case(dl, s.shape, torch.bfloat16, device, seed=10), must_fail=True)
+        row["ok"] = not row["ok"]  # it passes only by failing
+        row["caught"] = row["ok"]
+        add(row)
+
+    def long_cases(dtype):
+        shape = Shape(32, 8, 128, 16)
         for paged in (True, False):
             layout = "paged" if paged else "contiguous"
             for split in (None, True):
@@ -386,10 +381,23 @@ def all_cases(device, settings: Settings = Settings(), progress=None) -> list[di
                          decode_case(LONG_DECODE_LENS, shape, paged, dtype, device, split_k=split, seed=14)))
             add(_row("prefill_attention over 16k cached", layout, dtype,
                      prefill_case(LONG_PREFILL_LENS, LONG_PREFILL_NEW, shape, paged, dtype, device, seed=15)))
-    for dtype in (torch.bfloat16,):
-        for name, err in high_pool_cases(dtype, device):
-            kernel, layout = name.split("/")
-            add(_row(kernel + " (pool > 2^31 elements)", layout, dtype, err))
+
+    # the first dtype's cases, the broken one and (on a GPU) the long and large-pool ones first: on a GPU
+    # the first is bf16, what serving runs, so a cut-short check still has what matters most
+    for i, dtype in enumerate(s.dtypes):
+        main_cases(dtype)
+        if i == 0:
+            broken()
+        if s.gpu_only:
+            long_cases(dtype)
+            if dtype == torch.bfloat16:
+                for name, err in high_pool_cases(dtype, device):
+                    kernel, layout = name.split("/")
+                    add(_row(kernel + " (pool > 2^31 elements)", layout, dtype, err))
+    if not s.gpu_only:
+        for name in ("decode_attention (16k-33k)", "decode_attention_split_k (16k-33k)",
+                     "prefill_attention over 16k cached", "pool > 2^31 elements"):
+            add({"kernel": name, "skipped": GPU_ONLY_REASON, "ok": None})
     return rows
 
 
@@ -402,8 +410,8 @@ def settings_for(device: torch.device, quick: bool = False) -> Settings:
                         prefill_lens=(1, 20, 45), prefill_new=(1, 20, 12), store_lens=(1, 37), block_sizes=(8,),
                         block_size_lens=(1, 37), quick=True)
     if device.type == "cuda":
-        return Settings(shape=Shape(32, 8, 128), decode_lens=(1, 37, 16, 2100), store_lens=(1, 37, 16, 2100),
-                        gpu_only=True)
+        return Settings(dtypes=(torch.bfloat16, torch.float32), shape=Shape(32, 8, 128), decode_lens=(1, 37, 16, 2100),
+                        store_lens=(1, 37, 16, 2100), gpu_only=True)
     return Settings(shape=Shape(8, 2, 32), decode_lens=(1, 37, 16, 600), store_lens=(1, 37, 16, 130))
 
 

@@ -51,26 +51,38 @@ def test_azure_slice_replay_calibrate_validate(tmp_path):
 
 
 def test_device_check_runs_on_cpu(tmp_path):
+    """The script as the device runs it (a fresh process; --quick: the smallest cases), every section to
+    the end; tests/test_gpu_device_check.py injects failures."""
     require_backend()
     trace = shared_trace(AZURE)  # the replay section needs it: skip here with the reason rather than there silently
     out = tmp_path / "check.json"
-    p = subprocess.run([sys.executable, str(ROOT / "gpu" / "check.py"), "--device", "cpu", "--out", str(out),
+    p = subprocess.run([sys.executable, str(ROOT / "gpu" / "check.py"), "--device", "cpu", "--quick", "--out", str(out),
                         "--trace", str(trace)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     fig = json.loads(out.read_text())
     assert fig["provenance"]["device_type"] == "cpu" and fig["provenance"]["triton_interpreter"]
-    assert fig["kernels"] and all(k["ok"] for k in fig["kernels"])
-    assert {r["layout"] for r in fig["decode_attention"]} == {"paged", "contiguous"}
-    assert all(r["gb_per_s"] > 0 and r["paging_overhead"] > 0 for r in fig["decode_attention"])
-    assert fig["copy_bandwidth"]["gb_per_s"] > 0
-    rv = fig["replay_validation"]
-    assert "skipped" not in rv, rv
-    n = rv["requests"]["num_requests"]
-    assert n > 0 and set(rv["replay"]) == set(rv["validation"]) == {"vllm", "orca-max"}
-    assert all(r["num_finished"] == n for r in rv["replay"].values()), rv["replay"]
-    throughput = {k: r["request_throughput"] for k, r in rv["replay"].items()}
-    assert rv["vllm_over_orca_max_throughput"] == pytest.approx(throughput["vllm"] / throughput["orca-max"])
-    assert all(math.isfinite(v["step_time_mape"]) for v in rv["validation"].values())
-    assert len(fig["targets"]) == 6
+    assert {s["status"] for s in fig["sections"].values()} == {"ok"}, fig["sections"]
+    k = fig["kernels"]
+    assert k["complete"] and k["num_cases"] > 0 and k["num_failed"] == 0 and k["broken_case_caught"] is True
+    assert all(r["per_sequence"] for r in k["rows"] if not r.get("skipped"))
+    assert {r["kernel"] for r in k["rows"] if r.get("skipped")} >= {"pool > 2^31 elements"}  # GPU only, said so
+    bw = fig["bandwidth"]
+    assert {r["layout"] for r in bw["decode_attention"]} == {"paged", "contiguous"}
+    assert all(r["gb_per_s"] > 0 and r["paging_overhead"] > 0 for r in bw["decode_attention"])
+    assert bw["ceilings"]["copy"]["gb_per_s"] > 0 and bw["ceilings"]["read"]["gb_per_s"] > 0
+    assert bw["matched_overhead"]["best_paged_over_best_contiguous"] > 0
+    assert fig["attention"] == {"backend": "torch", "fallback": False}  # the CPU's path, not a fallback
+    rep, val = fig["replay"], fig["validation"]
+    n = rep["requests"]["num_requests"]
+    assert n > 0 and "AzureLLMInferenceTrace_conv.csv[:" in rep["requests"]["source"]
+    assert set(rep["policies"]) == set(val["policies"]) == {"vllm", "orca-max"}
+    assert all(r["num_finished"] == n for r in rep["policies"].values()), rep["policies"]
+    throughput = {name: r["request_throughput"] for name, r in rep["policies"].items()}
+    assert rep["vllm_over_orca_max_throughput"] == pytest.approx(throughput["vllm"] / throughput["orca-max"])
+    assert rep["sizing"]["tried"] and rep["sizing"]["tried"][-1]["predicted_s"] > 0  # sized from the profile
+    assert rep["pool_sizing"]["orca_max_concurrent"] >= 8 and "orca-max reserves" in rep["pool_sizing"]["rule"]
+    assert all(s["eager"]["num_steps"] > 0 for s in rep["steps"].values())  # host time per step recorded
+    assert all(math.isfinite(v["step_time_mape"]) for v in val["policies"].values())
+    assert len(fig["targets"]) == 7
     replay_targets = [t for t in fig["targets"] if "replayed" in t["target"]]  # judged on the replay just run
     assert len(replay_targets) == 4 and all(t["measured"] is not None for t in replay_targets), replay_targets

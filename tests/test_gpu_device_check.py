@@ -1,0 +1,197 @@
+"""The device check as a fail-soft job: each section isolated (a failure injected in one leaves the others'
+figures in the JSON), a kill leaves a valid JSON saying where it stopped, the budget is enforced; the
+bundle's remote command within the device tool's limits and written in the README; the padded decode
+step that the CUDA graphs capture computes what the eager step computes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import shared_trace
+from gpu_helpers import require_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = "azure_2023/AzureLLMInferenceTrace_conv.csv"
+
+torch = require_backend()
+
+
+def run_check(tmp_path, *args) -> tuple[int, dict]:
+    """gpu/check.py --device cpu --quick in this process (the CPU path; the kernel cases in a child)."""
+    from gpu import check
+
+    out = tmp_path / "check.json"
+    rc = check.main(["--device", "cpu", "--quick", "--out", str(out), "--trace", str(shared_trace(AZURE)), *args])
+    return rc, json.loads(out.read_text())
+
+
+def test_a_failure_in_kernels_or_replay_leaves_bandwidth_and_calibration(tmp_path):
+    rc, fig = run_check(tmp_path, "--inject-failure", "kernels", "--inject-failure", "replay")
+    st = {n: s["status"] for n, s in fig["sections"].items()}
+    assert st == {"kernels": "error", "bandwidth": "ok", "calibration": "ok", "replay": "error",
+                  "validation": "error"} and rc == 1
+    for name in ("kernels", "replay"):
+        assert "injected failure in " + name in fig["sections"][name]["error"]
+        assert "InjectedFailure" in fig["sections"][name]["traceback"]
+    assert "no result from replay" in fig["sections"]["validation"]["error"]  # names what it depends on
+    assert fig["bandwidth"]["decode_attention"] and fig["calibration"]["num_points"] > 0
+    assert fig["injected_failures"] == ["kernels", "replay"]
+
+
+def test_a_failure_in_bandwidth_or_calibration_leaves_kernels_and_replay(tmp_path):
+    rc, fig = run_check(tmp_path, "--inject-failure", "bandwidth", "--inject-failure", "calibration")
+    st = {n: s["status"] for n, s in fig["sections"].items()}
+    assert st == {"kernels": "ok", "bandwidth": "error", "calibration": "error", "replay": "ok",
+                  "validation": "error"} and rc == 1
+    k = fig["kernels"]
+    assert k["complete"] and k["num_failed"] == 0 and k["broken_case_caught"] is True
+    assert fig["replay"]["sizing"]["rule"].startswith("no calibrated profile")  # sized without a prediction
+    assert fig["replay"]["sizing"]["num_requests"] == fig["settings"]["min_requests"]
+    assert set(fig["replay"]["policies"]) == {"vllm", "orca-max"}
+    assert "no result from calibration" in fig["sections"]["validation"]["error"]
+
+
+def test_a_kill_leaves_a_valid_json_saying_where_it_stopped(tmp_path):
+    out = tmp_path / "check.json"
+    p = subprocess.Popen([sys.executable, str(ROOT / "gpu" / "check.py"), "--device", "cpu", "--quick", "--out",
+                          str(out)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while not out.exists() and time.time() < deadline:  # the first write: kernels running
+            time.sleep(0.1)
+        assert out.exists(), "no JSON written"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+    fig = json.loads(out.read_text())
+    assert fig["sections"]["kernels"]["status"] == "terminated" and fig["provenance"]["device_type"] == "cpu"
+    assert not (tmp_path / "check.json.tmp").exists()
+
+
+def test_the_budget_is_enforced(tmp_path):
+    """A budget under the reserve: every section is recorded as not run, and the JSON is complete."""
+    rc, fig = run_check(tmp_path, "--budget-s", "5")
+    assert {s["status"] for s in fig["sections"].values()} == {"not_run"} and rc == 0
+    assert len(fig["targets"]) == 7 and all(t["measured"] is None for t in fig["targets"])
+
+
+def test_unknown_injected_section_is_refused(tmp_path, monkeypatch):
+    from gpu import check
+
+    monkeypatch.setenv("KVSIM_INJECT_FAILURE", "kernel")
+    with pytest.raises(SystemExit):
+        check.main(["--device", "cpu", "--out", str(tmp_path / "c.json")])
+
+
+# ------------------------------------------------------------------------------------------ bundle
+
+
+def test_the_remote_command_fits_the_device_tool_and_is_the_readmes():
+    from gpu.device_bundle import CARRY, FILES_BACK, REMOTE_COMMAND, check_command
+
+    check_command()
+    assert len(REMOTE_COMMAND) <= 2000 and len(FILES_BACK) <= 8 and len(CARRY) <= 8
+    for f in ("device_check.json", "check.log", "pip.log", "profile.json", "validation.json"):
+        assert "$OUT/" + f in REMOTE_COMMAND or f in REMOTE_COMMAND
+    assert "--no-index --no-deps" in REMOTE_COMMAND and "--target /tmp/site" in REMOTE_COMMAND
+    assert "PYTHONPATH=/tmp/site" in REMOTE_COMMAND and "--budget-s 420" in REMOTE_COMMAND
+    readme = (ROOT / "README.md").read_text()
+    assert REMOTE_COMMAND in readme, "the README's device command is not gpu/device_bundle.py's REMOTE_COMMAND"
+    p = subprocess.run(["git", "check-ignore", "-q", ".device/wheels/x.whl"], cwd=ROOT)
+    assert p.returncode == 0, ".device/ must be git-ignored (it is carried, not committed)"
+    with pytest.raises(ValueError, match="at most 2000"):
+        check_command("x" * 2001)
+    with pytest.raises(ValueError, match="timeout"):
+        check_command(REMOTE_COMMAND.replace("timeout -k 15 450", "timeout -k 15 470"))
+
+
+def test_the_trace_slice_is_the_traces_first_rows(tmp_path):
+    from gpu.azure import azure_requests
+    from gpu.device_bundle import write_trace_slice
+
+    src = shared_trace(AZURE)
+    info = write_trace_slice(src, tmp_path / "slice.csv", 50)
+    lines = (tmp_path / "slice.csv").read_bytes().splitlines(keepends=True)
+    with open(src, "rb") as f:
+        want = [next(f) for _ in range(51)]
+    assert lines == want and info["rows"] == 50 and info["license"] == "CC-BY-4.0"
+    a, b = azure_requests(tmp_path / "slice.csv", 50), azure_requests(src, 50)
+    assert (a.prompt_tokens == b.prompt_tokens).all() and (a.arrival_s == b.arrival_s).all()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="not the Azure LLM inference trace"):
+        write_trace_slice(bad, tmp_path / "x.csv", 1)
+    one = tmp_path / "one.csv"
+    one.write_bytes(lines[0] + lines[1])
+    with pytest.raises(SystemExit, match="only 1 rows, fewer than --rows 5"):
+        write_trace_slice(one, tmp_path / "y.csv", 5)
+
+
+# ------------------------------------------------------------------------------------------ graphs
+
+
+def test_the_padded_decode_step_computes_the_eager_step():
+    """``DecodeGraphs`` pads a decode batch to its bucket (slots -1, block 0) and reads a block table as
+    wide as its context bucket; run eagerly (capture=False, the CPU), it must give the eager step's tokens
+    and leave the pool exactly as the eager step does: padding writes nothing."""
+    from gpu.executor import DecodeGraphs, TorchExecutor, step_log_summary
+    from gpu.kv_cache import KvCache
+    from gpu.model import LlamaModel, ModelShape
+    from sim.core import StepPlan
+    from sim.kv import KvPool
+
+    shape = ModelShape("t", 2, 64, 4, 2, 16, 96, 128, 256)
+    model = LlamaModel.random(shape, "cpu", torch.float32, seed=3)
+    pool = KvPool(8, 16, 2 * 2 * 2 * 16 * 4, 0, 0, 0)
+    prompts = {0: 5, 1: 18, 2: 3}
+    runs = {}
+    for graphs in (False, True):
+        cache = KvCache(shape, pool, torch.device("cpu"), torch.float32)
+        ex = TorchExecutor(model, cache, prompts, paged=True, attention="triton", decode_graphs=graphs)
+        order = list(range(8))[::-1]  # blocks handed out from the top, so block 0 is nobody's
+        tables = {0: order[0:1], 1: order[1:3], 2: order[3:4]}
+        ids, new = (0, 1, 2), (5, 18, 3)
+
+        def plan(news, cached):
+            return StepPlan.from_entries(ids, news, cached, 3, 16, block_tables=tuple(tables[i] for i in ids))
+
+        tokens = [ex.run(plan(new, (0, 0, 0)))]
+        for step in range(2):
+            cached = tuple(n + step for n in new)
+            ex.step_time_s(plan((1, 1, 1), cached))
+        tokens.append([ex.tokens[i][-2:] for i in ids])
+        runs[graphs] = (tokens, cache.kv.clone(), ex)
+    assert runs[True][0] == runs[False][0]
+    assert torch.equal(runs[True][1], runs[False][1])
+    assert not runs[True][1][:, :, 0].any()  # block 0 (the padding's) never written
+    ex = runs[True][2]
+    assert isinstance(ex.graphs, DecodeGraphs) and set(ex.graphs.entries) == {(4, 512)}
+    log = step_log_summary(ex.step_log)
+    assert log["graph"]["num_steps"] == 2 and log["graph"]["median_gpu_s"] is None  # the CPU: host time only
+    assert log["graph"]["median_host_s"] > 0 and log["graph"]["host_bound_fraction"] is None
+
+
+def test_decode_graph_buckets():
+    from gpu.executor import BATCH_BUCKETS, DecodeGraphs
+
+    g = DecodeGraphs.__new__(DecodeGraphs)
+    g.max_batch, g.cache = BATCH_BUCKETS[-1], type("C", (), {"block_size": 16})()
+    assert g.bucket(1, 1) == (1, 512) and g.bucket(3, 513) == (4, 1024) and g.bucket(200, 4096) == (256, 4096)
+    assert g.bucket(BATCH_BUCKETS[-1] + 1, 10) is None  # past the largest bucket: eager
+    with pytest.raises(ValueError, match="need the triton attention"):
+        from gpu.executor import TorchExecutor
+        from gpu.kv_cache import KvCache
+        from gpu.model import LlamaModel, ModelShape
+        from sim.kv import KvPool
+
+        shape = ModelShape("t", 1, 64, 4, 2, 16, 96, 128, 256)
+        cache = KvCache(shape, KvPool(4, 16, 1, 0, 0, 0), torch.device("cpu"), torch.float32)
+        TorchExecutor(LlamaModel.random(shape, "cpu", torch.float32), cache, {}, paged=True, attention="torch",
+                      decode_graphs=True)
