@@ -493,19 +493,54 @@ class Scenario(Strict):
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def _key_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map every key path of a YAML document to its 1-based line."""
-    out = {} if out is None else out
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            p = path + (k.value,)
-            out[p] = k.start_mark.line + 1
-            _key_lines(v, p, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out[path + (i,)] = v.start_mark.line + 1
-            _key_lines(v, path + (i,), out)
-    return out
+MAX_YAML_VALUES = 100_000  # values a document may expand to, aliases counted at every use
+MAX_YAML_DEPTH = 64
+
+
+def _key_lines(root: yaml.Node) -> dict[tuple, int]:
+    """Map every key path of a YAML document to its 1-based line, and refuse what no scenario needs:
+    duplicate keys (YAML would keep the last one silently), aliases that refer to themselves or that
+    expand beyond MAX_YAML_VALUES values (a few hundred bytes can stand for billions), and nesting deeper
+    than MAX_YAML_DEPTH. Each node is walked once: an alias's second use is counted, not walked again."""
+    lines: dict[tuple, int] = {}
+    size: dict[int, int] = {}  # node id -> values it expands to
+    active: set[int] = set()  # nodes on the current path (an alias to one of them is a cycle)
+
+    def walk(node: yaml.Node, path: tuple, depth: int) -> int:
+        nid = id(node)
+        if nid in active:
+            raise ValueError(f"line {node.start_mark.line + 1}: an alias refers to a node that contains it")
+        if nid in size:
+            return size[nid]
+        if depth > MAX_YAML_DEPTH:
+            raise ValueError(f"line {node.start_mark.line + 1}: nested more than {MAX_YAML_DEPTH} levels deep")
+        active.add(nid)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is not None and key != "<<":
+                    if key in seen:
+                        raise ValueError(f"line {k.start_mark.line + 1}: duplicate key {key!r} (first at line "
+                                         f"{seen[key]}); YAML would keep only the last")
+                    seen[key] = k.start_mark.line + 1
+                p = path + (key,)
+                lines.setdefault(p, k.start_mark.line + 1)
+                n += walk(v, p, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                lines.setdefault(path + (i,), v.start_mark.line + 1)
+                n += walk(v, path + (i,), depth + 1)
+        if n > MAX_YAML_VALUES:
+            raise ValueError(f"line {node.start_mark.line + 1}: expands to more than {MAX_YAML_VALUES:,} values "
+                             f"(aliases are counted at every use)")
+        active.discard(nid)
+        size[nid] = n
+        return n
+
+    walk(root, (), 0)
+    return lines
 
 
 _UNION_TAGS = {"synthetic", "table", "parallel", "beam", "trace", "poisson", "gamma", "fixed", "uniform", "lognormal",
@@ -566,21 +601,32 @@ def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = N
 
 def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]]:
     """A YAML file's data and the line of each key path; a missing, unreadable or malformed file raises
-    :class:`ScenarioError` naming it (``what``: the kind of file, for the message)."""
+    :class:`ScenarioError` naming it (``what``: the kind of file, for the message). The one place a
+    user's YAML file is read (scenarios, sweeps, step-time blocks)."""
+    path = Path(path)
     try:
-        text = path.read_text()
+        if path.exists() and not path.is_file():  # a folder, a FIFO (would block), a device
+            raise ScenarioError(f"{path}: not a regular file (expected a {what} YAML file)")
+        text = path.read_text(encoding="utf-8-sig")  # NOTE: -sig drops a UTF-8 byte-order mark
     except FileNotFoundError:
         raise ScenarioError(f"{path}: no such {what} file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    except (OSError, UnicodeDecodeError) as e:  # permission, a symlink loop, binary content
+        raise ScenarioError(f"{path}: cannot read as text ({e.__class__.__name__}: "
+                            f"{getattr(e, 'strerror', None) or e.__class__.__name__})") from None
     try:
         node = yaml.compose(text)
+        lines = _key_lines(node) if node is not None else {}
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ScenarioError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-    return data, (_key_lines(node) if node is not None else {})
+    except ValueError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to read (more than {MAX_YAML_DEPTH} levels expected at most)") \
+            from None
+    return data, lines
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -335,20 +335,14 @@ STEPTIME_COLUMNS = ("tokens", "linear_ms", "elementwise_ms", "attention_ms", "al
 def load_step_time(path: str | Path):
     """A ``step_time`` block from a file: a calibration profile (JSON), or YAML holding a scenario's
     ``step_time`` block (a whole scenario, or the block alone)."""
-    import yaml
     from pydantic import ValidationError
 
-    from sim.config import ProfileConfig, StepTimeAdapter
+    from sim.config import ProfileConfig, StepTimeAdapter, read_yaml
 
     path = Path(path)
     if path.suffix == ".json":
         return ProfileConfig(kind="profile", path=str(path))
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ScenarioError(f"{path}: not a readable YAML file ({e.__class__.__name__})") from None
+    doc, _ = read_yaml(path, "step_time")
     if isinstance(doc, dict) and "step_time" in doc:
         doc = doc["step_time"]
     if not isinstance(doc, dict):

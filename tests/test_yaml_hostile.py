@@ -1,0 +1,60 @@
+"""A user's YAML (scenario, sweep, step_time block) that would hang, explode or be read wrongly: each is
+one clear error, exit 2, naming the file and the line."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+
+BOMB = "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10) if p else '1, 1, 1, 1, 1, 1, 1, 1, 1, 1'}]\n"
+               for p, c in zip(["", "a", "b", "c", "d", "e", "f", "g"], "abcdefgh"))
+CASES = {
+    "alias_bomb": (BOMB, "expands to more than 100,000 values"),
+    "self_alias": ("a: &a\n  b: *a\n", "line 1: an alias refers to a node that contains it"),
+    "deep_list": ("a: " + "[" * 10000 + "]" * 10000 + "\n", "nested"),
+    "deep_map": ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)) + "  " * 80 + "x: 1\n", "nested"),
+    "duplicate_key": ("name: a\nmodel: opt-13b\nname: b\n", "line 3: duplicate key 'name' (first at line 1)"),
+    "duplicate_nested": ("workload:\n  seed: 1\n  seed: 2\n", "line 3: duplicate key 'seed'"),
+    "not_yaml": ("name: [unclosed\n", "not valid YAML"),
+    "binary": (b"\x00\xff\xfe\x81garbage", "cannot read as text"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("command", ["check", "sweep"])
+def test_hostile_yaml_is_one_clear_error(tmp_path, name, command):
+    text, message = CASES[name]
+    f = tmp_path / f"{name}.yaml"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, [command, str(f)] + (["--out", str(tmp_path / "o")] if command == "sweep" else []))
+    assert r.exit_code == 2, r.output
+    assert message in r.output and str(f) in r.output.replace("\n", "")
+    assert "Traceback" not in r.output
+    assert time.perf_counter() - t0 < 10
+
+
+def test_bom_is_accepted(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_bytes("\ufeffname: bom\nmodel: opt-13b\ngpu: a100-40gb\nworkload: {arrival: {kind: poisson, rate: 1}, lengths: alpaca, num_requests: 5}\n"
+                  "policies: [vllm]\n".encode())
+    r = CliRunner().invoke(app, ["check", str(f)])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_is_refused_not_read(tmp_path):
+    f = tmp_path / "s.yaml"
+    os.mkfifo(f)
+    r = CliRunner().invoke(app, ["check", str(f)])
+    assert r.exit_code == 2 and "not a regular file" in r.output
+
+
+def test_folder_is_refused(tmp_path):
+    r = CliRunner().invoke(app, ["check", str(tmp_path)])
+    assert r.exit_code == 2 and "not a regular file" in r.output
