@@ -347,6 +347,8 @@ def run_replay(ctx: "Check") -> dict:
             "pool_sizing": pool_sizing(ctx, scenario, requests), "attention": ctx.attention,
             "policies": replayed,
             "steps": {name: step_log_summary(ex.step_log) for name, ex in executors.executors.items()},
+            "decode_graphs": {name: getattr(ex, "graph_info", None) or (ex.graphs.info() if ex.graphs else None)
+                              for name, ex in executors.executors.items()},
             "vllm_over_orca_max_throughput": thr["vllm"] / thr["orca-max"] if thr.get("orca-max") else None,
             "wall_s": wall,
             "predicted_s": sizing["tried"][-1]["predicted_s"] if sizing.get("tried") else None}

@@ -154,6 +154,8 @@ class DecodeGraphs:
         self.entries: dict[tuple[int, int], dict] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.max_batch = BATCH_BUCKETS[-1]
+        self.capture_s = 0.0
+        self.disabled: str | None = None  # why graphs were given up (a capture failed): eager from then on
 
     def bucket(self, num_seqs: int, max_seq_len: int) -> tuple[int, int] | None:
         """(padded batch, padded context) of a decode step, or None past the largest batch bucket."""
@@ -216,12 +218,27 @@ class DecodeGraphs:
 
     def prepare(self, plan: StepPlan) -> tuple[int, int] | None:
         """The bucket of a decode-only plan (its graph captured now, outside any timing), or None."""
-        if plan.num_seqs == 0 or any(n != 1 for n in plan.num_new_tokens):
+        if self.disabled or plan.num_seqs == 0 or any(n != 1 for n in plan.num_new_tokens):
             return None
         key = self.bucket(plan.num_seqs, max(plan.num_computed_tokens) + 1)
-        if key is not None:
-            self._entry(key)
+        if key is not None and key not in self.entries:
+            t0 = time.perf_counter()
+            try:
+                self._entry(key)
+            except Exception as e:  # noqa: BLE001 - a capture that fails leaves the eager path, said in info()
+                self.disabled = f"capture of bucket {key} failed: {e.__class__.__name__}: {str(e)[:300]}"
+                self.entries.pop(key, None)
+                if self.capture:
+                    torch.cuda.synchronize()
+                return None
+            finally:
+                self.capture_s += time.perf_counter() - t0
         return key
+
+    def info(self) -> dict:
+        """The buckets captured, the seconds capturing took, and why graphs were given up (if they were)."""
+        return {"buckets": sorted(self.entries), "capture_s": self.capture_s, "captured": self.capture,
+                "disabled": self.disabled}
 
     def launch(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[int],
                seq_lens: list[int], plan: StepPlan) -> torch.Tensor:
@@ -281,6 +298,7 @@ class TorchExecutor:
         if decode_graphs and attention != "triton":
             raise ValueError("decode graphs need the triton attention backend (store_kv skips padded slots)")
         self.graphs = DecodeGraphs(model, cache, paged, capture=self.device.type == "cuda") if decode_graphs else None
+        self.graph_info: dict | None = None  # the graphs' info(), kept when release() drops them
 
     # ------------------------------------------------------------------------------------ tokens
 
@@ -487,6 +505,7 @@ class TorchExecutor:
     def release(self) -> None:
         """Drop the KV pool and the graphs over it (the next policy's pool takes its memory); token state
         stays readable."""
+        self.graph_info = self.graphs.info() if self.graphs is not None else None
         self.cache = None
         self.graphs = None
 

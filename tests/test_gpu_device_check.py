@@ -173,6 +173,8 @@ def test_the_padded_decode_step_computes_the_eager_step():
     assert not runs[True][1][:, :, 0].any()  # block 0 (the padding's) never written
     ex = runs[True][2]
     assert isinstance(ex.graphs, DecodeGraphs) and set(ex.graphs.entries) == {(4, 512)}
+    ex.release()
+    assert ex.graph_info["buckets"] == [(4, 512)] and ex.graph_info["disabled"] is None and ex.graphs is None
     log = step_log_summary(ex.step_log)
     assert log["graph"]["num_steps"] == 2 and log["graph"]["median_gpu_s"] is None  # the CPU: host time only
     assert log["graph"]["median_host_s"] > 0 and log["graph"]["host_bound_fraction"] is None
