@@ -197,3 +197,37 @@ def test_decode_graph_buckets():
         cache = KvCache(shape, KvPool(4, 16, 1, 0, 0, 0), torch.device("cpu"), torch.float32)
         TorchExecutor(LlamaModel.random(shape, "cpu", torch.float32), cache, {}, paged=True, attention="torch",
                       decode_graphs=True)
+
+
+def _gpu_check(tmp_path, trace=None, missing=()):
+    """A Check for device "cuda" on this machine: only the decisions (no CUDA call is made)."""
+    from gpu import check
+
+    ctx = check.Check(torch.device("cuda"), dict(check.SETTINGS["cuda"]), tmp_path / "c.json", tmp_path, 400, set(),
+                      trace, ["/nowhere/a.csv", "/nowhere/b.csv"], False)
+    ctx.fig = {"preflight": {"missing_packages": list(missing)}, "sections": {}}
+    return ctx
+
+
+def test_on_a_gpu_a_missing_trace_or_package_is_an_error_naming_it(tmp_path):
+    ctx = _gpu_check(tmp_path)
+    ctx.section("calibration", ["calibration", "replay", "validation"])
+    rec = ctx.fig["sections"]["calibration"]
+    assert rec["status"] == "error" and "/nowhere/a.csv, /nowhere/b.csv" in rec["error"]
+    ctx = _gpu_check(tmp_path, trace=Path("t.csv"), missing=("simpy", "pynvml"))
+    ctx.section("replay", ["replay", "validation"])
+    rec = ctx.fig["sections"]["replay"]
+    assert rec["status"] == "error" and rec["error"].startswith("needs simpy, not installed")
+    assert json.loads((tmp_path / "c.json").read_text())["sections"]["replay"]["status"] == "error"
+
+
+def test_a_failed_or_unfinished_kernel_check_sends_the_gpu_to_the_torch_path(tmp_path):
+    ctx = _gpu_check(tmp_path)
+    for kernels, status, backend, reason in (({"num_failed": 0}, "ok", "triton", None),
+                                             ({"num_failed": 2}, "ok", "torch", "2 kernel check(s) failed"),
+                                             (None, "error", "torch", "did not complete (error)")):
+        ctx.fig.update(kernels=kernels, sections={"kernels": {"status": status}})
+        ctx.choose_attention()
+        assert ctx.attention == backend and ctx.fig["attention"]["fallback"] == (backend == "torch")
+        if reason:
+            assert reason in ctx.fig["attention"]["reason"] and "PyTorch attention" in ctx.fig["attention"]["reason"]
