@@ -49,7 +49,10 @@ AZURE = "traces/azure_2023/AzureLLMInferenceTrace_conv.csv"
 BUNDLE_TRACE = ".device/azure_conv.csv"  # written by gpu/device_bundle.py
 SECTIONS = ("kernels", "bandwidth", "calibration", "replay", "validation")
 # Share of the time left that each section may use (the rest flows to later sections when unused).
-WEIGHTS = {"kernels": 0.8, "bandwidth": 1.2, "calibration": 0.7, "replay": 1.1, "validation": 0.3}
+WEIGHTS = {"kernels": 1.0, "bandwidth": 1.1, "calibration": 0.7, "replay": 1.0, "validation": 0.3}
+# The kernels a replay runs: Triton is used only if each of these passed its check (bf16, both layouts).
+REPLAY_KERNELS = {(k, layout, "bfloat16") for k in ("store_kv", "decode_attention", "decode_attention_split_k",
+                                                     "prefill_attention") for layout in ("paged", "contiguous")}
 RESERVE_S = 10.0  # kept back from the budget for the last write
 GRACE = 1.5  # a section's hard limit (SIGALRM) is its share times this (never past the budget)
 # Packages each section needs beyond torch/triton/numpy (the device image has numpy, pandas, pyarrow, typer,
@@ -450,16 +453,20 @@ class Check:
         return None
 
     def choose_attention(self) -> None:
-        """Triton kernels on a GPU unless one failed its check (or the check did not finish): then the
-        PyTorch path, and the JSON says why."""
+        """Triton kernels on a GPU unless a case failed its check, or the kernels the replay runs were not
+        all checked (the section failed or was cut short before them): then the PyTorch path, and the
+        JSON says why."""
         from gpu.device import default_attention
 
         k = self.fig["sections"].get("kernels", {})
         kernels = self.fig.get("kernels") or {}
+        passed = {(r["kernel"], r.get("layout"), r.get("dtype")) for r in kernels.get("rows", []) if r.get("ok")}
+        unchecked = REPLAY_KERNELS - passed
         default = default_attention(self.device)
-        if default == "triton" and (k.get("status") != "ok" or kernels.get("num_failed")):
+        if default == "triton" and (kernels.get("num_failed") or unchecked):
             why = (f"{kernels.get('num_failed')} kernel check(s) failed" if kernels.get("num_failed")
-                   else f"the kernel checks did not complete ({k.get('status')})")
+                   else f"the kernel checks did not complete ({k.get('status')}): "
+                        f"{len(unchecked)} of the replay's kernels unchecked")
             self.attention = "torch"
             self.fig["attention"] = {"backend": "torch", "fallback": True, "reason": why + ": replay and "
                                      "calibration use the PyTorch attention path"}

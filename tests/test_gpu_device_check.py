@@ -222,9 +222,15 @@ def test_on_a_gpu_a_missing_trace_or_package_is_an_error_naming_it(tmp_path):
 
 
 def test_a_failed_or_unfinished_kernel_check_sends_the_gpu_to_the_torch_path(tmp_path):
+    from gpu.check import REPLAY_KERNELS
+
     ctx = _gpu_check(tmp_path)
-    for kernels, status, backend, reason in (({"num_failed": 0}, "ok", "triton", None),
-                                             ({"num_failed": 2}, "ok", "torch", "2 kernel check(s) failed"),
+    rows = [{"kernel": k, "layout": layout, "dtype": dt, "ok": True} for k, layout, dt in sorted(REPLAY_KERNELS)]
+    for kernels, status, backend, reason in (({"num_failed": 0, "rows": rows}, "ok", "triton", None),
+                                             ({"num_failed": 0, "rows": rows}, "error", "triton", None),  # cut short
+                                             ({"num_failed": 2, "rows": rows}, "ok", "torch", "2 kernel check(s) failed"),
+                                             ({"num_failed": 0, "rows": rows[1:]}, "error", "torch",
+                                              "did not complete (error): 1 of the replay's kernels unchecked"),
                                              (None, "error", "torch", "did not complete (error)")):
         ctx.fig.update(kernels=kernels, sections={"kernels": {"status": status}})
         ctx.choose_attention()
