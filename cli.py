@@ -183,7 +183,6 @@ def trace_fetch(
 
 # ---------------------------------------------------------------------------------------------- GPU backend
 
-@contextmanager
 @app.command()
 def steptime(
     model: str = typer.Argument(..., help="catalog model name or path to a Hugging Face config.json"),
@@ -300,6 +299,7 @@ def profiles_validate(
         out.print(f"{key:>10}: {p}", highlight=False)
 
 
+@contextmanager
 def gpu_backend():
     """The GPU backend's commands: user errors as above, and a missing torch/triton said in one line."""
     with user_errors():
