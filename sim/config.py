@@ -30,11 +30,32 @@ class ScenarioError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NOTE: allow_inf_nan=False: every float of a scenario is finite (.inf, .nan are errors)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-PosInt = Annotated[int, Field(gt=0)]
-PosFloat = Annotated[float, Field(gt=0)]
+def _number(v: Any) -> Any:
+    """YAML's true/false are not numbers (pydantic would read them as 1 and 0)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, not {str(v).lower()}")
+    return v
+
+
+# Numbers: never a boolean, always finite, and bounded so that no value overflows what is computed from
+# it (token counts fit in 32 bits; rates, times and sizes in ranges no real deployment leaves).
+MAX_TOKENS = 2**31
+MAX_COUNT = 10**9  # requests, sequences, blocks
+MAX_SECONDS = 1e9  # about 32 years
+Int = Annotated[int, BeforeValidator(_number)]
+Real = Annotated[float, BeforeValidator(_number)]
+PosInt = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_COUNT)]
+Tokens = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_TOKENS)]
+PosFloat = Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e12)]
+Seconds = Annotated[float, BeforeValidator(_number), Field(gt=0, le=MAX_SECONDS)]
+Rate = Annotated[float, BeforeValidator(_number), Field(ge=1e-9, le=1e9, description="requests per second")]
+Cv = Annotated[float, BeforeValidator(_number), Field(ge=1e-6, le=100)]
+Seed = Annotated[int, BeforeValidator(_number), Field(ge=0, le=2**63 - 1)]
+Gib = Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)]
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -42,15 +63,15 @@ PosFloat = Annotated[float, Field(gt=0)]
 
 class Poisson(Strict):
     kind: Literal["poisson"]
-    rate: PosFloat = Field(description="requests per second")
+    rate: Rate
 
 
 class Gamma(Strict):
     """Gamma inter-arrival times: ``cv`` > 1 is burstier than Poisson (cv = 1 is Poisson)."""
 
     kind: Literal["gamma"]
-    rate: PosFloat
-    cv: PosFloat = Field(description="coefficient of variation of inter-arrival times")
+    rate: Rate
+    cv: Cv = Field(description="coefficient of variation of inter-arrival times")
 
 
 Arrival = Annotated[Union[Poisson, Gamma], Field(discriminator="kind")]
@@ -58,15 +79,15 @@ Arrival = Annotated[Union[Poisson, Gamma], Field(discriminator="kind")]
 
 class Fixed(Strict):
     kind: Literal["fixed"]
-    tokens: PosInt
+    tokens: Tokens
 
 
 class Uniform(Strict):
     """Integers uniform on [low, high], both included."""
 
     kind: Literal["uniform"]
-    low: PosInt
-    high: PosInt
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _order(self) -> "Uniform":
@@ -80,9 +101,9 @@ class LogNormal(Strict):
     [1, max]; the log-mean is solved so that the *clipped* distribution keeps the requested mean."""
 
     kind: Literal["lognormal"]
-    mean: PosFloat
-    cv: PosFloat = Field(description="standard deviation / mean, before clipping")
-    max: PosInt | None = None
+    mean: Annotated[float, BeforeValidator(_number), Field(gt=0, le=MAX_TOKENS)]
+    cv: Cv = Field(description="standard deviation / mean, before clipping")
+    max: Tokens | None = None
 
     @model_validator(mode="after")
     def _fits(self) -> "LogNormal":
@@ -112,9 +133,9 @@ class SharedPrefixes(Strict):
     """A few system prompts, one put before each request's own prompt, chosen by popularity. They make
     prefix caching measurable on generated traffic (a trace's own hash ids do it for real traces)."""
 
-    lengths: list[PosInt] = Field(min_length=1, description="tokens of each system prompt")
+    lengths: list[Tokens] = Field(min_length=1, description="tokens of each system prompt")
     popularity: list[PosFloat] | None = Field(None, description="relative weights (default: equal)")
-    hash_block: PosInt = Field(16, description="tokens per content id in the generated prefix hashes")
+    hash_block: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 20)] = Field(16, description="tokens per content id in the generated prefix hashes")
 
     @model_validator(mode="after")
     def _same_length(self) -> "SharedPrefixes":
@@ -131,9 +152,9 @@ class SyntheticWorkload(Strict):
     lengths: Literal["sharegpt", "alpaca"] | None = None
     prompt: Lengths | None = None
     output: Lengths | None = None
-    num_requests: PosInt | None = None
-    duration_s: PosFloat | None = None
-    seed: int = 0
+    num_requests: Annotated[int, BeforeValidator(_number), Field(gt=0, le=10**8)] | None = None
+    duration_s: Seconds | None = None
+    seed: Seed = 0
     shared_prefixes: SharedPrefixes | None = None
 
     @model_validator(mode="before")
@@ -166,7 +187,7 @@ class TraceColumns(Strict):
     prompt_tokens: str
     output_tokens: str
     hash_ids: str | None = Field(None, description="list column: one hash id per prompt block")
-    hash_block_size: PosInt | None = Field(None, description="tokens per hashed block")
+    hash_block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 20)] | None = Field(None, description="tokens per hashed block")
     session_id: str | None = None
 
     @model_validator(mode="after")
@@ -179,8 +200,8 @@ class TraceColumns(Strict):
 class TimeWindow(Strict):
     """Arrivals in [start_s, end_s) of the trace's own clock, re-based so the window starts at 0."""
 
-    start_s: float = Field(0.0, ge=0)
-    end_s: PosFloat | None = None
+    start_s: Real = Field(0.0, ge=0, le=MAX_SECONDS)
+    end_s: Seconds | None = None
 
     @model_validator(mode="after")
     def _order(self) -> "TimeWindow":
@@ -205,15 +226,15 @@ class TraceWorkload(Strict):
     bad_rows: Literal["error", "drop"] = Field(
         "error", description="a row with a missing, non-numeric or negative value: stop with an error, or drop it")
     window: TimeWindow | None = None
-    sample: float | None = Field(None, gt=0, le=1, description="keep this fraction of the requests, at random")
+    sample: Real | None = Field(None, gt=0, le=1, description="keep this fraction of the requests, at random")
     arrival: Arrival | None = Field(None, description="re-time: new arrivals, the trace's own lengths in order")
-    rate_scale: PosFloat | None = Field(None, description="multiply the request rate (arrival times / rate_scale)")
+    rate_scale: Annotated[float, BeforeValidator(_number), Field(ge=1e-9, le=1e9)] | None = Field(None, description="multiply the request rate (arrival times / rate_scale)")
     num_requests: PosInt | None = None
-    duration_s: PosFloat | None = None
+    duration_s: Seconds | None = None
     cap_lengths: Literal["reject", "truncate"] = Field(
         "reject", description="prompt + output over the model's max length: the engine rejects it, or it is "
         "truncated (prompt to max - 1, output to what is left) and counted")
-    seed: int = Field(0, description="seeds sample and arrival")
+    seed: Seed = Field(0, description="seeds sample and arrival")
 
     @model_validator(mode="after")
     def _coherent(self) -> "TraceWorkload":
@@ -240,7 +261,7 @@ class ParallelSampling(Strict):
     """Every request asks for ``n`` outputs: one prefill, then ``n`` samples sharing the prompt's cache."""
 
     kind: Literal["parallel"]
-    n: int = Field(ge=2, le=63)
+    n: Int = Field(ge=2, le=63)
 
 
 class BeamSearch(Strict):
@@ -250,9 +271,9 @@ class BeamSearch(Strict):
     continued twice are forked."""
 
     kind: Literal["beam"]
-    width: int = Field(ge=2, le=63)
-    keep_probability: float = Field(0.8, ge=0, le=1)
-    seed: int = 0
+    width: Int = Field(ge=2, le=63)
+    keep_probability: Real = Field(0.8, ge=0, le=1)
+    seed: Seed = 0
 
 
 Sampling = Annotated[Union[ParallelSampling, BeamSearch], Field(discriminator="kind")]
@@ -265,7 +286,7 @@ class PagedAllocatorConfig(Strict):
     """Blocks of ``block_size`` taken on demand; admission keeps ``watermark`` of the blocks free."""
 
     kind: Literal["paged"]
-    watermark: float = Field(0.01, ge=0, lt=1)
+    watermark: Real = Field(0.01, ge=0, lt=1)
 
 
 class ContiguousAllocatorConfig(Strict):
@@ -292,13 +313,13 @@ class PolicyConfig(Strict):
         description="separate: prefill-only steps (vLLM v0); mixed: whole prompts batched with decodes "
         "(Orca); chunked: prompts split under the token budget and mixed with decodes (vLLM v1)"
     )
-    block_size: PosInt = Field(16, description="tokens per KV block (pool geometry; paged allocation unit)")
+    block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 16)] = Field(16, description="tokens per KV block (pool geometry; paged allocation unit)")
     max_num_seqs: PosInt = 256
-    max_num_batched_tokens: PosInt | None = Field(
+    max_num_batched_tokens: Tokens | None = Field(
         None, description="token budget per step; default max(2048, max_model_len), or 2048 when chunked"
     )
     preemption: Literal["recompute", "swap"] = "recompute"
-    swap_space_gib: float = Field(4.0, ge=0)
+    swap_space_gib: Gib = 4.0
     prefix_caching: bool = Field(False, description="reuse cached blocks of identical prompt prefixes (paged only)")
 
     @model_validator(mode="after")
@@ -370,7 +391,7 @@ class GpuConfig(Strict):
     """A GPU not in the catalog, by its datasheet figures."""
 
     name: str
-    memory_gib: PosFloat
+    memory_gib: Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e6)]
     hbm_gb_per_s: PosFloat
     tflops: PosFloat = Field(description="dense bf16/fp16 tensor TFLOP/s")
     host_gb_per_s: PosFloat = 32.0
@@ -384,12 +405,12 @@ class GpuConfig(Strict):
 class HostCosts(Strict):
     """Overrides of an engine profile's host costs (seconds; see ``sim/engines.py``)."""
 
-    serial_step_s: float | None = Field(None, ge=0)
-    serial_per_seq_s: float | None = Field(None, ge=0)
-    serial_per_token_s: float | None = Field(None, ge=0)
-    overlapped_step_s: float | None = Field(None, ge=0)
-    overlapped_per_seq_s: float | None = Field(None, ge=0)
-    overlapped_per_token_s: float | None = Field(None, ge=0)
+    serial_step_s: Real | None = Field(None, ge=0, le=1e3)
+    serial_per_seq_s: Real | None = Field(None, ge=0, le=1e3)
+    serial_per_token_s: Real | None = Field(None, ge=0, le=1e3)
+    overlapped_step_s: Real | None = Field(None, ge=0, le=1e3)
+    overlapped_per_seq_s: Real | None = Field(None, ge=0, le=1e3)
+    overlapped_per_token_s: Real | None = Field(None, ge=0, le=1e3)
 
 
 class RooflineConfig(Strict):
@@ -404,18 +425,18 @@ class RooflineConfig(Strict):
     engine: Literal["none", "vllm-0.5", "vllm-0.6", "vllm-v1"] = Field(
         "vllm-v1", description="host-cost profile of the serving engine (sim/engines.py)")
     host: HostCosts | None = Field(None, description="override the engine profile's host costs")
-    matmul_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s for linear layers "
+    matmul_efficiency: Real = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s for linear layers "
                                                                   "(datasheet operators only)")
-    attention_efficiency: float = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s for prefill attention")
-    bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved "
+    attention_efficiency: Real = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s for prefill attention")
+    bandwidth_efficiency: Real = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved "
                                                                      "(decode attention; datasheet operators)")
-    gpu_overhead_s: float = Field(1e-4, ge=0, description="GPU work per step outside the layers (embedding, "
+    gpu_overhead_s: Real = Field(1e-4, ge=0, le=1e3, description="GPU work per step outside the layers (embedding, "
                                                           "final norm, sampling kernels)")
-    paged_block_cost_tokens: float = Field(
-        3.68, ge=0, description="a paged decode kernel's cost per block visited, in keys' worth of reading "
+    paged_block_cost_tokens: Real = Field(
+        3.68, ge=0, le=1e6, description="a paged decode kernel's cost per block visited, in keys' worth of reading "
                                 "(default: +23 % at block size 16, the paper's Fig. 18a)")
-    allreduce_latency_s: float = Field(1e-5, ge=0, description="fixed cost of one all-reduce (datasheet only)")
-    swap_copy_overhead_s: float = Field(5e-6, ge=0, description="fixed cost of one block copy over the host link")
+    allreduce_latency_s: Real = Field(1e-5, ge=0, le=1e3, description="fixed cost of one all-reduce (datasheet only)")
+    swap_copy_overhead_s: Real = Field(5e-6, ge=0, le=1e3, description="fixed cost of one block copy over the host link")
 
     def host_overrides(self) -> dict:
         return {} if self.host is None else self.host.model_dump(exclude_none=True)
@@ -438,20 +459,20 @@ class Scenario(Strict):
     description: str = ""
     model: str = Field(description="catalog name or path to a Hugging Face config.json")
     gpu: str | GpuConfig
-    tensor_parallel: PosInt = 1
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    runtime_overhead_gib: float = Field(0.5, ge=0, description="CUDA context and library buffers outside the budget")
-    activation_reserve_tokens: PosInt = Field(2048, description="tokens of the activation-memory profiling pass")
+    tensor_parallel: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1024)] = 1
+    gpu_memory_utilization: Real = Field(0.9, gt=0, le=1)
+    runtime_overhead_gib: Gib = Field(0.5, description="CUDA context and library buffers outside the budget")
+    activation_reserve_tokens: Tokens = Field(2048, description="tokens of the activation-memory profiling pass")
     workload: Annotated[Workload, BeforeValidator(_default_kind)]
     policies: list[Policy] = Field(min_length=1)
     sampling: Sampling | None = Field(None, description="parallel samples or beam search for every request")
     step_time: StepTime = RooflineConfig()
-    horizon_s: PosFloat | None = Field(None, description="stop the simulation here; later requests are unfinished")
-    startup_s: float = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
+    horizon_s: Seconds | None = Field(None, description="stop the simulation here; later requests are unfinished")
+    startup_s: Real = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
                              "(a freshly started server's warm-up, for benchmarks that send requests at once)")
     exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
     record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
-    timeline_bin_s: PosFloat = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
+    timeline_bin_s: Seconds = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
     decompose: bool = Field(True, description="sim run: decompose each policy's difference from the first one "
                             "knob by knob, running the intermediate policies on the same requests (sim.decompose)")
 

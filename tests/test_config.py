@@ -1,5 +1,6 @@
 """Scenario validation: every mistake is one clear line naming the file, line and key path."""
 
+import re
 import textwrap
 
 import pytest
@@ -38,9 +39,9 @@ def test_valid_scenario_loads(tmp_path):
 
 @pytest.mark.parametrize("bad,expect", [
     (BASE + "colour: red\n", "s.yaml:9: colour: unknown key"),
-    (BASE.replace("rate: 2.0", "rate: -1"), "s.yaml:5: workload.arrival.rate: Input should be greater than 0 (got -1)"),
+    (BASE.replace("rate: 2.0", "rate: -1"), "s.yaml:5: workload.arrival.rate: Input should be greater than or equal to 0.000000001 (got -1)"),
     (BASE.replace("rate: 2.0", "rate: fast"), "workload.arrival.rate: Input should be a valid number"),
-    (BASE.replace("rate: 2.0", "rate: 0"), "workload.arrival.rate: Input should be greater than 0"),
+    (BASE.replace("rate: 2.0", "rate: 0"), "workload.arrival.rate: Input should be greater than or equal to 0.000000001"),
     (BASE.replace("kind: poisson", "kind: weibull"), "workload.arrival"),
     (BASE.replace("num_requests: 10", "num_requests: 0"), "workload.num_requests: Input should be greater than 0"),
     (BASE.replace("  num_requests: 10\n", ""), "needs a stop"),
@@ -115,3 +116,38 @@ def test_model_from_config_path_relative_to_scenario(tmp_path):
     s2 = load_scenario(write(tmp_path, BASE.replace("model: opt-13b", "model: missing/config.json")))
     with pytest.raises(ScenarioError, match="no such model config file"):
         s2.model_spec()
+
+
+NUMERIC_BAD = [  # (workload or top-level override, key named in the message, what it says)
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 5, "seed": -1}},
+     "workload.seed", "greater than or equal to 0"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 10**30}},
+     "workload.num_requests", "less than or equal to"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1e-308}, "lengths": "alpaca", "num_requests": 5}},
+     "workload.arrival.rate", "greater than or equal to"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": float("inf")}, "lengths": "alpaca", "num_requests": 5}},
+     "workload.arrival.rate", "finite"),
+    ({"workload": {"arrival": {"kind": "gamma", "rate": 1, "cv": 1e200}, "lengths": "alpaca", "num_requests": 5}},
+     "workload.arrival.cv", "less than or equal to 100"),
+    ({"workload": {"arrival": {"kind": "gamma", "rate": 1, "cv": 1e-200}, "lengths": "alpaca", "num_requests": 5}},
+     "workload.arrival.cv", "greater than or equal to"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": True}},
+     "workload.num_requests", "not true"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 5,
+                   "prompt": {"kind": "lognormal", "mean": 1e20, "cv": 1}, "output": {"kind": "fixed", "tokens": 5}}},
+     "workload.prompt.mean", "less than or equal to"),
+    ({"workload": {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 5,
+                   "prompt": {"kind": "fixed", "tokens": False}, "output": {"kind": "fixed", "tokens": 5}}},
+     "workload.prompt.tokens", "not false"),
+    ({"policies": [{"preset": "vllm", "swap_space_gib": float("inf")}]}, "policies[0].swap_space_gib", "finite"),
+    ({"runtime_overhead_gib": float("nan")}, "runtime_overhead_gib", "finite"),
+    ({"step_time": {"kind": "roofline", "gpu_overhead_s": float("inf")}}, "step_time.gpu_overhead_s", "finite"),
+    ({"horizon_s": 1e300}, "horizon_s", "less than or equal to"),
+    ({"tensor_parallel": True}, "tensor_parallel", "not true"),
+]
+
+
+@pytest.mark.parametrize("over, key, what", NUMERIC_BAD)
+def test_numbers_are_finite_bounded_and_not_booleans(make_scenario, over, key, what):
+    with pytest.raises(ScenarioError, match=re.escape(key) + ".*" + re.escape(what)):
+        make_scenario(**over)
