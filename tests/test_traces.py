@@ -226,11 +226,11 @@ TS = "2023-11-16 18:15:47.0000000"
 @pytest.mark.parametrize("name,text,message", [
     ("missing.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n", "cannot tell the trace format from "
      "its columns (TIMESTAMP, ContextTokens); expected one of: azure (TIMESTAMP,ContextTokens,GeneratedTokens)"),
-    ("nonnum.csv", HEAD + f"{TS},x,3\n", "nonnum.csv:3: ContextTokens = 'x', expected an integer >= 0"),
-    ("negative.csv", HEAD + f"{TS},5,-3\n", "negative.csv:3: GeneratedTokens = -3, expected an integer >= 0"),
-    ("nan.csv", HEAD + f"{TS},NaN,3\n", "nan.csv:3: ContextTokens = 'NaN', expected an integer >= 0"),
-    ("blank.csv", HEAD + f"{TS},,3\n", "blank.csv:3: ContextTokens is empty, expected an integer >= 0"),
-    ("fraction.csv", HEAD + f"{TS},2.5,3\n", "fraction.csv:3: ContextTokens = 2.5, expected an integer >= 0"),
+    ("nonnum.csv", HEAD + f"{TS},x,3\n", "nonnum.csv:3: ContextTokens = 'x', expected a whole number of tokens from 0 to 2,147,483,648"),
+    ("negative.csv", HEAD + f"{TS},5,-3\n", "negative.csv:3: GeneratedTokens = -3, expected a whole number of tokens from 0 to 2,147,483,648"),
+    ("nan.csv", HEAD + f"{TS},NaN,3\n", "nan.csv:3: ContextTokens = 'NaN', expected a whole number of tokens from 0 to 2,147,483,648"),
+    ("blank.csv", HEAD + f"{TS},,3\n", "blank.csv:3: ContextTokens is empty, expected a whole number of tokens from 0 to 2,147,483,648"),
+    ("fraction.csv", HEAD + f"{TS},2.5,3\n", "fraction.csv:3: ContextTokens = 2.5, expected a whole number of tokens from 0 to 2,147,483,648"),
     ("empty.csv", "", "empty.csv: empty file; expected a header line naming the columns"),
     ("header.csv", HEAD.splitlines()[0] + "\n", "header.csv: no requests (the file has a header but no rows)"),
     ("time.csv", HEAD + "2023-11-16 25:15:47.0000000,5,3\n", "time.csv:3: TIMESTAMP = '2023-11-16 25:15:47.0000000', "
@@ -248,8 +248,12 @@ TS = "2023-11-16 18:15:47.0000000"
     ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "two"]}\n',
      "hashes.jsonl:1: hash_ids = [1, 'two'], expected a list of integer hash ids"),
     ("lost.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n',
-     "lost.jsonl:2: output_length is empty, expected an integer >= 0"),
+     "lost.jsonl:2: output_length is empty, expected a whole number of tokens from 0 to 2,147,483,648"),
     ("zero.csv", HEAD.splitlines()[0] + f"\n{TS},5,0\n", "no requests left: all 1 rows were dropped (zero_output_tokens: 1)"),
+    ("huge.csv", HEAD + f"{TS},1e20,3\n", "huge.csv:3: ContextTokens = 1e+20, expected a whole number of tokens"),
+    ("huge2.csv", HEAD + f"{TS},2147483649,3\n", "huge2.csv:3: ContextTokens = 2147483649, expected a whole number"),
+    ("bool.jsonl", '{"timestamp": 0, "input_length": true, "output_length": 1}\n',
+     "bool.jsonl:1: input_length = True, expected a whole number of tokens"),
 ])
 def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message):
     p = write(tmp_path, name, text)
@@ -302,3 +306,20 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
     assert r.exit_code == 2 and "name it *.parquet" in r.output
+
+
+def test_bom_and_long_fractions_are_read(tmp_path):
+    """A UTF-8 byte-order mark is not part of the first column's name; timestamps may have more than 9
+    fractional digits (the rest is below a nanosecond)."""
+    p = write(tmp_path, "bom.csv", "\ufeff" + HEAD + "2023-11-16 18:15:47.000000000123,5,3\n")
+    t = load(p)
+    assert len(t) == 2 and t.arrival_s[1] == pytest.approx(1 - 0.6805900, abs=1e-9)
+
+
+def test_parquet_timestamps_are_not_seconds(tmp_path):
+    df = pd.DataFrame({"arrived_at": pd.to_datetime(["2024-01-01 00:00:00", "2024-01-01 00:00:01"]),
+                       "num_prefill_tokens": [5, 6], "num_decode_tokens": [3, 4]})
+    p = tmp_path / "t.parquet"
+    df.to_parquet(p)
+    with pytest.raises(ScenarioError, match="holds date-times.*arrival_unit: datetime"):
+        load(p)

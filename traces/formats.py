@@ -88,7 +88,8 @@ def is_gzip(path: Path) -> bool:
 
 def open_text(path: Path) -> io.TextIOBase:
     """The file as text, decompressed when it is gzip (told by its first bytes, not its name)."""
-    return gzip.open(path, "rt", encoding="utf-8") if is_gzip(path) else open(path, encoding="utf-8")
+    # NOTE: utf-8-sig: a byte-order mark (as some Windows tools write) is dropped, not read into a column name
+    return gzip.open(path, "rt", encoding="utf-8-sig") if is_gzip(path) else open(path, encoding="utf-8-sig")
 
 
 def container_of(path: Path) -> Container:

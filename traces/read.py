@@ -34,8 +34,9 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 
 # Row problems: code -> reason counted in RequestTable.dropped (code 0: none).
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
-            "bad_hash_ids")
-MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES = range(1, 7)
+            "bad_hash_ids", "too_large")
+MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE = range(1, 8)
+MAX_TOKENS = 2**31  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
 
@@ -53,7 +54,7 @@ def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chun
     try:
         with pd.read_csv(tf.path, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
                          skip_blank_lines=False, keep_default_na=False, na_values=[""], index_col=False,
-                         compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8") as reader:
+                         compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8-sig") as reader:
             for frame in reader:  # NOTE: every column is read, so that pandas checks each row's field count
                 yield Chunk(frame[columns], frame.index.to_numpy() + 2)
     except pd.errors.ParserError as e:  # "Expected 3 fields in line 7, saw 4": pandas names the line
@@ -118,7 +119,12 @@ def _to_float(v: Any) -> float:
 
 
 def _numbers(col: pd.Series, integer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(values as float64, problem code per row): empty, not a number, negative, or not an integer."""
+    """(values as float64, problem code per row): empty, not a number (true/false included), negative,
+    not an integer, or (token counts) above MAX_TOKENS."""
+    if col.dtype.kind == "b":  # a boolean column (parquet, JSON): not counts
+        codes = np.full(len(col), NOT_A_NUMBER, dtype=np.int8)
+        codes[col.isna().to_numpy()] = MISSING
+        return np.full(len(col), np.nan), codes
     if col.dtype.kind in "iuf":
         values = col.to_numpy(dtype=np.float64, na_value=np.nan)
     else:
@@ -131,13 +137,19 @@ def _numbers(col: pd.Series, integer: bool) -> tuple[np.ndarray, np.ndarray]:
         codes[values < 0] = NEGATIVE
         if integer:
             codes[(codes == 0) & (values != np.floor(values))] = NOT_INTEGER
+            codes[(codes == 0) & (values > MAX_TOKENS)] = TOO_LARGE
         codes[~np.isfinite(values)] = NOT_A_NUMBER
+    if col.dtype.kind == "O":  # JSON true/false mixed with numbers: pandas would read them as 1 and 0
+        codes[np.fromiter((isinstance(v, bool) for v in col), dtype=bool, count=len(col))] = NOT_A_NUMBER
     codes[col.isna().to_numpy()] = MISSING
     return values, codes
 
 
 def _timestamps(col: pd.Series) -> tuple[pd.Series, np.ndarray]:
     """Date-times (ISO 8601, any number of fractional digits, naive read as UTC) and problem codes."""
+    if col.dtype.kind == "O":  # NOTE: pandas reads at most 9 fractional digits (ns); the rest is below a ns
+        col = col.where(~col.map(lambda v: isinstance(v, str)), col.astype(str).str.replace(
+            r"(\.\d{9})\d+", r"\1", regex=True))
     ts = pd.to_datetime(col, format="ISO8601", utc=True, errors="coerce")
     codes = np.where(ts.isna().to_numpy(), BAD_TIME, 0).astype(np.int8)
     codes[col.isna().to_numpy()] = MISSING
@@ -172,7 +184,7 @@ def _expected(fmt: TraceFormat, column: str) -> str:
         return "a list of integer hash ids"
     if column == fmt.session_id:
         return "a session id"
-    return "an integer >= 0"
+    return f"a whole number of tokens from 0 to {MAX_TOKENS:,}"
 
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -212,6 +224,9 @@ class _Collector:
                 self.t0 = ts[codes == 0].iloc[0]
             return ((ts - self.t0).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
                     if self.t0 is not None else np.full(len(col), np.nan)), codes
+        if col.dtype.kind == "M":  # a timestamp column (parquet) is not seconds since 1970
+            raise ScenarioError(f"{self.tf.path}: column {fmt.arrival!r} holds date-times, but the format reads it "
+                                f"as a number in {fmt.arrival_unit}; set columns.arrival_unit: datetime")
         values, codes = _numbers(col, integer=False)
         if self.t0 is None and (codes == 0).any():
             self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
