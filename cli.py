@@ -51,6 +51,11 @@ def user_errors():
         for line in str(e).splitlines():  # escaped: a message may hold brackets such as '.[gpu]'
             err.print(f"[red]error:[/red] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except OSError as e:  # NOTE: the file system said no (full disk, permissions, a path that is a file)
+        where = e.filename or "a file"
+        err.print(f"[red]error:[/red] {escape(str(where))}: {escape(e.strerror or e.__class__.__name__)}",
+                  markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -64,6 +69,9 @@ def run(
     from sim.run import run_to_dir
 
     with user_errors():
+        from sim.outputs import out_dir as checked_dir
+
+        out_dir = checked_dir(out_dir) if out_dir is not None else None
         summary, paths = run_to_dir(scenario, out_dir, exact=exact, report=not no_report, console=err)
     from reports.console import print_summary
 
@@ -93,7 +101,9 @@ def report(
     from reports.html import build_report
 
     with user_errors():
-        path = build_report(run_dirs, out_file)
+        from sim.outputs import out_file as checked_file
+
+        path = build_report(run_dirs, checked_file(out_file) if out_file is not None else None)
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
@@ -114,6 +124,9 @@ def sweep(
     from sim.sweep import SweepInterrupted, sweep_to_dir
 
     with user_errors():
+        from sim.outputs import out_dir as checked_dir
+
+        out_dir = checked_dir(out_dir) if out_dir is not None else None
         try:
             result, paths = sweep_to_dir(sweep_file, out_dir, executor=executor, workers=workers, address=address,
                                          resume=resume, report=not no_report, console=err)
@@ -157,7 +170,9 @@ def trace_convert(file: TraceFile, out_file: Annotated[Path, typer.Argument(help
     from traces.commands import trace_convert
 
     with user_errors():
-        lines = trace_convert(file, out_file, workload or [], max_model_len)
+        from sim.outputs import out_file as checked_file
+
+        lines = trace_convert(file, checked_file(out_file, "OUT"), workload or [], max_model_len)
     for line in lines:
         out.print(line, highlight=False, soft_wrap=True)
 
@@ -287,7 +302,9 @@ def profiles_validate(
     from sim.profiles import validate_to_dir
 
     with profile_errors():
-        paths = validate_to_dir(root, out_dir)
+        from sim.outputs import out_dir as checked_dir
+
+        paths = validate_to_dir(root, checked_dir(out_dir))
     import pandas as pd
 
     mape = pd.read_csv(paths["mape"])

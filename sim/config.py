@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
-                      model_validator)
+                      field_validator, model_validator)
 
-from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, model_from_hf_config
+from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, _did_you_mean, model_from_hf_config
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import locate as locate_trace
 
@@ -485,13 +485,24 @@ class Scenario(Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
-        if isinstance(self.gpu, str) and self.gpu not in GPUS:
-            raise ValueError(f"unknown gpu {self.gpu!r}; expected one of {', '.join(GPUS)} or an inline spec")
-        if not self.model.endswith(".json") and self.model not in MODELS:
-            raise ValueError(
-                f"unknown model {self.model!r}; expected one of {', '.join(MODELS)} or a path to a config.json"
-            )
         return self
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v):
+        if isinstance(v, str) and v not in GPUS:
+            raise ValueError(f"unknown gpu {v!r}{_did_you_mean(v, GPUS)}; expected one of {', '.join(GPUS)} or an "
+                             f"inline spec")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str):
+        # NOTE: a path (a config.json, or a folder holding one) is checked when it is read, relative to the file
+        if v not in MODELS and not (v.endswith(".json") or "/" in v or "\\" in v or v.startswith((".", "~"))):
+            raise ValueError(f"unknown model {v!r}{_did_you_mean(v, MODELS)}; expected one of {', '.join(MODELS)} "
+                             f"or a path to a config.json (or a folder holding one)")
+        return v
 
     def resolve_path(self, p: str) -> Path:
         if p.startswith(TRACE_PREFIX):  # a file of the traces folders ($KVSIM_TRACES, ../shared/traces)
@@ -502,8 +513,9 @@ class Scenario(Strict):
     def model_spec(self) -> ModelSpec:
         if self.model in MODELS:
             return MODELS[self.model]
+        p = self.resolve_path(self.model)
         try:
-            return model_from_hf_config(self.resolve_path(self.model))
+            return model_from_hf_config(p / "config.json" if p.is_dir() else p)
         except CatalogError as e:
             raise ScenarioError(f"model: {e}") from None
 

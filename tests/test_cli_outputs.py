@@ -1,0 +1,101 @@
+"""Output paths a user names: each unusable one is one clear error (exit 2) before any work, never a
+traceback after it; and model files that are not config.json files."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+
+SCENARIO = ("name: out\nmodel: opt-13b\ngpu: a100-40gb\nworkload: {arrival: {kind: poisson, rate: 2}, "
+            "lengths: alpaca, num_requests: 5}\npolicies: [vllm]\n")
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def invoke(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in r.output
+    return r
+
+
+def test_run_out_is_an_existing_file(tmp_path, scenario):
+    (tmp_path / "f").write_text("x")
+    r = invoke("run", scenario, "--out", tmp_path / "f", "--no-report")
+    assert r.exit_code == 2 and "exists and is not a folder" in r.output and str(tmp_path / "f") in r.output
+
+
+def test_run_out_cannot_be_created(tmp_path, scenario):
+    (tmp_path / "f").write_text("x")
+    r = invoke("run", scenario, "--out", tmp_path / "f" / "sub", "--no-report")
+    assert r.exit_code == 2 and "cannot create the folder" in r.output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: a read-only folder is not read-only to root")
+def test_run_out_not_writable(tmp_path, scenario):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    r = invoke("run", scenario, "--out", ro, "--no-report")
+    assert r.exit_code == 2 and "not writable" in r.output
+
+
+def test_report_out_is_a_folder(tmp_path, scenario):
+    assert invoke("run", scenario, "--out", tmp_path / "run", "--no-report").exit_code == 0
+    r = invoke("report", tmp_path / "run", "--out", tmp_path)
+    assert r.exit_code == 2 and "is a folder" in r.output
+
+
+def test_sweep_out_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    sweep = tmp_path / "w.yaml"
+    sweep.write_text("name: w\nbase: {name: w, model: opt-13b, gpu: a100-40gb, workload: {arrival: {kind: poisson, "
+                     "rate: 2}, lengths: alpaca, num_requests: 5}, policies: [vllm]}\naxes: {block_size: [8, 16]}\n")
+    r = invoke("sweep", sweep, "--out", tmp_path / "f")
+    assert r.exit_code == 2 and "exists and is not a folder" in r.output
+
+
+def test_trace_convert_out_is_a_folder(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n")
+    r = invoke("trace", "convert", t, tmp_path)
+    assert r.exit_code == 2 and "is a folder" in r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x00\xff\xfe binary", "cannot read as a JSON text file"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b"{not json", "not valid JSON"),
+])
+def test_model_file_that_is_not_a_config(tmp_path, content, message):
+    (tmp_path / "m.json").write_bytes(content)
+    s = tmp_path / "s.yaml"
+    s.write_text(SCENARIO.replace("model: opt-13b", "model: m.json"))
+    r = invoke("check", s)
+    assert r.exit_code == 2 and message in r.output and "m.json" in r.output
+
+
+def test_model_folder_without_config(tmp_path):
+    (tmp_path / "mdl").mkdir()
+    s = tmp_path / "s.yaml"
+    s.write_text(SCENARIO.replace("model: opt-13b", "model: ./mdl"))
+    r = invoke("check", s)
+    assert r.exit_code == 2 and "no such model config file" in r.output
+
+
+@pytest.mark.parametrize("key, value, hint", [("model", "opt-13", "did you mean 'opt-13b'"),
+                                              ("gpu", "h10", "did you mean 'h100'")])
+def test_unknown_model_or_gpu_names_the_line(tmp_path, key, value, hint):
+    s = tmp_path / "s.yaml"
+    s.write_text(SCENARIO.replace("model: opt-13b", f"model: {value}") if key == "model"
+                 else SCENARIO.replace("gpu: a100-40gb", f"gpu: {value}"))
+    r = invoke("check", s)
+    line = 2 if key == "model" else 3
+    assert r.exit_code == 2 and f"s.yaml:{line}: {key}: unknown {key}" in r.output and hint in r.output
