@@ -69,7 +69,18 @@ def _read_summary(path: Path) -> dict:
         raise ResultsError(f"{path}: cannot read ({e.__class__.__name__})") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("policies"), dict) or "scenario" not in summary:
         raise ResultsError(f"{path}: not a sim run summary (no 'scenario' and 'policies')")
+    if not isinstance(summary["scenario"], dict):
+        raise ResultsError(f"{path}: 'scenario' is not an object")
+    for name, metrics in summary["policies"].items():
+        if not isinstance(metrics, dict):
+            raise ResultsError(f"{path}: policies.{name} is not an object of metrics")
+        for key, v in metrics.items():  # a metric is a number or null; nested groups (memory, pool) are objects
+            if isinstance(v, str) and key not in TEXT_KEYS:
+                raise ResultsError(f"{path}: policies.{name}.{key} = {v!r}, expected a number or null")
     return summary
+
+
+TEXT_KEYS = {"preset", "policy", "name", "status", "allocator", "batching", "prefill", "preemption", "kind"}
 
 
 def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd.DataFrame | None:

@@ -99,3 +99,46 @@ def test_unknown_model_or_gpu_names_the_line(tmp_path, key, value, hint):
     r = invoke("check", s)
     line = 2 if key == "model" else 3
     assert r.exit_code == 2 and f"s.yaml:{line}: {key}: unknown {key}" in r.output and hint in r.output
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    s = d / "s.yaml"
+    s.write_text(SCENARIO)
+    assert invoke("run", s, "--out", d / "run", "--no-report").exit_code == 0
+    return d / "run"
+
+
+def _crafted(run, tmp_path, edit):
+    import shutil
+
+    d = tmp_path / "crafted"
+    shutil.copytree(run, d)
+    edit(d)
+    return d
+
+
+def _drop_column(d, file, column):
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(d / file)
+    pq.write_table(t.drop_columns([column]), d / file)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": 5}}'),
+     "policies.vllm is not an object of metrics"),
+    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": {"request_throughput": "x"}}}'),
+     "policies.vllm.request_throughput = 'x', expected a number or null"),
+    (lambda d: (d / "summary.json").write_text('{"scenario": 3, "policies": {}}'), "'scenario' is not an object"),
+    (lambda d: (d / "summary.json").write_text('{"scen'), "cannot read"),
+    (lambda d: (d / "summary.json").write_bytes(b"\xff\xfe\x00"), "cannot read"),
+    (lambda d: (d / "requests.parquet").write_text("not parquet"), "requests.parquet: cannot read"),
+    (lambda d: _drop_column(d, "timeline.parquet", "bin_s"), "not as sim run writes them"),
+    (lambda d: (d / "timeline.parquet").unlink(), "incomplete run, missing timeline.parquet"),
+])
+def test_report_from_crafted_results(finished_run, tmp_path, edit, message):
+    d = _crafted(finished_run, tmp_path, edit)
+    r = invoke("report", d)
+    assert r.exit_code == 2 and message in r.output.replace("\n", "")
