@@ -23,7 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from reports import figures
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
-from reports.results import RunTables, concat, load_run, load_runs
+from reports.results import ResultsError, RunTables, concat, load_run, load_runs
 from sim.metrics import METRICS
 
 GB = 1e9
@@ -514,6 +514,12 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
     paths = [Path(p) for p in run_dirs]
     runs = load_runs(paths)
     target = Path(out) if out is not None else default_output(paths)
+    try:
+        page = render(runs)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        # NOTE: the files were read, but are not what sim run/sweep writes (edited, truncated, another version)
+        raise ResultsError(f"{', '.join(map(str, paths))}: the result files are not as sim run writes them; cannot "
+                           f"draw the report ({e.__class__.__name__}: {str(e)[:120]})") from None
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render(runs), encoding="utf-8")
     return target
