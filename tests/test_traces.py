@@ -254,6 +254,10 @@ TS = "2023-11-16 18:15:47.0000000"
     ("huge2.csv", HEAD + f"{TS},2147483649,3\n", "huge2.csv:3: ContextTokens = 2147483649, expected a whole number"),
     ("bool.jsonl", '{"timestamp": 0, "input_length": true, "output_length": 1}\n',
      "bool.jsonl:1: input_length = True, expected a whole number of tokens"),
+    ("dupcol.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n" + TS + ",5,3,9\n",
+     "dupcol.csv:1: column 'ContextTokens' appears more than once"),
+    ("dupkey.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "input_length": 7}\n',
+     "dupkey.jsonl:1: column 'input_length' appears more than once"),
 ])
 def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message):
     p = write(tmp_path, name, text)

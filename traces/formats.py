@@ -102,12 +102,22 @@ def container_of(path: Path) -> Container:
     return "jsonl" if first.startswith("{") else "csv"
 
 
+def _unique(path: Path, names: list[str], where: str = "") -> list[str]:
+    """Column names, each once: a repeated column would be read as whichever copy the reader keeps."""
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise ScenarioError(f"{path}{where}: column {n!r} appears more than once; expected each column once")
+        seen.add(n)
+    return names
+
+
 def header(path: Path, container: Container) -> list[str]:
     """Column names: a CSV's first line, a JSONL file's first object's keys, a parquet schema's names."""
     if container == "parquet":
         import pyarrow.parquet as pq
 
-        return list(pq.read_schema(path).names)
+        return _unique(path, list(pq.read_schema(path).names))
     with open_text(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -120,15 +130,17 @@ def header(path: Path, container: Container) -> list[str]:
                 if len(first) > len(names):
                     raise ScenarioError(f"{path}:{line_no + 1}: {len(first)} fields, expected {len(names)} as in "
                                         "the header")
-                return names
+                return _unique(path, names, f":{line_no}")
             try:
-                obj = json.loads(line)
+                # NOTE: the first object's keys are the columns: a key given twice there is an error
+                pairs = json.loads(line, object_pairs_hook=lambda kv: kv)
             except json.JSONDecodeError as e:
                 raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object "
                                     "per line") from None
-            if not isinstance(obj, dict):
-                raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {type(obj).__name__}")
-            return list(obj)
+            if not isinstance(pairs, list) or not line.lstrip().startswith("{"):
+                got = type(json.loads(line)).__name__
+                raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {got}")
+            return _unique(path, [k for k, _ in pairs], f":{line_no}")
     raise ScenarioError(f"{path}: empty file; expected a header line naming the columns")
 
 
