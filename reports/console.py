@@ -2,37 +2,67 @@
 
 from __future__ import annotations
 
+import re
+
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sim.metrics import METRICS
 
+# The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
+# (summary key, statistic, unit, format); a column that does not fit the terminal is dropped from the end,
+# never cut: every cell is as wide as its widest value.
 COLUMNS = [
-    ("request_throughput", "req/s", "{:.2f}"),
-    ("output_throughput", "tok/s", "{:.0f}"),
-    ("mean_normalized_latency_s", "s/tok", "{:.3f}"),
-    ("median_ttft_ms", "TTFT ms", "{:.0f}"),
-    ("mean_batch_size", "batch", "{:.1f}"),
-    ("num_preemptions", "preempt", "{}"),
-    ("memory.token_states", "KV used", "{:.0%}"),
-    ("memory.free", "KV idle", "{:.0%}"),
+    ("request_throughput", "throughput", "req/s", "{:,.2f}"),
+    ("mean_normalized_latency_s", "mean norm.\nlatency", "s/token", "{:,.3f}"),
+    ("median_ttft_ms", "median\nTTFT", "ms", "{:,.0f}"),
+    ("output_throughput", "output", "tok/s", "{:,.0f}"),
+    ("memory.token_states", "KV in\ntokens", "mean %", "{:.0%}"),
+    ("num_preemptions", "preempt-\nions", "count", "{:,}"),
+    ("mean_batch_size", "mean\nbatch", "seqs", "{:,.1f}"),
 ]
+DONE_HEAD = ("finished\n/rej/unf", "requests")
+SUMMARY_NOTE = ("latencies: over finished requests; KV in tokens: time-weighted share of the pool",
+                "every metric: summary.json; figures: report.html")
 
 
-def summary_table(summary: dict, title: str = "") -> Table:
-    t = Table(title=title or None, caption="KV used: time-weighted share of the KV pool holding token states; "
-              "KV idle: free with nothing waiting; the rest is reservation and fragmentation (summary.json)")
-    t.add_column("policy", style="bold", no_wrap=True)
-    for _, head, _ in COLUMNS:
-        t.add_column(head, justify="right")
-    t.add_column("done/rej/unf", justify="right")
-    for name, m in summary["policies"].items():
-        cells = []
-        for key, _, fmt in COLUMNS:
-            v = m.get(key)
-            cells.append("-" if v is None else fmt.format(v))
-        cells.append(f"{m['num_finished']}/{m['num_rejected']}/{m['num_unfinished']}")
-        t.add_row(name, *cells)
+def _fits(widths: list[int], console_width: int) -> bool:
+    return sum(widths) + 2 * (len(widths) - 1) <= console_width
+
+
+def summary_table(summary: dict, title: str = "", width: int = 80) -> Table:
+    """The headline metrics, one row per policy, in at most ``width`` columns: each column is as wide as
+    its widest value (numbers are never cut); columns that do not fit are dropped from the end of
+    ``COLUMNS``; a long policy name folds onto a second line."""
+    policies = summary["policies"]
+    names = [str(n) for n in policies]
+    cols = []
+    for key, stat, unit, fmt in COLUMNS:
+        cells = ["-" if policies[n].get(key) is None else fmt.format(policies[n][key]) for n in policies]
+        cols.append((f"{stat}\n{unit}", cells))
+    done = [f"{m.get('num_finished', 0):,}/{m.get('num_rejected', 0):,}/{m.get('num_unfinished', 0):,}"
+            for m in policies.values()]
+    cols.append((f"{DONE_HEAD[0]}\n{DONE_HEAD[1]}", done))
+
+    def need(head: str, cells: list[str]) -> int:
+        return max([len(line) for line in head.split("\n")] + [len(c) for c in cells])
+
+    name_w = max([len("policy")] + [len(n) for n in names])
+    name_min = min(name_w, 20)  # a longer name folds
+    done_col = cols.pop()
+    while cols and not _fits([name_min] + [need(*c) for c in cols] + [need(*done_col)], width):
+        cols.pop()  # the least important metric goes first; the finished counts stay
+    cols.append(done_col)
+    used = sum(need(*c) for c in cols) + 2 * len(cols)
+    t = Table(title=Text(title) if title else None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True,
+              show_edge=False)
+    t.add_column("policy", style="bold", overflow="fold", min_width=name_min, max_width=max(name_min, width - used))
+    for head, cells in cols:
+        t.add_column(head, justify="right", no_wrap=True, min_width=need(head, cells))
+    for i, n in enumerate(names):
+        t.add_row(Text(n), *(cells[i] for _, cells in cols))  # Text: a name is not markup
     return t
 
 
@@ -44,19 +74,37 @@ def decomposition_lines(decomp: dict, metrics: tuple[str, ...] = ("request_throu
     def fmt(values: dict) -> str:
         return ", ".join("-" if values.get(m) is None else f"{values[m]:+.4g} {METRICS[m].unit}" for m in metrics)
 
-    lines = [f"what each knob explains, from {decomp['base']} (sim.decompose; summary.json: decomposition):"]
+    lines = [f"what each knob explains, from {decomp['base']} (summary.json: decomposition):"]
     for target, t in decomp.get("targets", {}).items():
         steps = "; ".join(f"{st['label']} {fmt(st['share'])}" for st in t["steps"]) or "no knob differs"
         lines.append(f"  {target}: {fmt(t['total'])} = {steps}")
     return lines
 
 
+def _wrapped(line: str, width: int, indent: str = "      ") -> list[str]:
+    """A decomposition line folded at its '; ' and ' = ' joints (a value and its unit stay together)."""
+    if len(line) <= width:
+        return [line]
+    parts = re.split(r"(?<=;) |(?<=[^=]) (?== )", line)
+    out = [parts[0]]
+    for p in parts[1:]:
+        if len(out[-1]) + 1 + len(p) <= width:
+            out[-1] += " " + p
+        else:
+            out.append(indent + p.strip())
+    return out
+
+
 def print_summary(summary: dict, title: str = "", console: Console | None = None) -> None:
     console = console or Console()
-    console.print(summary_table(summary, title))
+    width = console.width
+    console.print(summary_table(summary, title, width=width))
+    for line in SUMMARY_NOTE:
+        console.print(line, highlight=False, markup=False)
     if summary.get("decomposition"):
         for line in decomposition_lines(summary["decomposition"]):
-            console.print(line, highlight=False, soft_wrap=True)
+            for part in _wrapped(line, width):
+                console.print(part, highlight=False, markup=False)
 
 
 def capacity_table(capacity, axes: list[str]) -> Table:

@@ -592,7 +592,28 @@ def _fmt_path(path: tuple) -> str:
     return s or "(top level)"
 
 
-def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, int] | None = None) -> str:
+def _models_at(model: type[BaseModel], path: tuple) -> list[type[BaseModel]]:
+    """The models a key path leads to from ``model`` (through lists, dicts and unions; [] when it leaves
+    the models, e.g. into a free-form mapping)."""
+    from typing import get_args, get_origin
+
+    def inside(annotation) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for a in get_args(annotation) for m in inside(a)] if get_origin(annotation) is not None else []
+
+    models = [model]
+    for seg in path:
+        if isinstance(seg, int):
+            continue  # a list index: the same models
+        models = [m for x in models if seg in x.model_fields for m in inside(x.model_fields[seg].annotation)]
+    return models
+
+
+def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, int] | None = None,
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per mistake: ``file:line: key.path: what is wrong (got ...)``; with ``model`` (what was
+    validated), an unknown key names the closest known one (did you mean ...?)."""
     msgs = []
     for err in e.errors():
         path = _key_path(err["loc"])
@@ -606,6 +627,12 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+            if model is not None and path and isinstance(path[-1], str):
+                import difflib
+
+                known = sorted({f for m in _models_at(model, path[:-1]) for f in m.model_fields})
+                hint = difflib.get_close_matches(path[-1], known, 1)
+                msg += f" (did you mean {hint[0]!r}?)" if hint else ""
         elif err["type"] == "missing":
             msg = "required key is missing"
         got = err.get("input")
@@ -623,7 +650,7 @@ def validate_mapping(model: type[BaseModel], data: Any, source: str, lines: dict
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ScenarioError(format_validation_error(e, source, lines)) from None
+        raise ScenarioError(format_validation_error(e, source, lines, model)) from None
 
 
 def parse_scenario(data: Any, source: str = "<scenario>", lines: dict | None = None, base_dir: str = ".") -> Scenario:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -134,7 +135,12 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
                         horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=record_steps,
                         timeline_bin_s=scenario.timeline_bin_s, sampling=scenario.sampling, progress=cb,
                         startup_s=scenario.startup_s)
-        return engine.run()
+        if progress:  # a first call when the policy starts, a last one (done == total) when it ends
+            progress(policy.name, 0, len(requests))
+        res = engine.run()
+        if progress:  # NOTE: the engine reports every 512 loops only; rejected and unfinished requests are settled
+            progress(policy.name, len(requests), len(requests))
+        return res
 
     for policy in scenario.policies:
         result.policies[policy.name] = one(policy, scenario.record_steps)
@@ -186,14 +192,26 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
     out = Path(out_dir) if out_dir is not None else Path("runs") / _slug(scenario.name)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    live = console.is_terminal
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} requests"),
+                  TimeElapsedColumn(), console=console, disable=not live) as bar:
         tasks: dict[str, int] = {}
+        started: dict[str, float] = {}
 
         def progress(name: str, done: int, total: int) -> None:
             if name not in tasks:
                 tasks[name] = bar.add_task(name, total=total)
+                started[name] = time.perf_counter()
             bar.update(tasks[name], completed=done)
+            if done == total and name in started:  # the last call: the bar at 100 %, its clock stopped
+                wall = time.perf_counter() - started.pop(name)
+                bar.stop_task(tasks[name])
+                if not live:  # no bar outside a terminal: one line per finished policy
+                    console.print(f"{name}: {total:,} requests simulated in {wall:,.1f} s "
+                                  f"({total / max(wall, 1e-9):,.0f} requests/s)", highlight=False, markup=False)
 
         result = run(scenario, progress=progress, decompose=scenario.decompose)
     paths = write_results(result, out, report=report)
@@ -217,8 +235,17 @@ def check_scenario(scenario_path: str | Path) -> list[str]:
     for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
         if any(counts.values()):
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    pools = {policy.name: policy_pool(scenario, model, gpu, policy) for policy in scenario.policies}
+
+    def kv(pool: KvPool) -> str:
+        return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
+
+    same = len({kv(p) for p in pools.values()}) == 1  # one KV line for all: the policy lines stay short
+    if same:
+        lines.append(f"KV pool: {kv(next(iter(pools.values())))}, for every policy")
+    lines.append("policies:")
     for policy in scenario.policies:
-        pool = policy_pool(scenario, model, gpu, policy)
-        lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator, KV pool "
-                     f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB, {pool.num_blocks} blocks of {pool.block_size})")
+        lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator")
+        if not same:
+            lines.append(f"    KV pool {kv(pools[policy.name])}")
     return lines

@@ -67,7 +67,8 @@ def test_check_validates_without_running(tmp_path, monkeypatch):
     for name, batching, kind in (("fastertransformer", "static", "contiguous"), ("orca-max", "continuous", "contiguous"),
                                  ("orca-pow2", "continuous", "contiguous"), ("orca-oracle", "continuous", "contiguous"),
                                  ("vllm", "continuous", "paged")):
-        assert f"{name}: {batching} batching, {kind} allocator, KV pool 14,720 tokens" in text, name
+        assert f"{name}: {batching} batching, {kind} allocator" in text, name
+    assert "KV pool: 14,720 tokens (11.23 GiB), 920 blocks of 16, for every policy" in text  # said once
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]  # nothing run, nothing written
 
 

@@ -1,0 +1,129 @@
+"""What `sim run` and `sim check` print: the summary fits an 80-column terminal with every number whole,
+each column says its statistic and unit, progress finishes (a bar at 100 % in a terminal, one line per
+policy elsewhere), and a misspelled scenario key gets a "did you mean"."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from rich.console import Console
+
+from reports.console import print_summary
+from sim.run import run_to_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm"]  # the quickstart's
+SMALL = textwrap.dedent("""\
+    name: console
+    model: opt-13b
+    gpu: a100-40gb
+    workload: {arrival: {kind: poisson, rate: 6}, lengths: sharegpt, num_requests: 60, seed: 2}
+    policies: [fastertransformer, orca-max, orca-pow2, orca-oracle, vllm]
+    """)
+
+
+def test_sim_run_output_fits_80_columns(tmp_path):
+    """`sim run` in an 80-column terminal (COLUMNS=80, as a pipe): no line longer, no number cut."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SMALL)
+    env = {**os.environ, "COLUMNS": "80"}
+    p = subprocess.run([sys.executable, "-c", "from cli import app; app()", "run", str(scenario), "--out",
+                        str(tmp_path / "out"), "--no-report"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    for stream in (p.stdout, p.stderr):
+        for line in stream.splitlines():
+            assert len(line) <= 80, line
+        assert "…" not in stream, stream
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    lines = p.stdout.splitlines()
+    head = "\n".join(lines[:6])
+    for word in ("policy", "throughput", "req/s", "mean norm.", "s/token", "median", "TTFT", "ms"):
+        assert word in head, (word, head)
+    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in POLICIES}
+    assert list(rows) == POLICIES, p.stdout
+    for name, row in rows.items():
+        m = summary["policies"][name]
+        assert f" {m['request_throughput']:,.2f} " in row, row
+        assert f" {m['median_ttft_ms']:,.0f} " in row, row  # thousands separators, whole
+        assert row.rstrip().endswith(f"{m['num_finished']:,}/{m['num_rejected']:,}/{m['num_unfinished']:,}"), row
+    # outside a terminal: one line per finished policy on stderr, none before it started
+    done = [line for line in p.stderr.splitlines() if "requests simulated in" in line]
+    assert [line.split(":")[0] for line in done] == POLICIES, p.stderr
+    assert all(re.search(r"60 requests simulated in [\d.,]+ s \([\d,]+ requests/s\)", line) for line in done), done
+
+
+def test_summary_table_drops_columns_never_digits():
+    """Huge values and a long policy name at 80 and 60 columns: every value whole or its column gone."""
+    metrics = {"request_throughput": 12345.678, "mean_normalized_latency_s": 1234.5678, "median_ttft_ms": 98765432.1,
+               "output_throughput": 7654321.0, "memory.token_states": 0.5, "num_preemptions": 1234567,
+               "mean_batch_size": 256.0, "num_finished": 1_000_000, "num_rejected": 12_345, "num_unfinished": 0}
+    summary = {"policies": {"a-policy-with-a-rather-long-name-[red]x[/red]": metrics, "vllm": metrics}}
+    for width in (80, 60):
+        buf = io.StringIO()
+        print_summary(summary, "title [b]x[/b]", Console(file=buf, width=width, force_terminal=False))
+        out = buf.getvalue()
+        assert "…" not in out and all(len(line) <= width for line in out.splitlines()), out
+        assert "1,000,000/12,345/0" in out and "12,345.68" in out and "[red]x[/red]" in out.replace("\n", "")
+        assert "title [b]x[/b]" in out  # names are text, not markup
+        if width == 80:
+            assert "98,765,432" in out and "1,234.568" in out
+        else:  # fewer columns, still whole
+            assert "98,765" not in out and "98,765,432" not in out.replace("\n", "")
+
+
+def test_progress_bars_finish_in_a_terminal(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SMALL.replace("num_requests: 60", "num_requests: 30").replace(
+        "policies: [fastertransformer, orca-max, orca-pow2, orca-oracle, vllm]", "policies: [orca-max, vllm]\n"
+        "decompose: false"))
+    buf = io.StringIO()
+    run_to_dir(scenario, tmp_path / "out", report=False,
+               console=Console(file=buf, force_terminal=True, width=100, color_system=None))
+    final = buf.getvalue().split("\x1b[2K")[-3:]  # the last refresh: one line per bar
+    text = "".join(final)
+    for name in ("orca-max", "vllm"):
+        assert re.search(rf"{name} .*30/30 requests", text), text
+    assert "requests simulated in" not in buf.getvalue()  # the bars say it
+
+
+def test_misspelled_scenario_key_gets_did_you_mean(tmp_path):
+    from sim.config import ScenarioError, load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SMALL.replace("workload:", "worklaod:").replace("policies: [", "policies: [{preset: vllm, "
+                                                                                   "name: v2, blok_size: 8}, "))
+    try:
+        load_scenario(path)
+    except ScenarioError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("loaded a scenario with misspelled keys")
+    assert "worklaod: unknown key (did you mean 'workload'?)" in msg, msg
+    assert "policies[0].blok_size: unknown key (did you mean 'block_size'?)" in msg, msg
+    path.write_text(SMALL.replace("num_requests:", "num_requets:"))
+    try:
+        load_scenario(path)
+    except ScenarioError as e:
+        assert "workload.num_requets: unknown key (did you mean 'num_requests'?)" in str(e), str(e)
+    else:
+        raise AssertionError("loaded a scenario with a misspelled workload key")
+
+
+def test_sim_check_lines_fit_80_columns(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SMALL)
+    env = {**os.environ, "COLUMNS": "80"}
+    p = subprocess.run([sys.executable, "-c", "from cli import app; app()", "check", str(scenario)], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), p.stdout
+    assert "  vllm: continuous batching, paged allocator" in lines, p.stdout
+    assert any(line.startswith("KV pool: 14,720 tokens") for line in lines), p.stdout
