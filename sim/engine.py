@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import math
 import random
-from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import mul
 from typing import Callable
 
 import numpy as np
@@ -27,9 +25,8 @@ import simpy
 from sim.catalog import GIB, ModelSpec
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
-from sim.kv import (MEMORY_CLASSES, BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv,
-                    breakdown)
-from sim.metrics import FINISHED, REJECTED, STEP_COLUMNS, ItlHistogram, RequestLog, Timeline, summarize
+from sim.kv import BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
+from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts
 from sim.scheduler import Scheduler
 from sim.sharing import SharedBlockPool, SharedPagedKv
 from sim.steptime import Executor
@@ -105,17 +102,11 @@ class Engine:
             cpu_blocks = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
             swap_pool = BlockPool(cpu_blocks, pool.block_size)
         self.budget = resolved_token_budget(policy, model)
-        self.itl = ItlHistogram()
-        self.timeline = Timeline(timeline_bin_s)
-        self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.itl)
+        self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s,
+                            record_steps=record_steps)
+        self.log = self.rec.log
+        self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.rec)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
-        self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
-        self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
-        self.num_steps = 0
-        self.seq_steps = 0  # sequences summed over steps
-        self.decode_steps = 0  # steps in which some sequence decodes
-        self.decode_seq_steps = 0  # decoding sequences summed over steps
-        self.running_request_s = 0.0  # requests holding KV, integrated over time
         self._holding = 0  # requests holding KV during the step being taken
         self.num_done = 0
         self._snap_key: tuple = (0, 0)
@@ -142,42 +133,16 @@ class Engine:
         env.run()
         self._end_s = env.now
         self._close_unfinished()
-        lost = int((self.log.status == 0).sum())
-        if lost:  # the accounting identity is a guarantee: never end a run without it
-            raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
-        req = self.log.frame()
-        duration = self._end_s - (float(r.arrival_s[0]) if len(r) else 0.0)
-        timeline = self.timeline.frame(self.kv.capacity, self._end_s)
-        mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
-        summary = summarize(req, self.itl, mem_slot_s, duration, self.kv.capacity, float(timeline.busy_s.sum()),
-                            self.num_steps, self.seq_steps, int(timeline.num_preempted.sum()),
-                            decode_steps=self.decode_steps, decode_seq_steps=self.decode_seq_steps,
-                            running_request_s=self.running_request_s)
-        if isinstance(self.kv, SharedPagedKv):
-            summary.update(self._sharing_summary(req, mem_slot_s[:3].sum(), float(timeline.shared_slot_s.sum())))
-        elif self.sampling is not None:  # contiguous slabs cannot share: samples and beams are copies
-            summary.update({"memory_saved_by_sharing": 0.0, "num_slab_copies": self.scheduler.num_slot_copies})
-        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
-                             columns=list(STEP_COLUMNS))
-        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
-        steps[counts] = steps[counts].astype(np.int64)
+        kv = self.kv
+        sharing = None
+        if kv.kind == "paged" and (kv.caching or self.sampling is not None):
+            sharing = SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
+                                    kv.pool.num_evicted)
+        elif self.sampling is not None:
+            sharing = SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
+        req, steps, timeline, summary = self.rec.results(float(r.arrival_s[0]) if len(r) else 0.0, self._end_s,
+                                                         sharing)
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
-
-    def _sharing_summary(self, req: pd.DataFrame, used: float, shared: float) -> dict:
-        """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies; ``used``
-        and ``shared``: slot-seconds allocated, and saved by sharing."""
-        kv, B = self.kv, self.kv.block_size
-        fin = req[req.status == "finished"]
-        prompt, hit = fin.prompt_tokens.to_numpy(), fin.prefix_hit_tokens.to_numpy()
-        out = {"prefill_tokens_saved": self.scheduler.prefill_tokens_saved, "num_cow_copies": kv.num_copies,
-               "num_evicted_blocks": kv.pool.num_evicted,
-               # the paper's Fig. 15 measure: 1 - blocks used with sharing / blocks without
-               "memory_saved_by_sharing": shared / (used + shared) if used else None}
-        if kv.caching:
-            out["prefix_hit_rate_tokens"] = float(hit.sum() / prompt.sum()) if prompt.sum() else None
-            full = (prompt // B).sum()
-            out["prefix_hit_rate_blocks"] = float((hit // B).sum() / full) if full else None
-        return out
 
     def _admit_arrivals(self, now: float) -> None:
         arr, nxt = self._arrivals, self._next
@@ -218,7 +183,10 @@ class Engine:
                 t = self._next_event_s()
                 if math.isinf(t):
                     return
-                self._record(now, [t - now], None, sched.memory(), idle=True)
+                kv = self.kv
+                self.rec.idle(now, t - now, sched.memory(), num_waiting=len(sched.waiting),
+                              num_running=sched.num_running, num_swapped=len(sched.swapped),
+                              shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0)
                 yield env.timeout(t - now)
                 continue
             if len(sched.waiting) + len(sched.swapped) > self._snap_waiting or self.kv.alloc > self._snap_alloc:
@@ -239,7 +207,7 @@ class Engine:
             if k == 1:
                 dt = executor.step_time_s(plan)
                 yield env.timeout(dt)
-                self._record(now, [dt], plan, sched.complete(env.now))
+                self._record(now, [dt], plan, *sched.complete(env.now))
             else:
                 times = executor.decode_span_s(plan, k)
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
@@ -247,79 +215,30 @@ class Engine:
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
                 yield env.timeout(ends[-1] - now)
-                self._record(now, times, plan, sched.complete_span(ends), ends=ends)
+                self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
             done = sched.done
             if done:
-                self.timeline.add_finishes(env.now, len(done))
-                for seq, end_s in done:
-                    log.finish(seq, end_s)
+                self.rec.finished(env.now, done)
                 self.num_done += len(done)
                 done.clear()
             loops += 1
             if self.progress is not None and loops % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
-    def _record(self, start_s: float, times: list[float], plan, mem, idle: bool = False,
+    def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int,
                 ends: list[float] | None = None) -> None:
-        """Account one step or an idle gap (``mem``: the five memory classes), or a span of
-        ``len(times)`` decode steps ending at ``ends`` (``mem``: what ``complete_span`` returns)."""
+        """Hand the recorder one step, or a span of ``len(times)`` decode steps ending at ``ends``."""
         s, kv = self.scheduler, self.kv
-        k = len(times)
-        waiting = len(s.waiting)
-        shared = s.shared_blocks * kv.block_size if kv.kind == "paged" else 0  # slots sharing saves
         joins: list[int] = []  # steps at which arrivals during a span join the queue (as stepping adds them)
-        if ends is None:
-            total = times[0]
-            slot_s = [m * total for m in mem]
-            waiting_s = waiting * total
-        else:
-            total = sum(times)
-            filled, alloc, capped, rounding, held, blocked = mem
-            # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
-            f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
-            slot_s = breakdown(kv.capacity * total, f, a, c, rounding * total, held * total, blocked)
-            waiting_s = waiting * total
+        if ends is not None:
             arr, i, end = self._arrivals, self._next, ends[-1]
             while arr[i] <= end:
-                j = bisect_left(ends, arr[i]) + 1
-                joins.append(j)
-                waiting_s += end - ends[j - 1]
+                joins.append(bisect_left(ends, arr[i]) + 1)
                 i += 1
-        if idle:
-            self.timeline.add(start_s, times, [0.0, 0.0, waiting_s, 0, 0, 0, 0, 0, *slot_s, 0, 0, shared * total, 0.0])
-            k = 0
-        else:
-            n, holding = plan.num_seqs, self._holding
-            totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
-                      plan.num_preempted, 0, *slot_s, s.step_prompt_tokens, s.step_hit_tokens, shared * total,
-                      holding * total]
-
-            def per_step():  # only for a span across a bin edge
-                filled, alloc, capped, rounding, held, blocked = mem
-                for j, t in enumerate(times):
-                    w = waiting + sum(1 for x in joins if x <= j)
-                    cls = breakdown(kv.capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
-                                    capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
-                           holding * t]
-
-            self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
-            self.num_steps += k
-            self.seq_steps += k * n
-            if plan.num_decode_tokens:
-                self.decode_steps += k
-                self.decode_seq_steps += k * plan.num_decode_tokens
-            self.running_request_s += holding * total
-        if self.record_steps:
-            if idle:
-                shape = (0, 0, 0, 0, 0, 0, waiting, s.num_running, len(s.swapped), 0, 0)
-            else:
-                shape = (plan.num_seqs, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
-                         plan.prefill_attention_pairs, plan.decode_context_tokens, waiting, s.num_running,
-                         len(s.swapped), plan.num_preempted, len(plan.swap_in) + len(plan.swap_out))
-            row = (self.num_steps - k, start_s, total, k) + shape
-            self.steps.extend(row)
-            self.steps.extend([v / total if total > 0 else v for v in slot_s])
+        self.rec.step(start_s, times, plan, mem, num_waiting=len(s.waiting), num_running=s.num_running,
+                      num_swapped=len(s.swapped), shared_slots=shared_blocks * kv.block_size if s.paged else 0,
+                      holding=self._holding, prompt_tokens=s.step_prompt_tokens, hit_tokens=s.step_hit_tokens,
+                      ends=ends, joins=joins)
 
     def _maybe_capture(self, now: float) -> None:
         """Keep the address space at (about) the moment of most waiting requests, or of most memory
@@ -349,7 +268,7 @@ class Engine:
         running = s.running
         for seq in running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]:
             if self.log.status[seq.seq_id] != FINISHED:
-                self.log.unfinished(seq, 4)
+                self.log.unfinished(seq, HORIZON)
         for i in self._ids[self._next:]:  # arrived after the horizon
-            self.log.status[i] = 3
-            self.log.reason[i] = 4
+            self.log.status[i] = UNFINISHED
+            self.log.reason[i] = HORIZON

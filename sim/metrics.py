@@ -23,21 +23,24 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from operator import mul
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 
-from sim.kv import MEMORY_CLASSES
+from sim.kv import MEMORY_CLASSES, breakdown
 
+# a request's status and reason codes (int8 columns while running; named categories in requests.parquet)
 PENDING, FINISHED, REJECTED, UNFINISHED = 0, 1, 2, 3
 STATUS_NAMES = {PENDING: "pending", FINISHED: "finished", REJECTED: "rejected", UNFINISHED: "unfinished"}
+NO_REASON, EXCEEDS_MAX_MODEL_LEN, EXCEEDS_KV_POOL, PREFILL_EXCEEDS_TOKEN_BUDGET, HORIZON = 0, 1, 2, 3, 4
 REASONS = {
-    0: "",
-    1: "exceeds_max_model_len",
-    2: "exceeds_kv_pool",
-    3: "prefill_exceeds_token_budget",
-    4: "horizon",
+    NO_REASON: "",
+    EXCEEDS_MAX_MODEL_LEN: "exceeds_max_model_len",
+    EXCEEDS_KV_POOL: "exceeds_kv_pool",
+    PREFILL_EXCEEDS_TOKEN_BUDGET: "prefill_exceeds_token_budget",
+    HORIZON: "horizon",
 }
 
 
@@ -227,13 +230,30 @@ def _nan_to_none(x: float):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
+@dataclass(frozen=True)
+class SharingCounts:
+    """What block sharing counted over a run (the sharing metrics' inputs besides the tables).
+    ``paged``: blocks are shared (else contiguous slabs, whose samples and beams are copies);
+    ``caching``: the prefix cache is on (the hit rates apply)."""
+
+    paged: bool
+    caching: bool
+    block_size: int
+    prefill_tokens_saved: int = 0
+    num_cow_copies: int = 0
+    num_evicted_blocks: int = 0
+    num_slab_copies: int = 0
+
+
 def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
               capacity_tokens: int, step_seconds: float, num_steps: int, seq_steps: int, num_preemptions: int,
-              decode_steps: int = 0, decode_seq_steps: int = 0, running_request_s: float = 0.0) -> dict:
-    """The headline metrics of one policy's run, with vLLM's serving-benchmark names (declared in
+              decode_steps: int = 0, decode_seq_steps: int = 0, running_request_s: float = 0.0,
+              sharing: SharingCounts | None = None, shared_slot_s: float = 0.0) -> dict:
+    """Every metric of one policy's run, with vLLM's serving-benchmark names (each declared in
     ``METRICS``). ``seq_steps``: sequences summed over steps; ``decode_steps``: steps that decode;
     ``decode_seq_steps``: decoding sequences summed over steps; ``running_request_s``: requests holding
-    KV, integrated over time (request-seconds)."""
+    KV, integrated over time (request-seconds); ``sharing``: block sharing's counts, when the run shares
+    (or copies) blocks, with ``shared_slot_s``: the slot-seconds sharing saved."""
     fin = requests[requests.status == "finished"]
     out: dict[str, float | int | None] = {
         "num_requests": int(len(requests)),
@@ -265,7 +285,29 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     for name, v in zip(MEMORY_CLASSES, mem_slot_seconds):
         out[f"memory.{name}"] = float(v / total) if total > 0 else math.nan
     out["busy_fraction"] = step_seconds / duration_s if duration_s > 0 else math.nan
-    return {k: _nan_to_none(v) for k, v in out.items()}
+    out = {k: _nan_to_none(v) for k, v in out.items()}
+    if sharing is not None:
+        out.update(_sharing_metrics(fin, sharing, float(mem_slot_seconds[:3].sum()), shared_slot_s))
+    assert out.keys() <= METRICS.keys(), f"undeclared metrics {sorted(out.keys() - METRICS.keys())}"
+    return out
+
+
+def _sharing_metrics(fin: pd.DataFrame, c: SharingCounts, used: float, shared: float) -> dict:
+    """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies; ``used``
+    and ``shared``: slot-seconds allocated, and saved by sharing."""
+    if not c.paged:  # contiguous slabs cannot share: samples and beams are copies
+        return {"memory_saved_by_sharing": 0.0, "num_slab_copies": c.num_slab_copies}
+    B = c.block_size
+    prompt, hit = fin.prompt_tokens.to_numpy(), fin.prefix_hit_tokens.to_numpy()
+    out = {"prefill_tokens_saved": c.prefill_tokens_saved, "num_cow_copies": c.num_cow_copies,
+           "num_evicted_blocks": c.num_evicted_blocks,
+           # the paper's Fig. 15 measure: 1 - blocks used with sharing / blocks without
+           "memory_saved_by_sharing": shared / (used + shared) if used else None}
+    if c.caching:
+        out["prefix_hit_rate_tokens"] = float(hit.sum() / prompt.sum()) if prompt.sum() else None
+        full = (prompt // B).sum()
+        out["prefix_hit_rate_blocks"] = float((hit // B).sum() / full) if full else None
+    return out
 
 
 TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", "num_prefill_tokens",
@@ -377,3 +419,130 @@ class Timeline:
         df["memory.used"] = used / (w * capacity)
         df["memory.used_without_sharing"] = (used + df.shared_slot_s) / (w * capacity)
         return df
+
+
+class Recorder:
+    """Everything one policy's run records, in one place: the request log, the inter-token-latency
+    histogram, the timeline, the step table and the counters the summary needs. The engine hands it each
+    step (or span, or idle gap) as it is taken; the scheduler adds ITL gaps and sharing counts to it.
+
+    Guarantees: ``num_steps`` counts every step a span stands for; a step row covers ``num_steps``
+    steps from ``start_s`` for ``duration_s``; the timeline's and the step table's memory columns are
+    the same time-weighted token slots."""
+
+    def __init__(self, requests, capacity: int, *, timeline_bin_s: float = 1.0, record_steps: bool = True) -> None:
+        self.capacity = capacity
+        self.record_steps = record_steps
+        self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
+        self.itl = ItlHistogram()  # the scheduler adds each gap between a request's output tokens
+        self.timeline = Timeline(timeline_bin_s)
+        self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
+        self.num_steps = 0
+        self.seq_steps = 0  # sequences summed over steps
+        self.decode_steps = 0  # steps in which some sequence decodes
+        self.decode_seq_steps = 0  # decoding sequences summed over steps
+        self.running_request_s = 0.0  # requests holding KV, integrated over time
+        # block sharing, counted by the scheduler
+        self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
+        self.num_slab_copies = 0  # contiguous: forks and beam moves copied between slabs
+
+    def idle(self, start_s: float, duration_s: float, mem, *, num_waiting: int, num_running: int,
+             num_swapped: int, shared_slots: int) -> None:
+        """An idle gap: nothing runs; ``mem``: the five memory classes (token slots)."""
+        slot_s = [m * duration_s for m in mem]
+        waiting_s = num_waiting * duration_s
+        row = dict.fromkeys(TIMELINE_COLUMNS, 0.0)
+        row.update({"waiting_s": waiting_s, "shared_slot_s": shared_slots * duration_s,
+                    **{f"mem_{c}_slot_s": v for c, v in zip(MEMORY_CLASSES, slot_s)}})
+        self.timeline.add(start_s, [duration_s], list(row.values()))
+        if self.record_steps:
+            self._step_row(start_s, [duration_s], 0, (0, 0, 0, 0, 0, 0, num_waiting, num_running, num_swapped, 0, 0),
+                           slot_s)
+
+    def step(self, start_s: float, times: list[float], plan, mem, *, num_waiting: int, num_running: int,
+             num_swapped: int, shared_slots: int, holding: int, prompt_tokens: int, hit_tokens: int,
+             ends: list[float] | None = None, joins: list[int] = ()) -> None:
+        """One step (``mem``: the five memory classes), or a span of ``len(times)`` decode steps ending at
+        ``ends`` (``mem``: what ``Scheduler.complete_span`` returns; ``joins``: the steps after which
+        arrivals during the span joined the waiting queue, as stepping would add them). ``holding``:
+        requests holding KV; ``prompt_tokens``, ``hit_tokens``: prompts first admitted in the step and
+        their prefix-cache hits."""
+        k = len(times)
+        waiting = num_waiting
+        if ends is None:
+            total = times[0]
+            slot_s = [m * total for m in mem]
+            waiting_s = waiting * total
+        else:
+            total = sum(times)
+            filled, alloc, capped, rounding, held, blocked = mem
+            # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
+            f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
+            slot_s = breakdown(self.capacity * total, f, a, c, rounding * total, held * total, blocked)
+            waiting_s = waiting * total
+            for j in joins:
+                waiting_s += ends[-1] - ends[j - 1]
+        n, capacity = plan.num_seqs, self.capacity
+        shared = shared_slots
+        # TIMELINE_COLUMNS, in order
+        totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
+                  plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared * total, holding * total]
+
+        def per_step():  # only for a span across a bin edge
+            filled, alloc, capped, rounding, held, blocked = mem
+            for j, t in enumerate(times):
+                w = waiting + sum(1 for x in joins if x <= j)
+                cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
+                                capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
+                yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
+                       holding * t]
+
+        self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
+        self.num_steps += k
+        self.seq_steps += k * n
+        if plan.num_decode_tokens:
+            self.decode_steps += k
+            self.decode_seq_steps += k * plan.num_decode_tokens
+        self.running_request_s += holding * total
+        if self.record_steps:
+            self._step_row(start_s, times, k, (
+                plan.num_seqs, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
+                plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
+                plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
+
+    def _step_row(self, start_s: float, times: list[float], k: int, shape: tuple, slot_s, total=None) -> None:
+        """STEP_COLUMNS, in order: index, start, duration, steps, then ``shape`` (num_seqs .. num_swap_blocks)
+        and the memory classes as mean token slots."""
+        if total is None:
+            total = times[0]
+        self.steps.extend((self.num_steps - k, start_s, total, k) + shape)
+        self.steps.extend([v / total if total > 0 else v for v in slot_s])
+
+    def finished(self, end_s: float, done: list) -> None:
+        """Requests that finished at ``end_s`` (each ``(sequence, its own end)``)."""
+        self.timeline.add_finishes(end_s, len(done))
+        for seq, t in done:
+            self.log.finish(seq, t)
+
+    def step_table(self) -> pd.DataFrame:
+        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
+                             columns=list(STEP_COLUMNS))
+        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
+        steps[counts] = steps[counts].astype(np.int64)
+        return steps
+
+    def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+        """(requests, steps, timeline, summary) of the finished run."""
+        lost = int((self.log.status == PENDING).sum())
+        if lost:  # the accounting identity is a guarantee: never end a run without it
+            raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
+        req = self.log.frame()
+        timeline = self.timeline.frame(self.capacity, end_s)
+        mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
+        summary = summarize(req, self.itl, mem_slot_s, end_s - first_arrival_s, self.capacity,
+                            float(timeline.busy_s.sum()), self.num_steps, self.seq_steps,
+                            int(timeline.num_preempted.sum()), decode_steps=self.decode_steps,
+                            decode_seq_steps=self.decode_seq_steps, running_request_s=self.running_request_s,
+                            sharing=sharing, shared_slot_s=float(timeline.shared_slot_s.sum()))
+        return req, self.step_table(), timeline, summary

@@ -63,7 +63,7 @@ def _add_sorted(d: dict, seq: Sequence) -> dict:
 
 class Scheduler:
     def __init__(self, policy: PolicyConfig, kv: PagedKv | ContiguousKv, max_num_batched_tokens: int,
-                 swap_pool: BlockPool | None, itl) -> None:
+                 swap_pool: BlockPool | None, rec) -> None:
         self.policy = policy
         self.kv = kv
         self.paged = kv.kind == "paged"
@@ -73,7 +73,8 @@ class Scheduler:
         self.max_num_seqs = policy.max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.swap_pool = swap_pool  # CPU swap space, when preempting by swap
-        self.itl = itl  # inter-token latency sink: add(value, times), add_each(values, times)
+        self.rec = rec  # the run's metrics.Recorder: ITL gaps and sharing counts go to it
+        self.itl = rec.itl  # inter-token latency sink: add(value, times), add_each(values, times)
         self.waiting: deque[Sequence] = deque()
         self.swapped: list[Sequence] = []
         self.batch: list[Sequence] = []
@@ -81,15 +82,12 @@ class Scheduler:
         self.filled = 0  # token slots holding computed K/V, over all sequences in GPU memory
         self.blocked = False  # a request waits because memory (not policy) keeps it out
         self.done: list[tuple[Sequence, float]] = []  # finished since the engine last looked
-        self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
-        self.shared_blocks = 0  # extra block references when the memory classes were last taken
         self.step_prompt_tokens = 0  # prompts first admitted in the planned step, and their cache hits
         self.step_hit_tokens = 0
         self.first_admitted: list[Sequence] = []  # requests the planned step schedules for the first time
         self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
         self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
         self._grouped = False  # some request has samples or beams (then requests != sequences)
-        self.num_slot_copies = 0  # contiguous: forks and beam moves copied between slabs
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
         self._pending_slot_copies: list[tuple[int, int, int]] = []
         # the decode clock
@@ -144,10 +142,8 @@ class Scheduler:
         return not (self.waiting or self.swapped or self.static)
 
     def memory(self):
-        """The five memory classes (token slots) of the current state (and, noted for the engine, the
-        blocks sharing saves now)."""
+        """The five memory classes (token slots) of the current state."""
         kv = self.kv
-        self.shared_blocks = kv.shared_blocks
         return breakdown(kv.capacity, self.filled - kv.shared_filled, kv.alloc, kv.capped, kv.rounding, kv.held,
                          self.blocked)
 
@@ -274,7 +270,7 @@ class Scheduler:
         self.kv.admit(seq, n, hits)
         if hits:
             self.filled += seq.num_computed_tokens
-            self.prefill_tokens_saved += seq.num_computed_tokens
+            self.rec.prefill_tokens_saved += seq.num_computed_tokens
         if seq.prefix_hit_tokens is None:  # a request's first admission: what the hit rate counts
             seq.prefix_hit_tokens = len(hits) * self.block_size
             self.step_prompt_tokens += seq.prompt_tokens
@@ -477,7 +473,8 @@ class Scheduler:
 
     def complete(self, end_s: float):
         """The planned step ran and ended at ``end_s``: count its tokens, sample, finish.
-        Returns the memory classes as the step left them (before finished requests are freed)."""
+        Returns the memory classes as the step left them (before finished requests are freed), and the
+        block references sharing saved then."""
         finished, sampled = [], []
         caching = self.kv.caching
         for seq, n in self._entries:  # NOTE: entries are never on the clock: their counters are plain values
@@ -496,7 +493,7 @@ class Scheduler:
         if self._tick:
             self._advance(1, [end_s])
             finished += self._pop_finished()
-        mem = self.memory()
+        mem, shared = self.memory(), self.kv.shared_blocks
         self._finish(finished, end_s)
         beams = None
         for seq in sampled:
@@ -512,7 +509,7 @@ class Scheduler:
                 beams[id(g)] = g  # beams stay explicit: they are reselected every step
         for g in (beams or {}).values():
             self._reselect(g)
-        return mem
+        return mem, shared
 
     def _fork(self, leader: Sequence, end_s: float) -> None:
         g = leader.group
@@ -527,7 +524,7 @@ class Scheduler:
             copy = self.kv.fork(leader, child)
             if copy is not None:
                 self._pending_slot_copies.append(copy)
-                self.num_slot_copies += 1
+                self.rec.num_slab_copies += 1
             self._pending_forks.append((leader.seq_id, child.seq_id))
             g.members.append(child)
             self.filled += child.num_computed_tokens
@@ -548,7 +545,7 @@ class Scheduler:
         if moves:
             copies = self.kv.reassign(moves)
             self._pending_slot_copies.extend(copies)
-            self.num_slot_copies += len(copies)
+            self.rec.num_slab_copies += len(copies)
             self._pending_forks.extend((src.seq_id, dst.seq_id) for dst, src in moves)
 
     def span_limit(self, plan: StepPlan) -> int:
@@ -582,7 +579,8 @@ class Scheduler:
         Does what as many ``schedule``/``complete`` rounds would. Returns the memory after each step as
         the inputs of ``kv.breakdown`` (which is linear in them, so the engine integrates them over time):
         (filled, alloc, capped) -- lists, one value per step, or a number where constant -- and the
-        constant rounding, held and blocked."""
+        constant rounding, held and blocked; and the block references sharing saves (constant along a
+        span: no fork, hit or copy happens in one)."""
         k = len(ends_s)
         n = len(self.clocked)
         kv = self.kv
@@ -599,10 +597,10 @@ class Scheduler:
                 alloc.append(kv.alloc)
                 capped.append(kv.capped)
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
-        self.shared_blocks = kv.shared_blocks  # constant along a span: no fork, hit or copy happens in one
+        shared = kv.shared_blocks
         self._advance(k, ends_s)
         self._finish(self._pop_finished(), ends_s[-1])
-        return mem
+        return mem, shared
 
     def _advance(self, k: int, ends_s: list[float]) -> None:
         """The clocked group computed ``k`` tokens each; token j of them ended at ``ends_s[j]``."""

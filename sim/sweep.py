@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from sim.metrics import METRICS
 from sim.config import (PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         read_yaml, validate_mapping)
 
@@ -64,12 +65,9 @@ SWEEP_TABLE, CAPACITY_TABLE, CAPACITY_RUNS_TABLE, SWEEP_INFO = (
 
 
 def summary_metric_names() -> list[str]:
-    """The metrics a policy's summary holds (what an SLO may bound), as ``sim.metrics`` produces them."""
-    from sim.metrics import ItlHistogram, RequestLog, summarize
-
-    none = np.zeros(0, dtype=np.int64)
-    log = RequestLog(none.astype(np.float64), none, none)
-    return list(summarize(log.frame(), ItlHistogram(), np.zeros(5), 0.0, 0, 0.0, 0, 0, 0))
+    """The metrics a policy's summary may hold (what an SLO may bound, the sweep table's columns): the
+    declared schema, ``sim.metrics.METRICS``."""
+    return list(METRICS)
 
 
 class Bound(Strict):

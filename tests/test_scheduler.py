@@ -7,7 +7,8 @@ from sim.config import RooflineConfig, parse_scenario
 from sim.core import Sequence
 from sim.engine import make_kv
 from sim.kv import BlockPool, KvPool
-from sim.metrics import ItlHistogram
+from sim.metrics import Recorder
+from sim.workload import RequestTable
 from sim.scheduler import Scheduler
 from sim.steptime import RooflineStepTime
 
@@ -26,7 +27,7 @@ def make(entry, num_blocks, block_size=4, swap_blocks=None, budget=4096):
     pool = KvPool(num_blocks, block_size, OPT.kv_bytes_per_token(), 0, 0, 0)
     kv = make_kv(p, pool, OPT)
     swap = BlockPool(swap_blocks, block_size) if swap_blocks is not None else None
-    return Scheduler(p, kv, budget, swap, ItlHistogram())
+    return Scheduler(p, kv, budget, swap, Recorder(RequestTable([], [], []), kv.capacity))
 
 
 def drive(s: Scheduler, steps: int, on_plan=None):

@@ -280,3 +280,30 @@ def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
     assert "p99_" not in page.split("<h2>Sweep</h2>")[0]
     assert "mean_normalized_latency_s &lt;= 0.5" in page and "lowest failing" in page
     assert (tmp_path / "out" / "sweep.csv").read_text().startswith("workload.arrival.rate,block_size,preemption,seed,")
+
+
+# ------------------------------------------------------------------------------------------- one metric schema
+
+
+def test_every_declared_metric_is_an_slo_key_and_a_sweep_column(tmp_path):
+    """Iterate the schema: each metric of ``sim.metrics.METRICS`` bounds an SLO and is a column of
+    sweep.parquet; a sharing sweep's sharing metrics arrive there with the summary's values."""
+    from sim.metrics import METRICS
+
+    for name in METRICS:
+        assert CapacityConfig(slo={name: 1.0}, min=0.5, max=2, tolerance=0.1).slo[name].max == 1.0
+    shared = base_yaml("[orca-oracle, {preset: vllm, name: paged, prefix_caching: true}]", num_requests=24,
+                       seed=1) + "  sampling: {kind: parallel, n: 2}\n"
+    result = run_sweep(load_sweep(sweep_file(tmp_path, "axes:\n  workload.arrival.rate: [4]\n", base=shared)),
+                       tmp_path / "out", SerialExecutor())
+    table = result.table
+    assert set(METRICS) <= set(table.columns)
+    direct = run(load_sweep(sweep_file(tmp_path, "axes:\n  workload.arrival.rate: [4]\n", base=shared,
+                                       name="t.yaml")).points[0].scenario)
+    for policy, res in direct.policies.items():
+        row = table[table.policy == policy].iloc[0]
+        sharing = [m for m in ("memory_saved_by_sharing", "prefix_hit_rate_tokens", "num_cow_copies",
+                               "num_slab_copies") if m in res.summary]
+        assert sharing, policy
+        for m in sharing:
+            assert row[m] == pytest.approx(res.summary[m]), (policy, m)
