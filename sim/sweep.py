@@ -79,6 +79,11 @@ class Bound(Strict):
     @model_validator(mode="before")
     @classmethod
     def _number_is_max(cls, data: Any) -> Any:
+        if isinstance(data, str):  # NOTE: YAML 1.1 reads 1e-9 (no dot) as a string: a number all the same
+            try:
+                data = float(data)
+            except ValueError:
+                return data
         return {"max": data} if isinstance(data, (int, float)) and not isinstance(data, bool) else data
 
     @model_validator(mode="after")
@@ -103,9 +108,10 @@ class CapacityConfig(Strict):
 
     axis: str = Field(RATE_AXIS, description="the swept quantity, e.g. workload.arrival.rate or workload.rate_scale")
     slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
-    min: float = Field(gt=0, description="lowest value tried: if it fails, the answer is 'none'")
-    max: float = Field(gt=0, description="highest value tried: if it passes, the answer is 'above max'")
-    start: float | None = Field(None, gt=0, description="first probe when the axis is not swept (default: min)")
+    min: float = Field(gt=0, le=1e12, description="lowest value tried: if it fails, the answer is 'none'")
+    max: float = Field(gt=0, le=1e12, description="highest value tried: if it passes, the answer is 'above max'")
+    start: float | None = Field(None, gt=0, le=1e12, description="first probe when the axis is not swept "
+                                "(default: min)")
     tolerance: float | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
                                     "this close (axis units)")
     relative_tolerance: float | None = Field(None, gt=0, lt=1, description="... or this close relative to the "

@@ -193,6 +193,7 @@ def trace_cases() -> list[dict]:
 
 
 SWEEP_BASE = {"name": "w", "base": BASE, "axes": {"block_size": [8, 16]}}
+CAP = {"slo": {"mean_normalized_latency_s": 1.0}, "min": 1, "max": 2, "relative_tolerance": 0.1}
 
 
 def sweep_cases() -> list[dict]:
@@ -207,23 +208,26 @@ def sweep_cases() -> list[dict]:
         "base_missing": {"name": "w", "axes": {"block_size": [8]}},
         "base_file_missing": dict(SWEEP_BASE, base="nope.yaml"),
         "zip_unequal": dict(SWEEP_BASE, zip={"workload.seed": [1, 2], "workload.arrival.rate": [1]}),
-        "slo_unknown_metric": dict(SWEEP_BASE, capacity={"slo": {"mean_nonsense": 1}, "rate": {"low": 1, "high": 2}}),
-        "slo_nan": dict(SWEEP_BASE, capacity={"slo": {"mean_normalized_latency_s": float("nan")},
-                                              "rate": {"low": 1, "high": 2}}),
-        "slo_text": dict(SWEEP_BASE, capacity={"slo": {"mean_normalized_latency_s": "fast"}, "rate": {"low": 1, "high": 2}}),
-        "capacity_bounds_inverted": dict(SWEEP_BASE, capacity={"slo": {"mean_normalized_latency_s": 1},
-                                                               "rate": {"low": 5, "high": 1}}),
-        "capacity_bound_huge": dict(SWEEP_BASE, capacity={"slo": {"mean_normalized_latency_s": 1},
-                                                          "rate": {"low": 1e-300, "high": 1e300}}),
-        "capacity_bound_inf": dict(SWEEP_BASE, capacity={"slo": {"mean_normalized_latency_s": 1},
-                                                         "rate": {"low": 1, "high": float("inf")}}),
+        "slo_unknown_metric": dict(SWEEP_BASE, capacity=dict(CAP, slo={"mean_nonsense": 1})),
+        "slo_nan": dict(SWEEP_BASE, capacity=dict(CAP, slo={"mean_normalized_latency_s": float("nan")})),
+        "slo_inf": dict(SWEEP_BASE, capacity=dict(CAP, slo={"mean_normalized_latency_s": {"max": float("inf")}})),
+        "slo_text": dict(SWEEP_BASE, capacity=dict(CAP, slo={"mean_normalized_latency_s": "fast"})),
+        "slo_bool": dict(SWEEP_BASE, capacity=dict(CAP, slo={"mean_normalized_latency_s": True})),
+        "slo_empty": dict(SWEEP_BASE, capacity=dict(CAP, slo={})),
+        "capacity_bounds_inverted": dict(SWEEP_BASE, capacity=dict(CAP, min=5, max=1)),
+        "capacity_bound_huge": dict(SWEEP_BASE, capacity=dict(CAP, min=1e-300, max=1e300)),
+        "capacity_bound_inf": dict(SWEEP_BASE, capacity=dict(CAP, max=float("inf"))),
+        "capacity_bound_zero": dict(SWEEP_BASE, capacity=dict(CAP, min=0)),
+        "capacity_no_tolerance": dict(SWEEP_BASE, capacity={k: v for k, v in CAP.items() if k != "relative_tolerance"}),
+        "capacity_unknown_key": dict(SWEEP_BASE, capacity=dict(CAP, rate={"low": 1})),
         "base_bad_number": dict(SWEEP_BASE, base=set_path(BASE, "workload.arrival.rate", -1)),
         "not_mapping": [1, 2],
     }
     for name, d in bad.items():
+        key = "capacity" if name.startswith(("slo", "capacity")) else ""
         cases.append({"id": f"sweep/{name}", "files": {"w.yaml": dump(d) if not isinstance(d, list) else "[1, 2]\n"},
                       "args": ["sweep", "{dir}/w.yaml", "--out", "{dir}/out", "-j", "1", "--no-report"],
-                      "contains": ["w.yaml"]})
+                      "contains": ["w.yaml"] + ([key] if key else [])})
     return cases
 
 
