@@ -280,14 +280,11 @@ def profile_errors():
 @profiles_app.command("fit")
 def profiles_fit(root: ProfileDir) -> None:
     """Fit every GPU's coefficients on all its models; print them as catalog literals (sim/catalog.py)."""
-    from sim.catalog import GPUS
-    from sim.profiles import PROFILE_GPUS, fit_catalog_literals, fit_literal, read_profiles
+    from sim.profiles import fit_catalog_literals, fit_literal, gpu_specs, profile_commit, read_profiles
 
     with profile_errors():
         ps = read_profiles(root)
-        specs = {g: GPUS[PROFILE_GPUS.get(g, g)] for g in ps.gpus() if PROFILE_GPUS.get(g, g) in GPUS}
-        commit = (root / "COMMIT").read_text().strip() if (root / "COMMIT").is_file() else ""
-        fits = fit_catalog_literals(ps, specs, commit)
+        fits = fit_catalog_literals(ps, gpu_specs(ps), profile_commit(root))
     for name, fit in fits.items():
         print(f"# {name}\n{fit_literal(fit)}")
 

@@ -347,6 +347,23 @@ def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
+def gpu_specs(ps: ProfileSet) -> dict[str, GpuSpec]:
+    """The catalog GPU of each profile folder (Vidur's names, or a catalog name); an unknown one is an error."""
+    from sim.catalog import GPUS
+
+    unknown = [g for g in ps.gpus() if PROFILE_GPUS.get(g, g) not in GPUS]
+    if unknown:
+        raise ProfileError(f"{ps.root}: no catalog GPU for profile folder(s) {', '.join(unknown)} (expected one of "
+                           f"{', '.join(sorted(set(PROFILE_GPUS) | set(GPUS)))})")
+    return {g: GPUS[PROFILE_GPUS.get(g, g)] for g in ps.gpus()}
+
+
+def profile_commit(root: str | Path) -> str:
+    """The upstream commit a copied profile folder records (Vidur's ``COMMIT`` file), if any."""
+    f = Path(root) / "COMMIT"
+    return f.read_text(errors="replace").strip()[:64] if f.is_file() else ""
+
+
 def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: str = "") -> dict[str, OperatorFit]:
     """The coefficients the catalog ships: each profiled GPU fitted on all its models, with the
     all-reduce of its topology."""
@@ -437,15 +454,10 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
     from sim.catalog import GPUS
 
     ps = read_profiles(root)
-    unknown = [g for g in ps.gpus() if PROFILE_GPUS.get(g, g) not in GPUS]
-    if unknown:
-        raise ProfileError(f"{root}: no catalog GPU for profile folder(s) {', '.join(unknown)} "
-                           f"(known: {', '.join(PROFILE_GPUS)})")
-    specs = {g: GPUS[PROFILE_GPUS.get(g, g)] for g in ps.gpus()}
+    specs = gpu_specs(ps)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    commit = (Path(root) / "COMMIT").read_text().strip() if (Path(root) / "COMMIT").is_file() else ""
-    fits = fit_catalog_literals(ps, specs, commit)
+    fits = fit_catalog_literals(ps, specs, profile_commit(root))
     loo = leave_one_model_out(ps, specs)
     paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
              "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
