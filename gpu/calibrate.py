@@ -26,7 +26,7 @@ from gpu.kv_cache import KvCache
 from gpu.model import LlamaModel, ModelShape
 from sim.catalog import MODELS, CatalogError, ModelSpec, model_from_hf_config
 from sim.config import Scenario, ScenarioError, load_scenario
-from sim.engine import resolved_token_budget
+from sim.policy import resolve_policy
 from sim.kv import KvPool
 from sim.steptime import PROFILE_FORMAT, PROFILE_TERMS, profile_features, profile_model
 from sim.workload import RequestTable, load_requests
@@ -93,7 +93,8 @@ def grid_for_scenario(scenario: Scenario, requests: RequestTable, max_pool_token
     model = scenario.model_spec()
     longest = int((requests.prompt_tokens + requests.output_tokens).max())
     max_batch = min(max(p.max_num_seqs for p in scenario.policies), len(requests))
-    budget = max(resolved_token_budget(p, model) for p in scenario.policies)
+    gpu = scenario.gpu_spec()
+    budget = max(resolve_policy(scenario, model, gpu, p).max_num_batched_tokens for p in scenario.policies)
     max_prefill = min(budget, int(np.sort(requests.prompt_tokens)[::-1][:max_batch].sum()))
     return make_grid(max_batch, min(longest, model.max_model_len), max_prefill, max_pool_tokens, quick)
 

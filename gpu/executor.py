@@ -39,8 +39,8 @@ from gpu.model import LlamaModel, ModelShape
 from sim.catalog import GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.core import StepPlan
-from sim.engine import resolved_token_budget
 from sim.kv import KvPool
+from sim.policy import ResolvedPolicy
 from sim.workload import RequestTable
 
 
@@ -576,8 +576,9 @@ class ReplayExecutors:
             self.model = LlamaModel.random(shape, self.device, self.dtype, self.seed)
         return self.model
 
-    def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
+    def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: ResolvedPolicy,
                  requests: RequestTable) -> TorchExecutor:
+        pool = policy.pool
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
                                 f"not {scenario.tensor_parallel}")
@@ -591,10 +592,10 @@ class ReplayExecutors:
         except torch.cuda.OutOfMemoryError:
             raise ScenarioError(f"{scenario.name}: the KV pool of {pool.num_slots:,} tokens does not fit on "
                                 f"{self.device}: lower gpu_memory_utilization") from None
-        ex = TorchExecutor(llama, cache, requests.prompt_tokens, paged=policy.allocator.kind == "paged",
+        ex = TorchExecutor(llama, cache, requests.prompt_tokens, paged=policy.paged,
                            attention=self.attention, seed=self.seed, output_tokens=requests.output_tokens,
                            prefix_hashes=requests.prefix_hashes)
         if self.warmup:  # the largest prefill matters where an allocator caches device memory
-            ex.warmup(resolved_token_budget(policy, model) if self.device.type == "cuda" else 0)
+            ex.warmup(policy.max_num_batched_tokens if self.device.type == "cuda" else 0)
         self._current = self.executors[policy.name] = ex
         return ex

@@ -19,10 +19,11 @@ import torch
 from gpu.device import configure_cpu, provenance
 from gpu.executor import ReplayExecutors
 from sim.catalog import GIB, GpuSpec, ModelSpec
-from sim.config import PolicyConfig, Scenario, load_scenario
+from sim.config import Scenario, load_scenario
 from sim.core import StepPlan
-from sim.kv import KvPool, activation_bytes
-from sim.run import RunResult, _slug, model_executor, policy_pool, run, write_results
+from sim.kv import activation_bytes
+from sim.policy import ResolvedPolicy, resolve_policy
+from sim.run import RunResult, model_executor, run, slug, write_results
 from sim.workload import RequestTable, load_requests
 
 
@@ -74,9 +75,9 @@ class PlanRecorder:
     def __init__(self) -> None:
         self.plans: dict[str, list[tuple[StepPlan, float]]] = {}
 
-    def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
+    def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: ResolvedPolicy,
                  requests: RequestTable) -> _Recording:
-        return _Recording(model_executor(scenario, model, gpu, pool, policy, requests),
+        return _Recording(model_executor(scenario, model, gpu, policy, requests),
                           self.plans.setdefault(policy.name, []))
 
 
@@ -87,7 +88,7 @@ def replay_plans(scenario: Scenario, plans: dict[str, list[tuple[StepPlan, float
     frames = []
     for policy in scenario.policies:
         steps = plans.get(policy.name, [])
-        ex = executors(scenario, model, gpu, policy_pool(scenario, model, gpu, policy), policy, requests)
+        ex = executors(scenario, model, gpu, resolve_policy(scenario, model, gpu, policy), requests)
         measured = [ex.step_time_s(plan) for plan, _ in steps]
         frames.append(pd.DataFrame({
             "policy": policy.name,
@@ -138,7 +139,7 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     scenario = load_scenario(scenario_path)
     mode = "open-loop" if open_loop_mode else "closed-loop"
     kind = "open-loop" if open_loop_mode else "replay"
-    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{_slug(scenario.name)}-{kind}-{device.split(':')[0]}"
+    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{slug(scenario.name)}-{kind}-{device.split(':')[0]}"
     if open_loop_mode:
         result, steps, executors = open_loop(scenario, device, attention=attention, seed=seed)
     else:

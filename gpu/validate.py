@@ -28,7 +28,7 @@ from gpu.device import configure_cpu
 from gpu.replay import replay, replay_info
 from sim.config import ProfileConfig, Scenario, load_scenario
 from sim.kv import MEMORY_CLASSES
-from sim.run import RunResult, _slug, policy_pool, run, write_results
+from sim.run import RunResult, policy_pool, run, slug, write_results
 from sim.steptime import ProfileStepTime, load_profile
 from sim.workload import RequestTable, load_requests
 
@@ -147,7 +147,7 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     requests = load_requests(scenario) if requests is None else requests
-    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{_slug(scenario.name)}-validate-{device.split(':')[0]}"
+    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{slug(scenario.name)}-validate-{device.split(':')[0]}"
     if profile_path is None and isinstance(scenario.step_time, ProfileConfig):
         profile_path = scenario.resolve_path(scenario.step_time.path)
     if profile_path is None:

@@ -22,13 +22,12 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.catalog import GIB, ModelSpec
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
-from sim.kv import BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, KvPool, PagedKv
+from sim.kv import KvPool
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts
+from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
-from sim.sharing import SharedBlockPool, SharedPagedKv
 from sim.steptime import Executor
 from sim.workload import RequestTable
 
@@ -44,68 +43,27 @@ class PolicyResult:
     timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
 
 
-def resolved_token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
-    if policy.max_num_batched_tokens is not None:
-        return policy.max_num_batched_tokens
-    return 2048 if policy.prefill == "chunked" else max(2048, model.max_model_len)
-
-
-def make_kv(policy: PolicyConfig, pool: KvPool, model: ModelSpec, sharing: bool = False) -> PagedKv | ContiguousKv:
-    """The policy's KV manager; ``sharing`` (prefix caching, samples or beams) needs reference counts."""
-    a = policy.allocator
-    if a.kind == "paged":
-        watermark = int(a.watermark * pool.num_blocks)
-        if sharing or policy.prefix_caching:
-            return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, watermark), policy.prefix_caching)
-        return PagedKv(BlockPool(pool.num_blocks, pool.block_size, watermark))
-    alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
-    return ContiguousKv(alloc, a.reserve, model.max_model_len)
-
-
-def rejection_reasons(policy: PolicyConfig, kv, model: ModelSpec, budget: int, prompt: np.ndarray,
-                      output: np.ndarray, width: int = 1) -> np.ndarray:
-    """Why each request can never be served (0 = it can). Checked up front, so the simulation always
-    progresses: a request admitted alone always fits, and the oldest running one is never preempted."""
-    reason = np.zeros(len(prompt), dtype=np.int8)
-    total = prompt + output
-    over_pool = kv.never_fits(prompt, output, width)
-    if policy.batching == "continuous" and policy.prefill != "chunked":
-        # a prefill is never split: a preempted (recomputed) request re-prefills all its tokens
-        prefill_max = total - 1 if kv.kind == "paged" else prompt
-        reason[prefill_max > budget] = 3
-    reason[over_pool] = 2
-    reason[total > model.max_model_len] = 1
-    return reason
-
-
 class Engine:
-    def __init__(self, requests: RequestTable, policy: PolicyConfig, model: ModelSpec, pool: KvPool,
-                 executor: Executor, *, horizon_s: float | None = None, exact: bool = False,
-                 record_steps: bool = True, timeline_bin_s: float = 1.0, sampling=None,
-                 progress: Callable[[int, int], None] | None = None, startup_s: float = 0.0) -> None:
+    def __init__(self, requests: RequestTable, resolved: ResolvedPolicy, executor: Executor, *,
+                 horizon_s: float | None = None, exact: bool = False, record_steps: bool = True,
+                 timeline_bin_s: float = 1.0, sampling=None, progress: Callable[[int, int], None] | None = None,
+                 startup_s: float = 0.0) -> None:
         self.requests = requests
-        self.policy = policy
-        self.model = model
-        self.pool = pool
+        self.resolved = resolved
+        self.policy = resolved.policy
+        self.pool = resolved.pool
         self.executor = executor
         self.horizon_s = horizon_s
         self._horizon = math.inf if horizon_s is None else horizon_s
         self.startup_s = startup_s  # no step runs before this (a server's warm-up); requests still arrive
         self.exact = exact
-        self.record_steps = record_steps
         self.progress = progress
         self.sampling = sampling  # parallel samples or beams: every request is a group
-        self.width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
-        self.kv = make_kv(policy, pool, model, sharing=sampling is not None)
-        swap_pool = None
-        if (policy.preemption == "swap" or sampling is not None) and self.kv.kind == "paged":
-            cpu_blocks = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
-            swap_pool = BlockPool(cpu_blocks, pool.block_size)
-        self.budget = resolved_token_budget(policy, model)
-        self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s,
-                            record_steps=record_steps)
+        self.width = resolved.width
+        self.kv = make_kv(resolved)
+        self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps)
         self.log = self.rec.log
-        self.scheduler = Scheduler(policy, self.kv, self.budget, swap_pool, self.rec)
+        self.scheduler = Scheduler(resolved, self.kv, self.rec)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
         self._holding = 0  # requests holding KV during the step being taken
         self.num_done = 0
@@ -117,8 +75,7 @@ class Engine:
 
     def run(self) -> PolicyResult:
         r = self.requests
-        reason = rejection_reasons(self.policy, self.kv, self.model, self.budget, r.prompt_tokens, r.output_tokens,
-                                   self.width)
+        reason = rejection_reasons(self.resolved, self.kv, r.prompt_tokens, r.output_tokens)
         self.log.status[reason > 0] = REJECTED
         self.log.reason[:] = reason
         self._ids = np.flatnonzero(reason == 0).tolist()
@@ -135,7 +92,7 @@ class Engine:
         self._close_unfinished()
         kv = self.kv
         sharing = None
-        if kv.kind == "paged" and (kv.caching or self.sampling is not None):
+        if self.resolved.sharing:
             sharing = SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
                                     kv.pool.num_evicted)
         elif self.sampling is not None:

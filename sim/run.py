@@ -20,19 +20,20 @@ import pandas as pd
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, load_scenario
 from sim.decompose import decompose as decompose_policies
-from sim.engine import Engine, PolicyResult, resolved_token_budget
-from sim.kv import MEMORY_CLASSES, CapacityError, KvPool, kv_pool
+from sim.engine import Engine, PolicyResult
+from sim.kv import MEMORY_CLASSES, KvPool
+from sim.policy import ResolvedPolicy, resolve_policy, token_budget
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, load_requests
 
 # Builds the executor for one policy's run: the step-time model here; the GPU backend passes its own.
-ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, KvPool, PolicyConfig, RequestTable], Executor]
+ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, ResolvedPolicy, RequestTable], Executor]
 
 
-def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, pool: KvPool, policy: PolicyConfig,
+def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: ResolvedPolicy,
                    requests: RequestTable) -> Executor:
     """The scenario's step-time model (the simulator's executor): the roofline, or a calibrated profile."""
-    paged = policy.allocator.kind == "paged"
+    paged = policy.paged
     st = scenario.step_time
     if isinstance(st, ProfileConfig):
         if scenario.tensor_parallel != 1:
@@ -80,7 +81,7 @@ class RunResult:
                            "kv_capacity_gib": p.kv_bytes / GIB, "kv_bytes_per_token": p.kv_bytes_per_token,
                            "weights_gib": p.weights_bytes / GIB, "activation_gib": p.activation_bytes / GIB,
                            "budget_gib": p.budget_bytes / GIB,
-                           "max_num_batched_tokens": resolved_token_budget(res.policy, m)}
+                           "max_num_batched_tokens": token_budget(res.policy, m)}
         scenario = {
             **s.model_dump(mode="json"),
             "resolved": {
@@ -103,12 +104,7 @@ class RunResult:
 
 def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig) -> KvPool:
     """The KV pool one policy gets: the same memory for every policy, split into its block size."""
-    try:
-        return kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
-                       block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
-                       activation_tokens=scenario.activation_reserve_tokens)
-    except CapacityError as e:
-        raise ScenarioError(f"{scenario.name}: {e}") from None
+    return resolve_policy(scenario, model, gpu, policy).pool
 
 
 def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], None] | None = None,
@@ -129,9 +125,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     result = RunResult(scenario, model, gpu, requests)
 
     def one(policy: PolicyConfig, record_steps: bool) -> PolicyResult:
-        pool = policy_pool(scenario, model, gpu, policy)
+        resolved = resolve_policy(scenario, model, gpu, policy)
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
-        engine = Engine(requests, policy, model, pool, executor(scenario, model, gpu, pool, policy, requests),
+        engine = Engine(requests, resolved, executor(scenario, model, gpu, resolved, requests),
                         horizon_s=scenario.horizon_s, exact=scenario.exact, record_steps=record_steps,
                         timeline_bin_s=scenario.timeline_bin_s, sampling=scenario.sampling, progress=cb,
                         startup_s=scenario.startup_s)
@@ -191,7 +187,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     scenario = load_scenario(scenario_path)
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
-    out = Path(out_dir) if out_dir is not None else Path("runs") / _slug(scenario.name)
+    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(scenario.name)
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -218,9 +214,10 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     return result.summary(), paths
 
 
-def _slug(name: str) -> str:
+def slug(name: str, default: str = "run") -> str:
+    """A name made safe as a folder name (``runs/<slug>``): letters, digits, ``-_.``; ``default`` if nothing is left."""
     s = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
-    return s or "run"
+    return s or default
 
 
 def check_scenario(scenario_path: str | Path) -> list[str]:
@@ -235,7 +232,8 @@ def check_scenario(scenario_path: str | Path) -> list[str]:
     for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
         if any(counts.values()):
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    pools = {policy.name: policy_pool(scenario, model, gpu, policy) for policy in scenario.policies}
+    resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
+    pools = {name: r.pool for name, r in resolved.items()}
 
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"

@@ -38,9 +38,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from sim.config import PolicyConfig
 from sim.core import Clock, Sequence, StepPlan
-from sim.kv import BlockPool, ContiguousKv, PagedKv, breakdown
+from sim.kv import KvManager, breakdown
+from sim.policy import Preemption, ResolvedPolicy
 
 
 def _insert_by_arrival(queue, seq: Sequence) -> None:
@@ -62,8 +62,8 @@ def _add_sorted(d: dict, seq: Sequence) -> dict:
 
 
 class Scheduler:
-    def __init__(self, policy: PolicyConfig, kv: PagedKv | ContiguousKv, max_num_batched_tokens: int,
-                 swap_pool: BlockPool | None, rec) -> None:
+    def __init__(self, r: ResolvedPolicy, kv: KvManager, rec) -> None:
+        policy = r.policy
         self.policy = policy
         self.kv = kv
         self.paged = kv.kind == "paged"
@@ -71,8 +71,8 @@ class Scheduler:
         self.static = policy.batching == "static"
         self.prefill = policy.prefill
         self.max_num_seqs = policy.max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.swap_pool = swap_pool  # CPU swap space, when preempting by swap
+        self.max_num_batched_tokens = r.max_num_batched_tokens
+        self.preemption = Preemption(policy.preemption, r.swap_blocks, policy.block_size)  # owns the swap space
         self.rec = rec  # the run's metrics.Recorder: ITL gaps and sharing counts go to it
         self.itl = rec.itl  # inter-token latency sink: add(value, times), add_each(values, times)
         self.waiting: deque[Sequence] = deque()
@@ -85,7 +85,6 @@ class Scheduler:
         self.step_prompt_tokens = 0  # prompts first admitted in the planned step, and their cache hits
         self.step_hit_tokens = 0
         self.first_admitted: list[Sequence] = []  # requests the planned step schedules for the first time
-        self.swap_singles = policy.preemption == "swap"  # groups swap whenever the swap space holds them
         self.next_seq_id = 0  # ids for forked sequences (the engine starts them past the request ids)
         self._grouped = False  # some request has samples or beams (then requests != sequences)
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
@@ -355,11 +354,11 @@ class Scheduler:
             if g is not None and g.swapped:  # a group comes back whole
                 if self.num_running + len(g.swapped) > self.max_num_seqs or budget < len(g.swapped):
                     break
-                if not self.kv.can_swap_in_group(g.swapped):
+                if not self.preemption.can_swap_in_group(self.kv, g.swapped):
                     self.blocked = True
                     break
                 self.swapped.pop(0)
-                self._swap_in.extend(self.kv.swap_in_group(g.swapped, self.swap_pool))
+                self._swap_in.extend(self.preemption.swap_in_group(self.kv, g.swapped))
                 for m in g.swapped:
                     self.kv.grow(m, 1)
                     self.filled += m.num_computed_tokens
@@ -371,14 +370,11 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             if n == 0:
                 break
-            if not self.kv.can_admit(seq, n):
+            if not self.preemption.can_swap_in(self.kv, seq, n):
                 self.blocked = True
                 break
             self.swapped.pop(0)
-            self.kv.admit(seq, n)
-            self._swap_in.extend(zip(seq.cpu_blocks, seq.block_table))
-            self.swap_pool.free(seq.cpu_blocks)
-            seq.cpu_blocks = []
+            self._swap_in.extend(self.preemption.swap_in(self.kv, seq, n))
             self.filled += seq.num_computed_tokens
             self.explicit = _add_sorted(self.explicit, seq)
             self._entries.append((seq, n))
@@ -393,54 +389,30 @@ class Scheduler:
             del self.explicit[seq]
             self._entries = [(s, n) for s, n in self._entries if s is not seq]
 
-    def _preempt_group(self, g) -> None:
-        """A group is preempted whole: swapped out together (vLLM v0 swaps multi-sequence groups) when
-        the swap space holds its blocks; else each live member recomputes on its own, as separate
-        requests would (vLLM v1's view of parallel samples), sharing again only through the prefix cache."""
-        live = [m for m in g.members if m in self.clocked or m in self.explicit]
+    def _preempt(self, seq: Sequence) -> None:
+        """Preempt ``seq`` -- a group of samples or beams as a unit -- and queue it to come back;
+        ``self.preemption`` decides whether its cache is swapped out or freed (recompute)."""
+        g = seq.group
+        group = g is not None and len(g.members) > 1
+        live = [m for m in g.members if m in self.clocked or m in self.explicit] if group else [seq]
         for m in live:
             self._leave(m)
             self.filled -= m.num_computed_tokens
-            m.num_registered = 0
-        g.members[0].num_preemptions += 1
+            m.num_registered = 0  # its next blocks are new ones
+        (g.members[0] if group else seq).num_preemptions += 1
         self._num_preempted += 1
         self.blocked = True
-        pairs = self.kv.swap_out_group(live, self.swap_pool) if self.swap_pool is not None else None
+        pairs = self.preemption.swap_out(self.kv, live, group)
         if pairs is not None:
             self._swap_out.extend(pairs)
-            g.swapped = live
+            if group:
+                g.swapped = live
             _insert_by_arrival(self.swapped, live[0])
             return
         for m in live:
             self.kv.free(m)
             m.num_computed_tokens = 0
             _insert_by_arrival(self.waiting, m)
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Free (recompute) or swap out all of ``seq``'s blocks. "Preempted" means exactly that."""
-        if seq.group is not None and len(seq.group.members) > 1:
-            self._preempt_group(seq.group)
-            return
-        if seq.clock is not None:
-            self._clock_out(seq)
-        else:
-            del self.explicit[seq]
-            self._entries = [(s, n) for s, n in self._entries if s is not seq]
-        seq.num_preemptions += 1
-        seq.num_registered = 0  # its next blocks are new ones
-        self._num_preempted += 1
-        self.blocked = True
-        self.filled -= seq.num_computed_tokens
-        table = seq.block_table
-        if self.swap_singles and self.swap_pool.can_allocate(len(table)):
-            seq.cpu_blocks = self.swap_pool.allocate(len(table))
-            self._swap_out.extend(zip(table, seq.cpu_blocks))
-            self.kv.free(seq)
-            _insert_by_arrival(self.swapped, seq)
-        else:  # recompute (also when the swap space is full)
-            self.kv.free(seq)
-            seq.num_computed_tokens = 0
-            _insert_by_arrival(self.waiting, seq)
 
     def _plan(self) -> StepPlan:
         e = self._entries

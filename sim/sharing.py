@@ -41,8 +41,10 @@ def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, pro
     return out
 
 
-class SharedBlockPool(BlockPool):
-    """Reference-counted blocks with an automatic prefix cache (vLLM v1's design).
+class SharedBlockPool:
+    """Reference-counted blocks with an automatic prefix cache (vLLM v1's design); the same interface as
+    ``kv.BlockPool`` (``num_free``, ``free_blocks``, ``can_allocate``, ``allocate``, ``free``) plus
+    ``incref``, ``lookup`` and ``register``.
 
     Guarantees: ``ref_cnt[b]`` equals the number of block tables holding ``b``; a block with no holder
     is in the free queue, least recently freed first, and a cached one (it has a key) stays findable
@@ -238,18 +240,6 @@ class SharedPagedKv(PagedKv):
             self._release(target, table)
         self._sync_alloc()
         return []
-
-    def swap_out_group(self, members: list, swap_pool: BlockPool) -> list[tuple[int, int]] | None:
-        """Copy a group's blocks (each shared block once) to the swap space and free them; None when
-        the swap space cannot hold them."""
-        unique = list(dict.fromkeys(b for m in members for b in m.block_table))
-        if not swap_pool.can_allocate(len(unique)):
-            return None
-        where = dict(zip(unique, swap_pool.allocate(len(unique))))
-        for m in members:
-            m.cpu_blocks = [where[b] for b in m.block_table]
-            self.free(m)
-        return list(where.items())
 
     def can_swap_in_group(self, members: list) -> bool:
         unique = len({b for m in members for b in m.cpu_blocks})

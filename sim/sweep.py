@@ -871,9 +871,10 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
                                TimeRemainingColumn)
 
     from sim.executors import make_executor
+    from sim.run import slug
 
     sweep = load_sweep(sweep_path)
-    out = Path(out_dir) if out_dir is not None else Path("runs") / _slug(sweep.name)
+    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep")
     with make_executor(executor, workers=workers, address=address) as ex, \
             Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
@@ -897,6 +898,4 @@ class _BarProgress(Progress):
         self.bar.advance(self.task_id)
 
 
-def _slug(name: str) -> str:
-    s = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
-    return s or "sweep"
+

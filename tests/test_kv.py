@@ -1,12 +1,13 @@
 """Allocator properties (hypothesis): allocated + free = capacity, slabs never overlap, buddy merges
 restore the pool, every block is free at the end."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core import Sequence
-from sim.kv import BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, PagedKv, slab_tokens
+from sim.kv import BlockPool, BuddyAllocator, ContiguousKv, FirstFitAllocator, PagedKv, Reservation
 
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 3000), st.integers(0, 10_000)), min_size=1, max_size=120)
 
@@ -100,14 +101,22 @@ def test_paged_manager_accounting(num_blocks, block_size, steps):
 
 
 def test_slab_sizes():
-    assert slab_tokens("max", 100, 25, 2048) == 2048
-    assert slab_tokens("pow2", 100, 25, 2048) == 100 + 32  # the paper: true output 25 -> 32 reserved
-    assert slab_tokens("pow2", 1500, 600, 2048) == 2048  # capped at the max length
-    assert slab_tokens("oracle", 100, 25, 2048) == 125
+    assert Reservation("max", 2048).tokens(100, 25) == 2048
+    assert Reservation("pow2", 2048).tokens(100, 25) == 100 + 32  # the paper: true output 25 -> 32 reserved
+    assert Reservation("pow2", 2048).tokens(1500, 600) == 2048  # capped at the max length
+    assert Reservation("oracle", 2048).tokens(100, 25) == 125
+
+
+@pytest.mark.parametrize("kind", ["max", "pow2", "oracle"])
+def test_reservation_column_is_the_rule_per_request(kind):
+    rng = np.random.default_rng(0)
+    p, o = rng.integers(1, 4000, 500), rng.integers(1, 4000, 500)
+    rule = Reservation(kind, 4096)
+    assert rule.column(p, o).tolist() == [rule.tokens(a, b) for a, b in zip(p.tolist(), o.tolist())]
 
 
 def test_contiguous_manager_buddy_rounding_is_counted():
-    kv = ContiguousKv(BuddyAllocator(4096), "oracle", 2048)
+    kv = ContiguousKv(BuddyAllocator(4096), Reservation("oracle", 2048))
     s = Sequence(0, 0.0, 100, 200)  # 300 slots -> a 512-slot buddy block
     assert kv.can_admit(s, 100)
     kv.admit(s, 100)

@@ -1,13 +1,15 @@
 """Scheduler behaviour on tiny pools, driven step by step."""
 
+import dataclasses
+
 import pytest
 
 from sim.catalog import GPUS, MODELS
 from sim.config import RooflineConfig, parse_scenario
 from sim.core import Sequence
-from sim.engine import make_kv
-from sim.kv import BlockPool, KvPool
+from sim.kv import KvPool
 from sim.metrics import Recorder
+from sim.policy import make_kv, resolved
 from sim.workload import RequestTable
 from sim.scheduler import Scheduler
 from sim.steptime import RooflineStepTime
@@ -25,9 +27,9 @@ def make(entry, num_blocks, block_size=4, swap_blocks=None, budget=4096):
     entry = {"preset": entry} if isinstance(entry, str) else entry
     p = policy({**entry, "block_size": block_size})
     pool = KvPool(num_blocks, block_size, OPT.kv_bytes_per_token(), 0, 0, 0)
-    kv = make_kv(p, pool, OPT)
-    swap = BlockPool(swap_blocks, block_size) if swap_blocks is not None else None
-    return Scheduler(p, kv, budget, swap, Recorder(RequestTable([], [], []), kv.capacity))
+    r = dataclasses.replace(resolved(p, pool, OPT), max_num_batched_tokens=budget, swap_blocks=swap_blocks)
+    kv = make_kv(r)
+    return Scheduler(r, kv, Recorder(RequestTable([], [], []), kv.capacity))
 
 
 def drive(s: Scheduler, steps: int, on_plan=None):
@@ -90,12 +92,12 @@ def test_swap_moves_blocks_out_and_back_and_costs_transfer_time():
     drive(s, 4, plans.append)
     pre = next(p for p in plans if p.num_preempted)
     assert len(pre.swap_out) == 2 and s.swapped == [new] and new.num_computed_tokens > 0
-    assert s.swap_pool.num_free == 6
+    assert s.preemption.swap_pool.num_free == 6
     while s.running:
         drive(s, 1, plans.append)
     plan = s.schedule()
     assert plan.seq_ids == (1,) and len(plan.swap_in) == 2 and plan.num_new_tokens == (1,)  # no recompute
-    assert s.swap_pool.num_free == 8
+    assert s.preemption.swap_pool.num_free == 8
     model = RooflineStepTime(OPT, GPUS["a100-40gb"], 1, RooflineConfig(), paged=True)
     from dataclasses import replace
     bare = replace(plan, swap_in=())

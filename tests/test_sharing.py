@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import sim.sharing as sharing
 from sim import run
 from sim.core import Sequence
+from sim.policy import Preemption
 from sim.scheduler import Scheduler
 from sim.sharing import SharedBlockPool, SharedPagedKv, block_identities
 
@@ -59,7 +60,7 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "fork", "free", "beam
        shared_ids=st.booleans())
 def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_ids):
     kv = SharedPagedKv(SharedBlockPool(num_blocks, block_size), caching=True)
-    swap = SharedBlockPool(200, block_size)
+    swap = Preemption("swap", 200, block_size)  # owns the swap space
     live: list[Sequence] = []
     swapped: list[list[Sequence]] = []
     rid = 0
@@ -100,11 +101,11 @@ def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_id
                 kv.reassign([(a, b)])
         elif op == "swap" and live:
             group = [live.pop(pick % len(live))]
-            if kv.swap_out_group(group, swap) is not None:
+            if swap.swap_out(kv, group, group=True) is not None:
                 swapped.append(group)
-            elif swapped and kv.can_swap_in_group(swapped[0]):
+            elif swapped and swap.can_swap_in_group(kv, swapped[0]):
                 back = swapped.pop(0)
-                kv.swap_in_group(back, swap)
+                swap.swap_in_group(kv, back)
                 live.extend(back)
             else:
                 kv.free(group[0])

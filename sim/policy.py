@@ -1,0 +1,153 @@
+"""A policy resolved once, and the policy decisions that are not the scheduler's order of work.
+
+``resolve_policy`` turns a scenario's policy into the numbers everything else uses -- the KV pool, the
+token budget, the admission watermark, the swap space -- once, for the engine, the GPU executor and
+calibration alike. ``make_kv`` builds its KV manager (``kv.KvManager``), whose contiguous slabs follow
+``kv.Reservation``; ``Preemption`` decides where a preempted sequence's cache goes and owns the swap
+space; ``rejection_reasons`` says up front which requests can never be served.
+
+A new reservation rule touches ``kv.Reservation`` and config; a new preemption mode, ``Preemption``
+and config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.catalog import GIB, GpuSpec, ModelSpec
+from sim.config import PolicyConfig, Scenario, ScenarioError
+from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FirstFitAllocator, KvManager, KvPool,
+                    PagedKv, Reservation, kv_pool)
+from sim.metrics import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
+from sim.sharing import SharedBlockPool, SharedPagedKv
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """One policy with every derived number fixed: what the engine, the GPU executor and calibration read."""
+
+    policy: PolicyConfig
+    pool: KvPool  # the KV pool this policy gets (the same memory for every policy, in its block size)
+    max_model_len: int
+    max_num_batched_tokens: int  # the token budget of a step
+    watermark_blocks: int  # blocks kept free at admission (paged)
+    swap_blocks: int | None  # CPU swap space in blocks; None: the policy never swaps
+    width: int = 1  # sequences per request: parallel samples or beams
+    sharing: bool = False  # blocks are reference-counted (prefix caching, samples or beams; paged)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def paged(self) -> bool:
+        return self.policy.allocator.kind == "paged"
+
+
+def token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
+    if policy.max_num_batched_tokens is not None:
+        return policy.max_num_batched_tokens
+    return 2048 if policy.prefill == "chunked" else max(2048, model.max_model_len)
+
+
+def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig) -> ResolvedPolicy:
+    """The policy as this scenario runs it (see ``ResolvedPolicy``)."""
+    try:
+        pool = kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
+                       block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
+                       activation_tokens=scenario.activation_reserve_tokens)
+    except CapacityError as e:
+        raise ScenarioError(f"{scenario.name}: {e}") from None
+    sampling = scenario.sampling
+    width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
+    return resolved(policy, pool, model, width)
+
+
+def resolved(policy: PolicyConfig, pool: KvPool, model: ModelSpec, width: int = 1) -> ResolvedPolicy:
+    """``resolve_policy`` for a given pool (tests and tools that size pools themselves)."""
+    paged = policy.allocator.kind == "paged"
+    watermark = int(policy.allocator.watermark * pool.num_blocks) if paged else 0
+    swap = None
+    if paged and (policy.preemption == "swap" or width > 1):  # groups swap whenever the space holds them
+        swap = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
+    return ResolvedPolicy(policy, pool, model.max_model_len, token_budget(policy, model), watermark, swap, width,
+                          paged and (width > 1 or policy.prefix_caching))
+
+
+def make_kv(r: ResolvedPolicy) -> KvManager:
+    """The policy's KV manager; sharing (prefix caching, samples or beams) needs reference counts."""
+    a, pool = r.policy.allocator, r.pool
+    if a.kind == "paged":
+        if r.sharing:
+            return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks),
+                                 r.policy.prefix_caching)
+        return PagedKv(BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))
+    alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
+    return ContiguousKv(alloc, Reservation(a.reserve, r.max_model_len))
+
+
+class Preemption:
+    """What preempting a running sequence does with its cache. "Preempted" means the cache left GPU
+    memory: freed (recompute: the sequence re-prefills prompt + generated tokens) or copied to the CPU
+    swap space this object owns (swap; it comes back before any new admission).
+
+    A lone sequence swaps under ``preemption: swap`` while the swap space holds it, else recomputes. A
+    group of samples or beams swaps whole whenever the swap space holds its blocks (vLLM v0 swaps
+    multi-sequence groups), else each member recomputes on its own, as separate requests would (vLLM
+    v1's view of parallel samples), sharing again only through the prefix cache."""
+
+    def __init__(self, mode: str, swap_blocks: int | None, block_size: int) -> None:
+        self.mode = mode
+        self.swap_pool = BlockPool(swap_blocks, block_size) if swap_blocks is not None else None
+
+    def swap_out(self, kv: KvManager, members: list, group: bool) -> list[tuple[int, int]] | None:
+        """Copy ``members``' blocks (each shared block once) to the swap space and free them on the GPU;
+        returns the (GPU, CPU) block copies, or None: recompute (the caller frees)."""
+        pool = self.swap_pool
+        if pool is None or not (group or self.mode == "swap"):
+            return None
+        unique = list(dict.fromkeys(b for m in members for b in m.block_table))
+        if not pool.can_allocate(len(unique)):
+            return None
+        where = dict(zip(unique, pool.allocate(len(unique))))
+        for m in members:
+            m.cpu_blocks = [where[b] for b in m.block_table]
+            kv.free(m)
+        return list(where.items())
+
+    def can_swap_in(self, kv: KvManager, seq, num_new: int) -> bool:
+        return kv.can_admit(seq, num_new)
+
+    def swap_in(self, kv: KvManager, seq, num_new: int) -> list[tuple[int, int]]:
+        """Bring one sequence back with room for ``num_new`` tokens; returns the (CPU, GPU) copies."""
+        kv.admit(seq, num_new)
+        pairs = list(zip(seq.cpu_blocks, seq.block_table))
+        self.swap_pool.free(seq.cpu_blocks)
+        seq.cpu_blocks = []
+        return pairs
+
+    def can_swap_in_group(self, kv: SharedPagedKv, members: list) -> bool:
+        return kv.can_swap_in_group(members)
+
+    def swap_in_group(self, kv: SharedPagedKv, members: list) -> list[tuple[int, int]]:
+        """Bring a swapped group back, its sharing intact; returns the (CPU, GPU) copies."""
+        return kv.swap_in_group(members, self.swap_pool)
+
+
+def rejection_reasons(r: ResolvedPolicy, kv: KvManager, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Why each request can never be served (``sim.metrics`` reason codes; 0 = it can). Checked up
+    front, so the simulation always progresses: a request admitted alone always fits, and the oldest
+    running one is never preempted."""
+    policy = r.policy
+    reason = np.zeros(len(prompt), dtype=np.int8)
+    total = prompt + output
+    over_pool = kv.never_fits(prompt, output, r.width)
+    if policy.batching == "continuous" and policy.prefill != "chunked":
+        # a prefill is never split: a preempted (recomputed) request re-prefills all its tokens
+        prefill_max = total - 1 if kv.kind == "paged" else prompt
+        reason[prefill_max > r.max_num_batched_tokens] = PREFILL_EXCEEDS_TOKEN_BUDGET
+    reason[over_pool] = EXCEEDS_KV_POOL
+    reason[total > r.max_model_len] = EXCEEDS_MAX_MODEL_LEN
+    return reason
