@@ -43,16 +43,19 @@ MEMORY_COLORS = {
     "free": "#d9d9d9",
 }
 UNCLASSIFIED_COLOR = "#8c8c8c"
-# Tableau 10, then ten darker or lighter companions: 20 policies before a colour repeats.
-PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
-           "#eeca3b", "#1b3b6f", "#a0522d", "#2e7d32", "#8b1a1a", "#006d6f", "#6a3d9a", "#c2185b", "#5d4037",
-           "#616161", "#9e8600")
+# Policies get hues the memory classes do not use (no green, blue, orange, red or light grey), so a policy's
+# line never reads as a memory class: 20 policies before a colour repeats.
+PALETTE = ("#6a3d9a", "#17becf", "#e377c2", "#222222", "#bcbd22", "#8c564b", "#c5b0d5", "#005f5f", "#ae017e",
+           "#7f7f7f", "#b8a000", "#dda0dd", "#556b2f", "#bc8f8f", "#4b0082", "#00ced1", "#ff69b4", "#5d4037",
+           "#9acd32", "#708090")
+ROLLING_BINS = 15  # throughput panels: rolling mean over this many (display) time bins, raw bins faint beneath
 
 MAX_CDF_POINTS = 1000
 MAX_TIMELINE_POINTS = 600
 MAX_STRIP_RUNS = 2000
 STRIP_PIXELS = 1600
 LABEL_CHARS = 32
+SUBTITLE_CHARS = 100
 
 CDF_METRICS = (  # column, short name, axis title with unit, hover unit
     ("ttft_ms", "TTFT", "time to first token (ms)", "ms"),
@@ -99,12 +102,39 @@ def policy_colors(names: Sequence[str]) -> dict[str, str]:
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str = "", height_px: int = 460, top_px: int = 90,
-            **kw) -> go.Figure:
-    """Title with a subtitle (what was downsampled), white template, legend on the right."""
+            bottom_px: int = 60, **kw) -> go.Figure:
+    """Title with a subtitle (what was downsampled), white template, legend on the right. A long subtitle
+    breaks at its '; ' into lines of at most ``SUBTITLE_CHARS`` (a figure 900 px wide shows them whole)."""
+    lines = [""]
+    for part in subtitle.split("; "):
+        if lines[-1] and len(lines[-1]) + 2 + len(part) > SUBTITLE_CHARS:
+            lines.append(part)
+        else:
+            lines[-1] = f"{lines[-1]}; {part}" if lines[-1] else part
+    subtitle = "<br>".join(lines)
+    top_px += 15 * (len(lines) - 1)
+    height_px += 15 * (len(lines) - 1)
     fig.update_layout(title=dict(text=title, subtitle=dict(text=subtitle)), template="plotly_white",
-                      height=height_px, margin=dict(l=70, r=20, t=top_px, b=60),
+                      height=height_px, margin=dict(l=70, r=20, t=top_px, b=bottom_px),
                       legend=dict(orientation="v", x=1.01, xanchor="left", y=1, yanchor="top"), **kw)
     return fig
+
+
+def _log_ticks(values: Sequence[float] | np.ndarray) -> dict:
+    """A log axis labelled at powers of ten only (no '2 5' between them) when the values span at least
+    a decade and a half; narrower ranges keep plotly's labels (a power of ten alone would say too little)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if len(v) and math.log10(v.max() / v.min()) >= 1.5:
+        return {"dtick": 1, "minor": {"ticks": "outside", "ticklen": 3, "showgrid": False}}
+    return {}
+
+
+def _policy_legend(fig: go.Figure, legend: str, y: float, title: str = "") -> None:
+    """A second legend (``legend``: 'legend2'...) at the right of the figure, its top at paper height ``y``,
+    beside the panels whose traces it lists."""
+    fig.update_layout({legend: dict(orientation="v", x=1.01, xanchor="left", y=y, yanchor="top",
+                                    title=dict(text=title) if title else None)})
 
 
 def _groups(df: pd.DataFrame, order: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
@@ -254,10 +284,6 @@ def _time_axis(d: pd.DataFrame) -> dict:
     return {"x": f32(start)}
 
 
-def _preemption_note(timeline: pd.DataFrame) -> str:
-    return "" if timeline["num_preempted"].sum() > 0 else "; no policy preempted in this run"
-
-
 def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
                     max_points: int = MAX_TIMELINE_POINTS) -> go.Figure:
     """Per policy, a stacked area of the KV pool's classes over time; under them, on the same time axis,
@@ -288,7 +314,7 @@ def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
         for row, col, what in ((n + 1, running, what_running),
                                (n + 2, "mean_waiting", "waiting requests")):
             fig.add_scatter(**t, y=f32(d[col]), row=row, col=1, name=short[name], meta=text(name),
-                            legendgroup=f"policy-{i}", showlegend=row == n + 1, mode="lines",
+                            legendgroup=f"policy-{i}", showlegend=row == n + 1, mode="lines", legend="legend2",
                             line=dict(color=colors[name], width=1.5),
                             hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s<br>mean %{{y:.2f}} {what}<extra></extra>")
     fig.update_yaxes(title=f"{running_title} ({'requests' if running == 'mean_running_requests' else 'sequences'})",
@@ -296,37 +322,65 @@ def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
     fig.update_yaxes(title="waiting (requests)", rangemode="tozero", row=n + 2, col=1)
     fig.update_xaxes(title="time since first arrival (s)", row=rows, col=1)
     fig.update_layout(hovermode="x")
-    return _layout(fig, "KV cache memory, batch size and queue over time",
-                   _bin_note(timeline, list(colors), max_points), height_px=170 * n + 440, top_px=120)
+    _layout(fig, "KV cache memory, batch size and queue over time",
+            _bin_note(timeline, list(colors), max_points), height_px=170 * n + 440, top_px=120)
+    fig.update_layout(legend=dict(title=dict(text="KV pool")))
+    _policy_legend(fig, "legend2", fig.layout[f"yaxis{n + 1}"].domain[1], "policy")
+    return fig
+
+
+def rolling_rate(d: pd.DataFrame, col: str, bins: int = ROLLING_BINS) -> np.ndarray:
+    """``col`` per second over a centred window of ``bins`` time bins: the window's count over its width
+    (at the ends, the bins there are)."""
+    roll = dict(window=bins, center=True, min_periods=1)
+    return (d[col].rolling(**roll).sum() / d["bin_s"].rolling(**roll).sum()).to_numpy()
 
 
 def throughput_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
-                        max_points: int = MAX_TIMELINE_POINTS) -> go.Figure:
-    """Output tokens, finished requests and preemptions per second over time, per policy (counts per
-    time bin divided by the bin's width; timeline.parquet)."""
-    panels = (("num_sampled", "output tokens/s", "tokens sampled"),
-              ("num_finished", "finished requests/s", "requests finished"),
-              ("num_preempted", "preemptions/s", "preemptions"))
+                        max_points: int = MAX_TIMELINE_POINTS, bins: int = ROLLING_BINS) -> go.Figure:
+    """Output tokens, finished requests and preemptions per second over time, per policy (timeline.parquet):
+    a rolling mean over ``bins`` time bins (the window's count over its width), the raw bins (count over
+    the bin's width) faint beneath. With no preemption in the run, that panel is a line saying so."""
+    preempted = bool(timeline["num_preempted"].sum() > 0)
+    panels = [("num_sampled", "output tokens/s", "tokens sampled"),
+              ("num_finished", "finished requests/s", "requests finished")]
+    titles = ["output throughput", "finished requests"]
+    if preempted:
+        panels.append(("num_preempted", "preemptions/s", "preemptions"))
+        titles.append("preemptions")
+    rows = len(panels)
     groups = _groups(timeline, list(colors))
     short = short_labels([n for n, _ in groups])
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
-                        subplot_titles=["output throughput", "finished requests", "preemptions"])
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.09 if rows == 2 else 0.07,
+                        subplot_titles=titles)
+    windows: dict[str, float] = {}
     for i, (name, g) in enumerate(groups):
         d = display_bins(g, max_points)
         t = _time_axis(d)
+        windows[name] = float(d["bin_s"].median()) * bins
         for row, (col, unit, what) in enumerate(panels, start=1):
-            fig.add_scatter(**t, y=f32(d[col] / d["bin_s"]), customdata=f32(d[[col, "bin_s"]]), row=row, col=1,
-                            name=short[name], meta=text(name), legendgroup=f"policy-{i}", showlegend=row == 1,
-                            mode="lines", line=dict(color=colors[name], width=1.5),
-                            hovertemplate=f"%{{meta}}, bin from %{{x:,.1f}} s: %{{customdata[0]:,.0f}} {what} in "
-                            f"%{{customdata[1]:.3g}} s<br>%{{y:.3f}} {unit}<extra></extra>")
+            fig.add_scatter(**t, y=f32(d[col] / d["bin_s"]), row=row, col=1, name=short[name], meta=text(name),
+                            legendgroup=f"policy-{i}", showlegend=False, mode="lines", hoverinfo="skip",
+                            opacity=0.25, line=dict(color=colors[name], width=0.8))
+            fig.add_scatter(**t, y=f32(rolling_rate(d, col, bins)), customdata=f32(d[[col, "bin_s"]]), row=row,
+                            col=1, name=short[name], meta=text(name), legendgroup=f"policy-{i}",
+                            showlegend=row == 1, mode="lines", line=dict(color=colors[name], width=2),
+                            hovertemplate=f"%{{meta}}, from %{{x:,.1f}} s: {bins}-bin mean %{{y:.3f}} {unit}<br>"
+                            f"this bin: %{{customdata[0]:,.0f}} {what} in %{{customdata[1]:.3g}} s<extra></extra>")
     for row, (_, unit, _) in enumerate(panels, start=1):
         fig.update_yaxes(title=unit, rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title="time since first arrival (s)", row=3, col=1)
+    fig.update_xaxes(title="time since first arrival (s)", row=rows, col=1)
+    if not preempted:
+        fig.add_annotation(text="no preemptions: no policy preempted a sequence in this run", showarrow=False,
+                           xref="paper", yref="paper", x=0, xanchor="left", y=-0.16, yanchor="top",
+                           font=dict(size=13, color="#444"))
     fig.update_layout(hovermode="x")
-    return _layout(fig, "Throughput and preemptions over time",
-                   _bin_note(timeline, list(colors), max_points) + _preemption_note(timeline), height_px=780,
-                   top_px=120)
+    common = max(set(windows.values()), key=list(windows.values()).count) if windows else 0.0
+    others = [f"{short[n]}: {w:g} s" for n, w in windows.items() if w != common]
+    note = (f"thick: rolling mean over {bins} bins ({common:g} s" + (f"; {', '.join(others)}" if others else "")
+            + "), faint: each bin; " + _bin_note(timeline, list(colors), max_points))
+    return _layout(fig, "Throughput and preemptions over time", note, height_px=780 if preempted else 600,
+                   top_px=120, bottom_px=60 if preempted else 110)
 
 
 def shares_blocks(timeline: pd.DataFrame) -> bool:
@@ -444,9 +498,11 @@ def address_space(snapshots: pd.DataFrame, order: Sequence[str], max_runs: int =
     fig.update_layout(barmode="overlay", bargap=0.25, legend_traceorder="grouped")
     fig.update_xaxes(title="position in the KV pool (token slots)", rangemode="tozero")
     fig.update_yaxes(title="policy", categoryorder="array", categoryarray=ticks[::-1], automargin=True)
-    subtitle = ("each policy at its moment of most waiting requests (then most memory allocated)"
+    subtitle = ("rows are taken at different moments: each policy at its own moment of most waiting requests "
+                "(then most memory allocated), t on its row"
                 + ("; downsampled: " + ", ".join(notes) + ", each showing its majority class" if notes else ""))
-    return _layout(fig, "KV address space at the busiest moment", subtitle, height_px=130 + 70 * max(1, len(ticks)))
+    return _layout(fig, "KV address space, each policy at its own busiest moment", subtitle,
+                   height_px=130 + 70 * max(1, len(ticks)))
 
 
 # ------------------------------------------------------------------------------------------- latency
@@ -477,8 +533,8 @@ def latency_cdfs(requests: pd.DataFrame, colors: Mapping[str, str], max_points: 
                             line=dict(color=colors[name], width=1.5, shape="hv"),
                             hovertemplate=f"%{{meta}}<br>{what} %{{x:,.5~r}} {unit}<br>"
                             "%{y:.2%} of finished requests at or below<extra></extra>")
-    for j, (_, _, title, _) in enumerate(CDF_METRICS):
-        fig.update_xaxes(title=title, type="log", row=j // 2 + 1, col=j % 2 + 1)
+    for j, (col, _, title, _) in enumerate(CDF_METRICS):
+        fig.update_xaxes(title=title, type="log", row=j // 2 + 1, col=j % 2 + 1, **_log_ticks(fin[col]))
         fig.update_yaxes(title="fraction of finished requests (0–1)", range=[0, 1.02], row=j // 2 + 1, col=j % 2 + 1)
     largest = max((len(g) for _, g in groups), default=0)
     note = (f"each curve drawn at {max_points} of its finished requests' exact values (evenly spaced ranks)"
@@ -571,13 +627,15 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
     if x.split(".")[-1] == "block_size":  # powers of two on a log axis, each labelled
         ticks = sorted(pd.to_numeric(sweep[x], errors="coerce").dropna().unique())
         fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
-    fig.update_xaxes(title=_axis_title(x))
-    fig.update_yaxes(title=_axis_title(y), type="log" if y.endswith("latency_s") else "linear")
+    fig.update_xaxes(title=text(_axis_title(x)))  # an axis is a user's column name: escaped like any user text
+    log_y = y.endswith("latency_s")
+    fig.update_yaxes(title=text(_axis_title(y)), type="log" if log_y else "linear",
+                     **(_log_ticks(pd.to_numeric(sweep[y], errors="coerce")) if log_y else {}))
     sub = "; ".join(dict.fromkeys(notes)) or "no runs"
-    sub += f"; other axes: {', '.join(others)}" if others else ""
+    sub += f"; other axes: {text(', '.join(others))}" if others else ""
     if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
         sub += "; dotted: each policy's sustainable rate (where the search found one)"
-    return _layout(fig, f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}", sub)
+    return _layout(fig, text(f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}"), sub)
 
 
 def sustainable_rates(capacity: pd.DataFrame, colors: Mapping[str, str],
@@ -606,7 +664,7 @@ def sustainable_rates(capacity: pd.DataFrame, colors: Mapping[str, str],
                     hovertemplate="%{meta}<br>%{y:,.5~r} req/s"
                     + (" ± %{customdata[0]:,.3~r} (%{customdata[1]} seeds)" if spread else "") + "<extra></extra>")
     fig.update_xaxes(title="policy", automargin=True)
-    fig.update_yaxes(title=_axis_title(value), rangemode="tozero")
+    fig.update_yaxes(title=text(_axis_title(value)), rangemode="tozero")
     fig.update_layout(showlegend=False)
     sub = "from the sweep's capacity table; " + "; ".join(dict.fromkeys(notes))
     return _layout(fig, "Sustainable request rate per policy", sub)

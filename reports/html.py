@@ -44,6 +44,7 @@ HEADLINE = [  # summary key and format; the head (label, unit) and which value i
     ("num_preemptions", "{:,}"),
     ("memory.token_states", "{:.1%}"),
 ]
+HEADLINE_SPLIT = 8  # the summary is two tables (throughput and latency; batch, memory, counts): each fits 900 px
 
 
 def _head(key: str) -> str:
@@ -59,6 +60,7 @@ padding:.3rem .5rem;text-align:right;vertical-align:bottom} th:first-child,td:fi
 td.best{font-weight:bold;background:#e3f2e3} .missing{color:#a33} .figure{width:100%;margin:.5rem 0 1.5rem 0}
 dl{display:grid;grid-template-columns:max-content auto;gap:.25rem 1rem} dt{color:#666} dd{margin:0}
 .caption{max-width:70rem} code{background:#f4f4f4;padding:0 .2rem}
+.wide{max-width:100%;overflow-x:auto} .summary td{white-space:nowrap} .summary th{min-width:3.5rem}
 """
 
 RENDER_JS = """
@@ -117,19 +119,25 @@ def summary_table(policies: pd.DataFrame) -> str:
             vals = pd.to_numeric(policies[key], errors="coerce").dropna()
             if vals.nunique() > 1:
                 best[key] = vals.max() if how == "max" else vals.min()
-    head = "".join(f"<th>{html.escape(_head(k))}</th>" for k, _ in HEADLINE)
-    rows = []
-    for label, m in policies.iterrows():
-        cells = []
-        for key, fmt in HEADLINE:
-            v = m.get(key)
-            mark = ' class="best" title="best in this column"' if key in best and v == best[key] else ""
-            cells.append(f"<td{mark}>{_fmt(fmt, v)}</td>")
-        counts = " / ".join(_fmt("{:,}", m.get(k)) for k in ("num_finished", "num_rejected", "num_unfinished"))
-        rows.append(f"<tr><td>{html.escape(str(label))}</td>{''.join(cells)}<td>{counts}</td></tr>")
-    return (f"<table><thead><tr><th>policy</th>{head}<th>finished / rejected / unfinished</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>"
-            "<p class='muted'>Bold: best value in its column. Latencies over finished requests. Mean batch: sequences "
+    def table(keys: list[tuple[str, str]], counts: bool) -> str:
+        head = "".join(f"<th>{html.escape(_head(k))}</th>" for k, _ in keys)
+        rows = []
+        for label, m in policies.iterrows():
+            cells = []
+            for key, fmt in keys:
+                v = m.get(key)
+                mark = ' class="best" title="best in this column"' if key in best and v == best[key] else ""
+                cells.append(f"<td{mark}>{_fmt(fmt, v)}</td>")
+            if counts:
+                cells.append("<td>" + " / ".join(_fmt("{:,}", m.get(k)) for k in
+                                                 ("num_finished", "num_rejected", "num_unfinished")) + "</td>")
+            rows.append(f"<tr><td>{html.escape(str(label))}</td>{''.join(cells)}</tr>")
+        tail = "<th>finished / rejected / unfinished</th>" if counts else ""
+        return (f"<div class='wide'><table class='summary'><thead><tr><th>policy</th>{head}{tail}</tr></thead>"
+                f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+    return (table(HEADLINE[:HEADLINE_SPLIT], False) + table(HEADLINE[HEADLINE_SPLIT:], True)
+            + "<p class='muted'>Bold: best value in its column. Latencies over finished requests. Mean batch: sequences "
             "per step, every step counted; mean decode batch: sequences decoding per step, over the steps that decode; "
             "mean running requests: requests holding KV cache, averaged over the run's duration. KV in token states: "
             "time-weighted share of the KV pool holding computed K/V (summary.json).</p>")
@@ -177,8 +185,8 @@ def decomposition_table(decomp: dict) -> str:
         rows.append(f"<tr><td><b>total</b></td><td class='muted'>unchanged: {esc(unchanged)}</td>"
                     + "".join(f"<td><b>{_num(t['total'].get(m), True)}</b></td>" for m in metrics) + "</tr>")
     n = decomp.get("num_intermediate_runs", 0)
-    return (f"<table><thead><tr><th>policy</th><th>step</th><th>settings changed</th>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>"
+    return (f"<div class='wide'><table><thead><tr><th>policy</th><th>step</th><th>settings changed</th>{head}</tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
             f"<p class='muted'>Each policy is reached from {esc(base)} one knob at a time (batching, reservation, "
             "paged allocation, prefill, block size, then any other setting); every intermediate policy ran on the "
             "same requests. Under each value: the step's share of the difference (and its percentage of the "
@@ -242,8 +250,10 @@ def scenario_block(run: RunTables) -> str:
     ]
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items)
     desc = s.get("description")
-    name = html.escape(str(s.get("name", run.label)))
-    return (f"<h3>{name} <span class='muted'>({html.escape(run.label)})</span></h3>"
+    name = str(s.get("name", run.label))
+    # the folder's label only where it says more than the name (runs compared side by side are labelled by it)
+    label = f" <span class='muted'>(folder {html.escape(run.label)})</span>" if run.label != name else ""
+    return (f"<h3>{html.escape(name)}{label}</h3>"
             + (f"<p class='muted'>{html.escape(str(desc))}</p>" if desc else "") + f"<dl>{rows}</dl>")
 
 
@@ -302,8 +312,10 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                 "tokens, the paper's metric) (requests.parquet).",
                 figures.latency_cdfs(requests, colors) if finished else None, "no request finished"),
         Section("Throughput and preemptions over time",
-                "Tokens sampled, requests finished and sequences preempted per second, in each time bin "
-                "(timeline.parquet).", figures.throughput_timeline(timeline, colors) if timeline is not None else None,
+                "Tokens sampled, requests finished and sequences preempted per second: thick lines are a rolling "
+                f"mean over {figures.ROLLING_BINS} time bins (the window's count over its width, centred; the "
+                "subtitle gives the window in seconds), faint lines each bin. The preemptions panel is left out "
+                "when no policy preempted (timeline.parquet).", figures.throughput_timeline(timeline, colors) if timeline is not None else None,
                 no_bins),
     ]
     if figures.shares_blocks(timeline):
@@ -389,7 +401,7 @@ def capacity_table(capacity: pd.DataFrame) -> str:
             none = key == "sustainable_request_rate" and (v is None or v != v)
             cells.append("none" if none else _fmt(fmt, v))
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
 
 
 def ratio_table(capacity: pd.DataFrame) -> str:
@@ -412,8 +424,8 @@ def ratio_table(capacity: pd.DataFrame) -> str:
             cells.append(bound + _fmt("{:.2f}×", means[p] / means[q]) if ok and p != q else "-")
         rows.append(f"<tr><td>{html.escape(p)}</td><td>{'≥ ' if p in above else ''}{_fmt('{:.4g}', means[p])}</td>"
                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f"<table><thead><tr><th>policy</th><th>mean sustainable req/s</th>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table><p class='muted'>Row ÷ column: how many times the column "
+    return (f"<div class='wide'><table><thead><tr><th>policy</th><th>mean sustainable req/s</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div><p class='muted'>Row ÷ column: how many times the column "
             "policy's sustainable rate (mean over seeds) the row policy sustains; ≥: the row policy met the SLO at "
             "the highest rate tried, so its capacity is higher; none counts as missing.</p>")
 
@@ -521,5 +533,5 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
         raise ResultsError(f"{', '.join(map(str, paths))}: the result files are not as sim run writes them; cannot "
                            f"draw the report ({e.__class__.__name__}: {str(e)[:120]})") from None
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render(runs), encoding="utf-8")
+    target.write_text(page, encoding="utf-8")
     return target

@@ -126,18 +126,36 @@ def test_timelines_downsample_long_runs_and_say_so():
     assert "downsampled" in fig.layout.title.subtitle.text
 
 
-def test_throughput_timeline_draws_rates_per_bin():
-    t = pd.concat([timeline_table("a", 10, bin_s=2.0), timeline_table("b", 10, seed=3)])
-    fig = figures.throughput_timeline(t, figures.policy_colors(["a", "b"]))
-    assert len(fig.data) == 6 and [tr.name for tr in fig.data[:3]] == ["a"] * 3
-    assert np.allclose(fig.data[0].y, t.num_sampled[:10] / 2.0)
-    assert np.allclose(fig.data[2].y, t.num_preempted[:10] / 2.0)
+def test_throughput_timeline_draws_rolling_means_over_faint_bins():
+    t = pd.concat([timeline_table("a", 40, bin_s=2.0), timeline_table("b", 40, seed=3)])
+    fig = figures.throughput_timeline(t, figures.policy_colors(["a", "b"]), bins=5)
+    assert len(fig.data) == 12 and [tr.name for tr in fig.data[:6]] == ["a"] * 6  # per panel: raw bins, mean
+    a = t[t.policy == "a"].reset_index(drop=True)
+    raw, mean = fig.data[0], fig.data[1]
+    assert raw.opacity < 0.5 and raw.hoverinfo == "skip" and not raw.showlegend and mean.showlegend
+    assert np.allclose(raw.y, a.num_sampled / 2.0)
+    # the rolling mean: the window's count over its width (5 bins centred; 3 at the edges)
+    assert np.isclose(mean.y[10], a.num_sampled[8:13].sum() / 10.0)
+    assert np.isclose(mean.y[0], a.num_sampled[:3].sum() / 6.0)
+    assert np.allclose(fig.data[4].y, a.num_preempted / 2.0)
     assert_units(fig)
     assert [fig.layout[f"yaxis{i}"].title.text for i in ("", 2, 3)] == \
         ["output tokens/s", "finished requests/s", "preemptions/s"]
-    assert "no policy preempted" not in fig.layout.title.subtitle.text
+    assert "rolling mean over 5 bins (10 s; b: 5 s)" in fig.layout.title.subtitle.text
+    assert not fig.layout.annotations or all("no preemptions" not in a.text for a in fig.layout.annotations)
     quiet = figures.throughput_timeline(t.assign(num_preempted=0.0), {"a": "#000", "b": "#111"})
-    assert "no policy preempted" in quiet.layout.title.subtitle.text
+    assert len(quiet.data) == 8 and "yaxis3" not in quiet.layout.to_plotly_json()  # no empty preemptions axis...
+    assert any(a.text.startswith("no preemptions") for a in quiet.layout.annotations)  # ...it says so
+
+
+def test_policy_colours_are_not_memory_class_colours():
+    colours = set(figures.policy_colors([f"p{i}" for i in range(20)]).values())
+    assert len(colours) == 20 and not colours & {c.lower() for c in figures.MEMORY_COLORS.values()}
+
+
+def test_log_axes_label_powers_of_ten_only():
+    assert figures._log_ticks([3.0, 40.0, 2000.0])["dtick"] == 1
+    assert figures._log_ticks([3.0, 9.0]) == {}  # under a decade and a half: plotly's own labels
 
 
 # ------------------------------------------------------------------------------------------- address space

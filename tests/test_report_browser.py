@@ -118,7 +118,7 @@ def test_quickstart_report_renders_in_chromium(browser, tmp_path):
     state = open_report(browser, report, tmp_path / "quickstart.png")
     errors = console_errors(browser)
     assert not errors, errors
-    assert_rendered(state, 5)
+    assert_rendered(state, 6)  # with the decomposition's figure (sim run decomposes the quickstart)
     titles = [f["title"] for f in state]
     assert any("where it goes" in t for t in titles) and any("address space" in t for t in titles)
     breakdown = next(f for f in state if "where it goes" in f["title"])

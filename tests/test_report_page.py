@@ -53,13 +53,13 @@ def test_page_inlines_plotly_once_and_every_figure(small_run):
     titles = [s["layout"]["title"]["text"] for s in specs]
     assert titles == ["KV cache memory: where it goes", "What each knob explains: difference from orca-oracle",
                       "KV cache memory, batch size and queue over time",
-                      "KV address space at the busiest moment", "Latency distributions (finished requests)",
+                      "KV address space, each policy at its own busiest moment", "Latency distributions (finished requests)",
                       "Throughput and preemptions over time"]
     assert all("template" not in s["layout"] for s in specs) and page.count("const KVSIM_TEMPLATE") == 1
     assert "Orca (Oracle), paper" in json.dumps(specs[0])  # OPT-13B, Alpaca-like, Poisson: one of the paper's
     assert "14,720 tokens = 11.23 GiB (12.06 GB)" in page
     table = page[page.index("<h2>Summary</h2>"):page.index("<h2>Decomposition")]
-    assert table.count("<tr>") == 3 and 'class="best"' in table
+    assert table.count("<tr>") == 6 and 'class="best"' in table  # two tables (each fits 900 px), 2 policies
     decomposition = page[page.index("<h2>Decomposition"):page.index("<h2>Figures</h2>")]
     assert "+ paged allocation = vllm" in decomposition and "allocator.kind: contiguous → paged" in decomposition
 
