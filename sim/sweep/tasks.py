@@ -1,0 +1,75 @@
+"""Tasks: one point and one policy as a resolved scenario mapping, keyed by a hash of what decides its
+results (so a second run finds finished tasks again)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.config import Scenario
+
+@dataclass(frozen=True)
+class Task:
+    """One simulation: a scenario with a single policy, resolved (absolute paths), and its key."""
+
+    key: str
+    policy: str
+    scenario: dict  # the resolved scenario mapping, as a worker parses it
+
+    def payload(self) -> dict:
+        return {"key": self.key, "policy": self.policy, "scenario": self.scenario}
+
+
+def _kvsim_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvsim")
+    except PackageNotFoundError:
+        return "source"
+
+
+def _file_stamp(path: Path) -> list:
+    """What identifies an input file's contents cheaply: its absolute path, size and modification time."""
+    p = path.resolve()
+    try:
+        st = p.stat()
+        return [str(p), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [str(p), None, None]
+
+
+def resolved_mapping(scenario: Scenario) -> tuple[dict, list]:
+    """The scenario as a mapping a worker anywhere can parse back to the same scenario: relative paths
+    made absolute, a length preset kept by name (not also as its distributions), per-step records off
+    (a sweep keeps summaries only). Also the stamps of the files it reads."""
+    data = scenario.model_dump(mode="json")
+    data["record_steps"] = False
+    files = []
+    w = data["workload"]
+    if w.get("kind", "synthetic") == "synthetic":
+        if w.get("lengths"):
+            w.pop("prompt", None)
+            w.pop("output", None)
+    else:
+        path = scenario.resolve_path(w["path"]).resolve()
+        w["path"] = str(path)
+        files.append(_file_stamp(path))
+    if data["model"].endswith(".json"):
+        path = scenario.resolve_path(data["model"]).resolve()
+        data["model"] = str(path)
+        files.append(_file_stamp(path))
+    return data, files
+
+
+def make_task(scenario: Scenario, policy_index: int) -> Task:
+    """The task running one policy of ``scenario``; keyed by a hash of what decides its results (not
+    the scenario's name or description)."""
+    data, files = resolved_mapping(scenario)
+    data["policies"] = [data["policies"][policy_index]]
+    keyed = {k: v for k, v in data.items() if k not in ("name", "description")}
+    blob = json.dumps({"scenario": keyed, "files": files, "kvsim": _kvsim_version()}, sort_keys=True,
+                      separators=(",", ":"))
+    return Task(hashlib.sha256(blob.encode()).hexdigest()[:24], data["policies"][0]["name"], data)
