@@ -234,6 +234,8 @@ def check_scenario(scenario_path: str | Path) -> list[str]:
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
     pools = {name: r.pool for name, r in resolved.items()}
+    for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)
+        model_executor(scenario, model, gpu, resolved[policy.name], requests)
 
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
