@@ -14,16 +14,20 @@ def _why(e: OSError) -> str:
 
 
 def out_dir(path: str | Path, what: str = "--out") -> Path:
-    """An output folder: created if missing; an existing file, or a place that cannot be written, is an error."""
+    """An output folder that exists or can be created (nothing is created here: a run that stops on bad
+    input leaves nothing behind); an existing file, or a place that cannot be written, is an error."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ScenarioError(f"{what} {p}: exists and is not a folder (give a folder for the results)")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ScenarioError(f"{what} {p}: cannot create the folder ({_why(e)})") from None
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ScenarioError(f"{what} {p}: the folder is not writable")
+    base = p
+    while not base.exists():  # the nearest existing folder above must be a writable folder
+        if base.parent == base:
+            break
+        base = base.parent
+    if base.exists() and not base.is_dir():
+        raise ScenarioError(f"{what} {p}: cannot create the folder ({base} is a file)")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{what} {p}: cannot create or write the folder ({base} is not writable)")
     return p
 
 
