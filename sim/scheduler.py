@@ -513,7 +513,11 @@ class Scheduler:
             return  # members out of step (one was preempted alone): no reselection this step
         rng, w = g.rng, len(live)
         parents = [j if rng.random() < g.keep_probability else rng.randrange(w) for j in range(w)]
-        moves = [(live[j], live[p]) for j, p in enumerate(parents) if p != j]
+        # NOTE: a beam takes over another's history only when both hold as many tokens: one that was
+        # preempted alone and recomputed can come back a few tokens behind, and a history of another
+        # length would not fit its counts (found by tests/test_policy_combinations.py)
+        moves = [(live[j], live[p]) for j, p in enumerate(parents)
+                 if p != j and live[p].num_computed_tokens == live[j].num_computed_tokens]
         if moves:
             copies = self.kv.reassign(moves)
             self._pending_slot_copies.extend(copies)

@@ -176,7 +176,12 @@ class SharedPagedKv(PagedKv):
 
     def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
         revived = sum(1 for b in hits if self.pool.ref_cnt[b] == 0)  # cached blocks now in the free queue
-        need = blocks_for(len(hits) * self.block_size + num_new, self.block_size) - len(hits)
+        # NOTE: a sequence swapped back in (or recomputed) brings its computed tokens: they need blocks too
+        # (counting only the new tokens admitted it into a pool that could not hold it: "allocate(n) with m")
+        held = max(seq.num_computed_tokens, len(hits) * self.block_size)
+        need = max(0, blocks_for(held + num_new, self.block_size) - len(seq.block_table) - len(hits))
+        if not hits:
+            need += self._needs_copy(seq, num_new)
         return self.pool.can_allocate(need + revived, admission=True)
 
     def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
