@@ -283,7 +283,9 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     out["kv_capacity_tokens"] = int(capacity_tokens)
     total = mem_slot_seconds.sum()
     for name, v in zip(MEMORY_CLASSES, mem_slot_seconds):
-        out[f"memory.{name}"] = float(v / total) if total > 0 else math.nan
+        # a run that held no memory for any time (every request rejected, or no time elapsed): the whole
+        # pool was free, so the shares still sum to 1 (free = 1, every other class 0)
+        out[f"memory.{name}"] = float(v / total) if total > 0 else float(name == "free")
     out["busy_fraction"] = step_seconds / duration_s if duration_s > 0 else math.nan
     out = {k: _nan_to_none(v) for k, v in out.items()}
     if sharing is not None:

@@ -190,6 +190,18 @@ def test_requests_that_can_never_fit_are_rejected_not_hung(make_scenario, tmp_pa
             assert list(df.loc[[0, 3], "status"]) == ["finished"] * 2, name
 
 
+def test_all_rejected_run_reports_the_whole_pool_free(make_scenario, tmp_path):
+    """Every request rejected: no memory was ever held, and the memory shares are still fractions that
+    sum to 1 (the whole pool free), not nulls."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,3000,10\n0.5,3000,10\n")
+    r = run(make_scenario(workload={"kind": "table", "path": str(p)}, policies=["vllm", "fastertransformer"]))
+    for name, res in r.policies.items():
+        m = res.summary
+        assert m["num_rejected"] == m["num_requests"] == 2, name
+        assert [m[f"memory.{c}"] for c in MEMORY_CLASSES] == [0.0, 0.0, 0.0, 0.0, 1.0], name
+
+
 def test_model_that_does_not_fit_the_gpu_is_a_scenario_error(make_scenario):
     from sim.config import ScenarioError
 
