@@ -454,6 +454,14 @@ StepTime = Annotated[Union[RooflineConfig, ProfileConfig], Field(discriminator="
 StepTimeAdapter = TypeAdapter(StepTime)
 
 
+def _roofline_by_default(data: Any) -> Any:
+    """A step_time mapping without ``kind`` is the roofline's (as the default is), so a sweep axis such as
+    ``step_time.engine`` works on a base scenario that never wrote a step_time block."""
+    if isinstance(data, dict) and "kind" not in data:
+        return {**data, "kind": "roofline"}
+    return data
+
+
 class Scenario(Strict):
     name: str = Field(min_length=1)
     description: str = ""
@@ -466,7 +474,7 @@ class Scenario(Strict):
     workload: Annotated[Workload, BeforeValidator(_default_kind)]
     policies: list[Policy] = Field(min_length=1)
     sampling: Sampling | None = Field(None, description="parallel samples or beam search for every request")
-    step_time: StepTime = RooflineConfig()
+    step_time: Annotated[StepTime, BeforeValidator(_roofline_by_default)] = RooflineConfig()
     horizon_s: Seconds | None = Field(None, description="stop the simulation here; later requests are unfinished")
     startup_s: Real = Field(0.0, ge=0, le=1e6, description="the server starts serving this long after t = 0 "
                              "(a freshly started server's warm-up, for benchmarks that send requests at once)")

@@ -105,3 +105,16 @@ def test_bad_options(tmp_path, args, expect):
     p.write_text(BASE + "axes: {seed: [0]}\n")
     r = runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "out"), *args])
     assert r.exit_code == 2 and expect in r.output, r.output
+
+
+def test_a_step_time_axis_on_a_base_without_step_time(tmp_path):
+    """step_time.<field> as an axis: the roofline's field, though the base never wrote a step_time block."""
+    p = tmp_path / "s.yaml"
+    p.write_text(BASE.replace("  policies: [vllm]", "  policies: [vllm]") +
+                 "axes: {step_time.paged_block_cost_tokens: [0, 3.68]}\n")
+    r = runner.invoke(app, ["sweep", str(p), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])
+    assert r.exit_code == 0, r.output
+    import pandas as pd
+
+    t = pd.read_parquet(tmp_path / "out" / "sweep.parquet")
+    assert sorted(set(t["step_time.paged_block_cost_tokens"])) == [0, 3.68]  # two policies per value
