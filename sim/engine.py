@@ -99,6 +99,9 @@ class Engine:
             sharing = SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
         req, steps, timeline, summary = self.rec.results(float(r.arrival_s[0]) if len(r) else 0.0, self._end_s,
                                                          sharing)
+        if r.beyond_horizon:  # requests that would arrive at or after the horizon were never generated
+            summary["num_requests"] += r.beyond_horizon
+            summary["num_unfinished"] += r.beyond_horizon
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
 
     def _admit_arrivals(self, now: float) -> None:

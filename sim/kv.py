@@ -91,34 +91,51 @@ class BlockPool:
     the tables); allocation takes from the head of the queue, freeing appends to the tail, so the
     allocation order is deterministic. ``watermark_blocks`` stay free on admission.
 
-    NOTE: the queue is a list with a moving head (``_queue[_head:]`` is free), so taking n blocks is one
-    slice rather than n pops; the consumed prefix is dropped once it outgrows the rest."""
+    The queue is ``[_fresh, num_blocks)`` (blocks never handed out yet, in id order) followed by the
+    freed ids ``_queue[_head:]``: memory follows the blocks ever used, not the pool's size (an H200
+    holds tens of millions of blocks of a small model). Same order as one list ``range(num_blocks)``
+    with freed ids appended. NOTE: the freed part is a list with a moving head, so taking n blocks is
+    one slice rather than n pops; the consumed prefix is dropped once it outgrows the rest."""
 
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
-        self._queue: list[int] = list(range(num_blocks))
+        self._fresh = 0  # blocks [_fresh, num_blocks) were never allocated: the head of the queue
+        self._queue: list[int] = []
         self._head = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._queue) - self._head
+        return self.num_blocks - self._fresh + len(self._queue) - self._head
 
     @property
     def free_blocks(self) -> list[int]:
-        """The free block ids, next to be allocated first."""
-        return self._queue[self._head:]
+        """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
+        return list(range(self._fresh, self.num_blocks)) + self._queue[self._head:]
+
+    def free_state(self) -> tuple[list[int], int]:
+        """The free blocks compactly: (freed ids, first never-allocated id); ids from the latter to
+        ``num_blocks`` are free too."""
+        return self._queue[self._head:], self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= len(self._queue) - self._head - (self.watermark_blocks if admission else 0)
+        return n <= self.num_blocks - self._fresh + len(self._queue) - self._head - (
+            self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
+        f = self._fresh
+        fresh = self.num_blocks - f
+        if n <= fresh:
+            self._fresh = f + n
+            return list(range(f, f + n))
         h = self._head
-        if n > len(self._queue) - h:
-            raise RuntimeError(f"allocate({n}) with {len(self._queue) - h} free blocks")
-        self._head = h + n
-        return self._queue[h:h + n]
+        if n > fresh + len(self._queue) - h:
+            raise RuntimeError(f"allocate({n}) with {fresh + len(self._queue) - h} free blocks")
+        k = n - fresh
+        self._fresh = self.num_blocks
+        self._head = h + k
+        return list(range(f, f + fresh)) + self._queue[h:h + k] if fresh else self._queue[h:h + k]
 
     def free(self, block_ids: list[int]) -> None:
         if self._head > len(self._queue) // 2:
@@ -408,12 +425,12 @@ class PagedKv:
     def capture(self, seqs: list) -> tuple:
         """A cheap copy of who holds what, to draw the address space later (see ``segments``)."""
         return ([(tuple(s.block_table), s.num_computed_tokens, s.max_kv_tokens) for s in seqs],
-                self.pool.free_blocks)
+                self.pool.free_state())
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
         """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES."""
         B = self.block_size
-        tables, free = captured
+        tables, (free, fresh) = captured
         segs: list[tuple[int, int, int]] = []
         for table, filled, max_kv in tables:
             cap = min(len(table) * B, max_kv)
@@ -424,6 +441,7 @@ class PagedKv:
                 _fill_runs(b * B, f, r, B, segs)
         idle = SLOT_EXTERNAL if blocked else SLOT_FREE
         segs.extend((b * B, B, idle) for b in free)
+        segs.append((fresh * B, (self.pool.num_blocks - fresh) * B, idle))  # never allocated: one run
         return _merge_segments(segs)
 
     def add_blocks(self, seqs: list) -> None:

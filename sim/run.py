@@ -67,6 +67,7 @@ class RunResult:
             "max_prompt_tokens": int(r.prompt_tokens.max()) if n else None,
             "max_output_tokens": int(r.output_tokens.max()) if n else None,
             "dropped_rows": dict(r.dropped),
+            "num_beyond_horizon": r.beyond_horizon,  # not generated; each policy counts them unfinished
             "truncated_requests": dict(r.truncated),
         }
 

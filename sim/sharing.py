@@ -41,6 +41,13 @@ def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, pro
     return out
 
 
+class _Counts(dict):
+    """Reference counts of the held blocks only; a block no one holds reads 0."""
+
+    def __missing__(self, b: int) -> int:
+        return 0
+
+
 class SharedBlockPool:
     """Reference-counted blocks with an automatic prefix cache (vLLM v1's design); the same interface as
     ``kv.BlockPool`` (``num_free``, ``free_blocks``, ``can_allocate``, ``allocate``, ``free``) plus
@@ -55,35 +62,52 @@ class SharedBlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
-        self.ref_cnt = [0] * num_blocks
-        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.key: list[tuple | None] = [None] * num_blocks  # (hash, identity, parent block) when cached
+        # Compact: memory follows the blocks ever used, not the pool's size. The free queue is the blocks
+        # never handed out, [_fresh, num_blocks) in id order, then ``queue`` (freed ones, least recently
+        # freed first) -- the same order as one queue of range(num_blocks) with freed ids appended.
+        self.ref_cnt = _Counts()  # block -> holders (0 when absent)
+        self._fresh = 0
+        self.queue: OrderedDict[int, None] = OrderedDict()
+        self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block) while cached
         self.cache: dict[int, int] = {}  # hash -> block
         self.num_evicted = 0
 
     @property
     def num_free(self) -> int:
-        return len(self.queue)
+        return self.num_blocks - self._fresh + len(self.queue)
 
     @property
     def free_blocks(self) -> list[int]:
-        return list(self.queue)
+        """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
+        return list(range(self._fresh, self.num_blocks)) + list(self.queue)
+
+    def free_state(self) -> tuple[list[int], int]:
+        """The free blocks compactly: (freed ids, first never-allocated id), as ``kv.BlockPool``'s."""
+        return list(self.queue), self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= len(self.queue) - (self.watermark_blocks if admission else 0)
+        return n <= self.num_blocks - self._fresh + len(self.queue) - (self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self.queue):
-            raise RuntimeError(f"allocate({n}) with {len(self.queue)} free blocks")
-        out = []
-        q, ref, key = self.queue, self.ref_cnt, self.key
-        for _ in range(n):
+        f = self._fresh
+        fresh = self.num_blocks - f
+        if n > fresh + len(self.queue):
+            raise RuntimeError(f"allocate({n}) with {fresh + len(self.queue)} free blocks")
+        ref = self.ref_cnt
+        k = min(n, fresh)  # never-used blocks first: no holder, no key
+        out = list(range(f, f + k))
+        self._fresh = f + k
+        for b in out:
+            ref[b] = 1
+        if k == n:
+            return out
+        q, key = self.queue, self.key
+        for _ in range(n - k):
             b, _ = q.popitem(last=False)
-            if key[b] is not None:  # evict: the least recently freed cached block goes first
-                h = key[b][0]
-                if self.cache.get(h) == b:
-                    del self.cache[h]
-                key[b] = None
+            kb = key.pop(b, None)
+            if kb is not None:  # evict: the least recently freed cached block goes first
+                if self.cache.get(kb[0]) == b:
+                    del self.cache[kb[0]]
                 self.num_evicted += 1
             ref[b] = 1
             out.append(b)
@@ -92,8 +116,11 @@ class SharedBlockPool:
     def free(self, block_ids: list[int]) -> None:
         ref, q = self.ref_cnt, self.queue
         for b in reversed(block_ids):
-            ref[b] -= 1
-            if ref[b] == 0:
+            c = ref[b] - 1
+            if c:
+                ref[b] = c
+            else:
+                del ref[b]
                 q[b] = None
 
     def incref(self, b: int) -> None:
@@ -109,7 +136,7 @@ class SharedBlockPool:
         return b if ident == identity and par == parent else None  # a collision is a miss
 
     def register(self, b: int, h: int, identity, parent: int | None) -> None:
-        if self.key[b] is None and h not in self.cache:
+        if b not in self.key and h not in self.cache:
             self.key[b] = (h, identity, parent)
             self.cache[h] = b
 

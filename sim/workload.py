@@ -72,6 +72,7 @@ class RequestTable:
     prefix_hashes: PrefixHashes | None = None
     session_id: np.ndarray | None = None
     truncated: dict[str, int] = field(default_factory=dict)
+    beyond_horizon: int = 0  # generated workloads: requests arriving at or after the horizon, not materialised
 
     def __post_init__(self) -> None:
         self.arrival_s = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
@@ -164,33 +165,79 @@ def _gaps(arrival: Poisson | Gamma, n: int, rng: np.random.Generator) -> np.ndar
     return rng.gamma(shape, 1.0 / (arrival.rate * shape), size=n)
 
 
+_CHUNK = 1 << 20  # draws per chunk: generating holds O(requests kept + one chunk), never the whole stream
+MAX_GENERATED = 10**8  # the bound on num_requests, and on the expected count of a duration_s workload
+
+
+def _skip_lengths(dist: Fixed | Uniform | LogNormal, n: int, rng: np.random.Generator) -> None:
+    """Advance ``rng`` past ``n`` draws of ``dist`` without keeping them (chunk by chunk)."""
+    while n > 0:
+        k = min(n, _CHUNK)
+        sample_lengths(dist, k, rng)
+        n -= k
+
+
 def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_requests: int | None,
-                  duration_s: float | None) -> np.ndarray:
-    """Arrival times starting at 0: the first request arrives at t = 0, then gaps of the process."""
+                  duration_s: float | None, horizon_s: float | None = None) -> tuple[np.ndarray, int, int]:
+    """Arrival times starting at 0: the first request arrives at t = 0, then gaps of the process.
+
+    Returns (the arrivals before ``horizon_s``, the workload's request count, how many of them arrive at
+    or after the horizon). Those are never materialised: with ``num_requests`` every gap is still drawn
+    (chunk by chunk, so the random stream -- and every kept request -- is the same as without a
+    horizon) and counted; with ``duration_s`` alone the workload ends at the horizon."""
+    horizon = math.inf if horizon_s is None else horizon_s
     if num_requests is not None:
-        t = np.concatenate(([0.0], np.cumsum(_gaps(arrival, num_requests - 1, rng))))
-        return t if duration_s is None else t[t < duration_s]
+        end = math.inf if duration_s is None else duration_s
+        kept: list[np.ndarray] = [np.zeros(1)] if 0.0 < horizon else []
+        total, beyond, t0, left = 1, 0 if 0.0 < horizon else 1, 0.0, num_requests - 1
+        while left > 0:
+            k = min(left, _CHUNK)
+            # prepending t0 keeps the sums sequential: the same bits as one cumsum over every gap
+            c = np.cumsum(np.concatenate(([t0], _gaps(arrival, k, rng))))[1:]
+            t0, left = float(c[-1]), left - k
+            if c[0] >= end:
+                continue  # past duration_s: not part of the workload (but the stream is drawn on)
+            c = c[c < end]
+            total += len(c)
+            n_kept = int(np.searchsorted(c, horizon, side="left"))
+            beyond += len(c) - n_kept
+            if n_kept:
+                kept.append(c[:n_kept])
+        return np.concatenate(kept) if kept else np.zeros(0), total, beyond
+    stop = min(duration_s, horizon)
+    expected = arrival.rate * stop
+    if expected > MAX_GENERATED:
+        raise ScenarioError(f"workload.duration_s: {duration_s:g} s at {arrival.rate:g} requests/s is about "
+                            f"{expected:.3g} requests{' before the horizon' if horizon < duration_s else ''}, "
+                            f"more than the {MAX_GENERATED:.0e} a run can hold; shorten it or set horizon_s")
     chunks, t0 = [np.zeros(1)], 0.0
-    chunk = max(16, int(arrival.rate * duration_s * 1.1) + 16)
-    while t0 < duration_s:
+    chunk = min(_CHUNK, max(16, int(arrival.rate * stop * 1.1) + 16))
+    while t0 < stop:
         c = t0 + np.cumsum(_gaps(arrival, chunk, rng))
-        chunks.append(c)
+        chunks.append(c[c < stop])
         t0 = float(c[-1])
     t = np.concatenate(chunks)
-    return t[t < duration_s]
+    t = t[t < stop]
+    return t, len(t), 0
 
 
-def generate(w: SyntheticWorkload) -> RequestTable:
+def generate(w: SyntheticWorkload, horizon_s: float | None = None) -> RequestTable:
     """Same workload and seed, same requests: arrivals are drawn first, then prompts, then outputs,
-    then (with shared prefixes) each request's system prompt."""
+    then (with shared prefixes) each request's system prompt. Requests arriving at or after
+    ``horizon_s`` are not generated: the table counts them (``beyond_horizon``) and a run reports them
+    unfinished; the requests kept are the same as without a horizon."""
     rng = np.random.default_rng(w.seed)
-    t = arrival_times(w.arrival, rng, w.num_requests, w.duration_s)
+    t, total, beyond = arrival_times(w.arrival, rng, w.num_requests, w.duration_s, horizon_s)
     n = len(t)
-    prompt, output = sample_lengths(w.prompt, n, rng), sample_lengths(w.output, n, rng)
+    prompt = sample_lengths(w.prompt, n, rng)
+    _skip_lengths(w.prompt, total - n, rng)
+    output = sample_lengths(w.output, n, rng)
+    _skip_lengths(w.output, total - n, rng)
     hashes = None
     if w.shared_prefixes is not None:
         prompt, hashes = with_shared_prefixes(w.shared_prefixes, prompt, rng)
-    return RequestTable(t, prompt, output, source=f"synthetic(seed={w.seed})", prefix_hashes=hashes)
+    return RequestTable(t, prompt, output, source=f"synthetic(seed={w.seed})", prefix_hashes=hashes,
+                        beyond_horizon=beyond)
 
 
 def with_shared_prefixes(sp, prompt: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, PrefixHashes]:
@@ -215,7 +262,7 @@ def load_requests(s: Scenario) -> RequestTable:
     """The scenario's requests: generated, or read from a trace file and transformed."""
     w = s.workload
     if isinstance(w, SyntheticWorkload):
-        return generate(w)
+        return generate(w, s.horizon_s)
     from traces.workload import load_trace  # the trace readers are a separate package
 
     path = s.resolve_path(w.path)

@@ -124,3 +124,35 @@ def test_contiguous_manager_buddy_rounding_is_counted():
     kv.free(s)
     assert (kv.alloc, kv.rounding, kv.capped) == (0, 0, 0)
     assert kv.allocator.free_runs() == [(0, 4096)]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_block_pool_is_compact_and_hands_out_blocks_in_queue_order(shared):
+    """A pool of 10^8 blocks costs nothing until used, and hands out ids exactly as one FIFO queue of
+    range(num_blocks) with freed ids appended at the tail (the order results depend on)."""
+    import random
+    import tracemalloc
+
+    from sim.sharing import SharedBlockPool
+
+    make = SharedBlockPool if shared else BlockPool
+    tracemalloc.start()
+    big = make(10**8, 16)
+    held = big.allocate(1000)
+    big.free(held[:500])
+    assert tracemalloc.get_traced_memory()[1] < 2_000_000 and big.num_free == 10**8 - 500
+    tracemalloc.stop()
+    rng = random.Random(5)
+    pool, ref, held = make(64, 16), list(range(64)), []
+    for _ in range(2000):
+        if held and rng.random() < 0.5:
+            out = held.pop(rng.randrange(len(held)))
+            pool.free(out)
+            ref.extend(reversed(out) if shared else out)  # the shared pool queues a table tail first
+        else:
+            n = rng.randint(0, len(ref))
+            assert pool.allocate(n) == ref[:n]
+            held.append(ref[:n])
+            del ref[:n]
+        assert pool.free_blocks == ref and pool.num_free == len(ref)
+        assert pool.can_allocate(len(ref)) and not pool.can_allocate(len(ref) + 1)

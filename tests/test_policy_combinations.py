@@ -34,7 +34,7 @@ def check_invariants(sched: Scheduler) -> None:
         if hasattr(pool, "ref_cnt"):  # shared blocks: a block's count is its holders, a free one is queued
             for b, n in holders.items():
                 assert pool.ref_cnt[b] == n, f"block {b}: ref_cnt {pool.ref_cnt[b]} vs {n} holders"
-            assert sum(1 for c in pool.ref_cnt if c > 0) == len(holders)
+            assert sum(1 for c in pool.ref_cnt.values() if c > 0) == len(holders)
             assert len(holders) + pool.num_free == pool.num_blocks
         else:
             assert max(holders.values(), default=1) == 1, "a block has two owners"

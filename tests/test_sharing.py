@@ -25,9 +25,13 @@ def check_pool(kv: SharedPagedKv, seqs) -> None:
     """Reference counts equal holders; the free queue holds exactly the unheld blocks; a cached block
     is findable only under its own key; memory accounting is physical."""
     pool, h = kv.pool, holders(seqs)
+    free = pool.free_blocks
+    assert len(free) == len(set(free)) == pool.num_free
+    free = set(free)
     for b in range(pool.num_blocks):
         assert pool.ref_cnt[b] == h.get(b, 0), f"block {b}: ref {pool.ref_cnt[b]} vs {h.get(b, 0)} holders"
-        assert (b in pool.queue) == (h.get(b, 0) == 0)
+        assert (b in free) == (h.get(b, 0) == 0)
+    assert set(pool.ref_cnt) == set(h), "the counts hold exactly the held blocks"
     for hsh, b in pool.cache.items():
         assert pool.key[b] is not None and pool.key[b][0] == hsh
     assert kv.alloc == len(h) * kv.block_size

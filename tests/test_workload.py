@@ -75,3 +75,40 @@ def test_table_replay_and_its_errors(tmp_path, make_scenario):
             load(text)
     with pytest.raises(ScenarioError, match="no such trace file"):
         load_requests(make_scenario(workload={"kind": "table", "path": str(tmp_path / "missing.csv")}))
+
+
+@pytest.mark.parametrize("kw", [{}, {"duration_s": 150.0}, {"lengths": None, "prompt": {"kind": "uniform", "low": 1, "high": 90},
+                                                          "output": {"kind": "fixed", "tokens": 5}}])
+def test_horizon_keeps_the_same_requests_and_counts_the_rest(kw, monkeypatch):
+    """Requests arriving at or after the horizon are not generated, only counted; the ones kept are
+    bit-identical to the same workload without a horizon (the random stream is drawn on, in chunks)."""
+    import sim.workload as W
+
+    monkeypatch.setattr(W, "_CHUNK", 37)  # many chunks: chunk borders must not change a single bit
+    full = generate(wl(**kw))
+    cut = generate(wl(**kw), horizon_s=60.0)
+    k = int(np.searchsorted(full.arrival_s, 60.0, side="left"))
+    assert 0 < k < len(full) and len(cut) == k and cut.beyond_horizon == len(full) - k
+    for col in ("arrival_s", "prompt_tokens", "output_tokens"):
+        assert np.array_equal(getattr(cut, col), getattr(full, col)[:k]), col
+
+
+def test_memory_follows_the_horizon_not_the_request_count(make_scenario):
+    """10^6 requests and a 1 s horizon: a couple of requests are materialised, the rest counted as
+    unfinished, and the accounting identity holds over all of them."""
+    from sim import run
+
+    s = make_scenario(horizon_s=1.0, policies=["vllm"],
+                      workload={"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "sharegpt",
+                                "num_requests": 10**6, "seed": 0})
+    r = run(s)
+    assert len(r.requests) < 20 and r.requests.beyond_horizon == 10**6 - len(r.requests)
+    m = r.policies["vllm"].summary
+    assert m["num_requests"] == 10**6 == m["num_finished"] + m["num_rejected"] + m["num_unfinished"]
+    assert len(r.policies["vllm"].requests) == len(r.requests)
+
+
+def test_a_duration_beyond_what_a_run_can_hold_is_refused():
+    with pytest.raises(ScenarioError, match="workload.duration_s: 1e.09 s .* more than"):
+        generate(wl(num_requests=None, duration_s=1e9))
+    assert len(generate(wl(num_requests=None, duration_s=1e9), horizon_s=10.0)) < 60  # bounded by the horizon

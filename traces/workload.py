@@ -40,7 +40,7 @@ def sample(t: RequestTable, fraction: float, rng: np.random.Generator) -> Reques
 
 def retime(t: RequestTable, arrival: Poisson | Gamma, rng: np.random.Generator) -> RequestTable:
     """New arrivals from the process (the first at 0); lengths, hashes and sessions stay in order."""
-    return t.replace(arrival_s=arrival_times(arrival, rng, len(t), None) if len(t) else t.arrival_s)
+    return t.replace(arrival_s=arrival_times(arrival, rng, len(t), None)[0] if len(t) else t.arrival_s)
 
 
 def truncate(t: RequestTable, max_model_len: int) -> RequestTable:
