@@ -127,12 +127,20 @@ def sweep(
         from sim.outputs import out_dir as checked_dir
 
         out_dir = checked_dir(out_dir) if out_dir is not None else None
+        import signal
+
+        def terminated(signum, frame):  # NOTE: SIGTERM ends a sweep as Ctrl-C does (finished runs kept)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             result, paths = sweep_to_dir(sweep_file, out_dir, executor=executor, workers=workers, address=address,
                                          resume=resume, report=not no_report, console=err)
         except SweepInterrupted as e:
             err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     print_sweep(result, paths, console=out, err_console=err)
     if result.failures:
         raise typer.Exit(1)

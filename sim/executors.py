@@ -100,6 +100,32 @@ class SerialExecutor(Executor):
         self._queue.clear()
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """A worker's start: it ends when the sweep that started it ends, however that ends (SIGKILL too).
+    Linux: the kernel sends SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG); elsewhere, and as a
+    second guard, a daemon thread exits the worker once its parent is gone."""
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (it cancels the pool)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="kvsim-parent-watch").start()
+
+
 class LocalExecutor(Executor):
     """A pool of worker processes on this machine (default: one per core). Workers are spawned, not
     forked: they start clean whatever threads the driver runs (the progress bar has one)."""
@@ -108,7 +134,8 @@ class LocalExecutor(Executor):
 
     def __init__(self, workers: int | None = None) -> None:
         self.slots = workers or os.cpu_count() or 1
-        self._pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=get_context("spawn"))
+        self._pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=get_context("spawn"),
+                                         initializer=_die_with_parent, initargs=(os.getpid(),))
         self._futures: dict[Future, dict] = {}
 
     def submit(self, payload: dict) -> None:

@@ -154,6 +154,10 @@ def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet",
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
+    # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
+    # write, or a stale report, would be read as this run's)
+    for p in [*paths.values(), out / "report.html"]:
+        p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
     frames = {"requests": [], "steps": [], "snapshots": [], "timeline": []}
     for name, res in result.policies.items():

@@ -4,6 +4,8 @@ interleaves grid tasks and capacity searches."""
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +60,7 @@ class PointStore:
         if outcome.error:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{outcome.key}.json.tmp"
+        tmp = self.dir / f".{outcome.key}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # unique: no two writers share it
         tmp.write_text(json.dumps({**outcome.to_json(), "scenario": task.scenario}, allow_nan=False))
         tmp.replace(self.dir / f"{outcome.key}.json")
 

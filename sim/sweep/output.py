@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from sim.config import ScenarioError
 from sim.sweep.capacity import build_searches
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import Sweep, _display, load_sweep
@@ -103,13 +106,41 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
 
     sweep = load_sweep(sweep_path)
     out = Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep")
-    with make_executor(executor, workers=workers, address=address) as ex, \
+    with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
             Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                 transient=True) as bar:
         task_id = bar.add_task(f"{sweep.name} ({ex.name}, {ex.slots} workers)", total=0)
         result = run_sweep(sweep, out, ex, resume=resume, progress=_BarProgress(bar, task_id))
     return result, write_sweep(result, out, executor, report=report)
+
+
+LOCK_FILE = ".sweep.lock"
+
+
+@contextmanager
+def folder_lock(out: Path):
+    """One sweep at a time in a folder: an exclusive lock on ``out/.sweep.lock`` (released by the kernel
+    however the holder ends), holding the holder's pid for the message a second sweep gets."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            other = f.read().strip() or "another process"
+            raise ScenarioError(f"{out}: another sweep is writing to this folder (pid {other}); wait for it, "
+                                f"or give another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        f.close()
 
 
 class _BarProgress(Progress):
