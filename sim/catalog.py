@@ -7,7 +7,6 @@ A model can also be read from a Hugging Face ``config.json``; a GPU can be given
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 

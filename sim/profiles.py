@@ -393,7 +393,7 @@ def _round(x: float) -> float:
 def fit_literal(fit: OperatorFit) -> str:
     """Python source of ``fit``, as pasted into ``sim/catalog.py``."""
     g = fit.gemm
-    lines = [f"OperatorFit(",
+    lines = ["OperatorFit(",
              f"    gemm=GemmFit(launch_s={_round(g.launch_s)!r}, compute_efficiency={_round(g.compute_efficiency)!r}, "
              f"bandwidth_efficiency={_round(g.bandwidth_efficiency)!r}, sharpness={_round(g.sharpness)!r}, "
              f"tile_tokens={_round(g.tile_tokens)!r}),",
@@ -451,13 +451,12 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
     ``fits.json`` (each GPU fitted on all its models)."""
     import json
 
-    from sim.catalog import GPUS
-
     ps = read_profiles(root)
     specs = gpu_specs(ps)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fits = fit_catalog_literals(ps, specs, profile_commit(root))
+    commit = profile_commit(root)
+    fits = fit_catalog_literals(ps, specs, commit)
     loo = leave_one_model_out(ps, specs)
     paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
              "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}

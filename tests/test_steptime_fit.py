@@ -17,7 +17,7 @@ from sim.catalog import GPUS, MODELS, ElementwiseFit, GemmFit, OperatorFit, mode
 from sim.config import RooflineConfig
 from sim.core import StepPlan
 from sim.engines import ENGINES
-from sim.profiles import (ELEMENTWISE_OPS, GEMM_OPS, LAYER_OPS, ProfileError, fit_gpu, layer_ms, predict_ops,
+from sim.profiles import (ELEMENTWISE_OPS, LAYER_OPS, ProfileError, fit_gpu, predict_ops,
                           read_compute_profile, read_profiles, smoothness)
 from sim.steptime import RooflineStepTime, decode_step_ms, steptime_rows
 
@@ -328,3 +328,21 @@ def test_profile_step_time_scales_decode_keys_by_block_size():
     keys_s = 10 * 1000 * 4e-9
     assert at16 - at64 == pytest.approx(keys_s * (1 - (1 + 4 / 64) / (1 + 4 / 16)), rel=1e-9)
     assert ProfileStepTime(coef).step_time_s(_decode_plan(10, 1000, 64, True)) == pytest.approx(at16)
+
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"no measured profiles at {SHARED} (../shared/profiles)")
+def test_profiles_validate_writes_its_tables_and_report(tmp_path):
+    """sim profiles validate end to end on the measured profiles (one GPU's folder, to stay quick)."""
+    root = tmp_path / "vidur"
+    (root / "compute").mkdir(parents=True)
+    (root / "compute" / "a40").symlink_to(SHARED / "compute" / "a40")
+    (root / "COMMIT").write_text((SHARED / "COMMIT").read_text())
+    r = CliRunner().invoke(app, ["profiles", "validate", str(root), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "a40: layer MAPE" in r.output
+    fits = json.loads((tmp_path / "out" / "fits.json").read_text())
+    assert fits["commit"] == (SHARED / "COMMIT").read_text().strip() and "a40" in fits["gpus"]
+    assert (tmp_path / "out" / "report.html").stat().st_size > 100_000
+    r = CliRunner().invoke(app, ["profiles", "fit", str(root)])
+    assert r.exit_code == 0 and "OperatorFit(" in r.output
