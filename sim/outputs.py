@@ -9,10 +9,6 @@ from pathlib import Path
 from sim.config import ScenarioError
 
 
-def _why(e: OSError) -> str:
-    return e.strerror or e.__class__.__name__
-
-
 def out_dir(path: str | Path, what: str = "--out") -> Path:
     """An output folder that exists or can be created (nothing is created here: a run that stops on bad
     input leaves nothing behind); an existing file, or a place that cannot be written, is an error."""
