@@ -113,6 +113,11 @@ def nvml_info(device: torch.device) -> dict:
         "max_memory_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
         "persistence_mode": lambda: nv.nvmlDeviceGetPersistenceMode(h),
     }
+    return _read_fields(fields, out)
+
+
+def _read_fields(fields: dict, out: dict) -> dict:
+    """Each NVML field into ``out``, or why it is unavailable (an older driver lacks some queries)."""
     for k, f in fields.items():
         try:
             out[k] = f()
@@ -139,12 +144,7 @@ def clocks(device: torch.device) -> dict | None:
         "memory_used_bytes": lambda: int(nv.nvmlDeviceGetMemoryInfo(h).used),
     }
     out = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    for k, f in fields.items():
-        try:
-            out[k] = f()
-        except Exception as e:  # noqa: BLE001
-            out[k] = f"unavailable ({e.__class__.__name__})"
-    return out
+    return _read_fields(fields, out)
 
 
 def synchronize(device: torch.device) -> None:

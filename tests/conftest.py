@@ -49,3 +49,32 @@ def shared_trace(rel: str) -> Path:
         pytest.skip(f"trace {rel} not found in {trace_paths.searched(TRACES_DIR)}; real traces live outside the "
                     "project: `sim trace fetch tests` downloads them")
     return p
+
+
+def check_after_every_step(monkeypatch, check) -> dict:
+    """Run ``check(scheduler)`` after every completed step and every span of steps; returns a counter
+    ``{"n": steps checked}``. Wraps the scheduler's own methods (not an earlier wrapper), so calling it
+    again in the same test (hypothesis examples) checks once per step, not once per call."""
+    from sim.scheduler import Scheduler
+
+    orig = Scheduler.__dict__.get("_unchecked_complete", Scheduler.complete)
+    orig_span = Scheduler.__dict__.get("_unchecked_complete_span", Scheduler.complete_span)
+    monkeypatch.setattr(Scheduler, "_unchecked_complete", orig, raising=False)
+    monkeypatch.setattr(Scheduler, "_unchecked_complete_span", orig_span, raising=False)
+    calls = {"n": 0}
+
+    def complete(self, end_s):
+        mem = orig(self, end_s)
+        check(self)
+        calls["n"] += 1
+        return mem
+
+    def complete_span(self, ends):
+        mem = orig_span(self, ends)
+        check(self)
+        calls["n"] += 1
+        return mem
+
+    monkeypatch.setattr(Scheduler, "complete", complete)
+    monkeypatch.setattr(Scheduler, "complete_span", complete_span)
+    return calls

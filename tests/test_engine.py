@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import check_after_every_step
 from sim import run
 from sim.kv import MEMORY_CLASSES
 from sim.scheduler import Scheduler
@@ -99,23 +100,7 @@ def _check_invariants(sched: Scheduler) -> None:
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_invariants_hold_after_every_step(make_scenario, monkeypatch, exact):
-    orig, orig_span = Scheduler.complete, Scheduler.complete_span
-    calls = {"n": 0}
-
-    def complete(self, end_s):
-        mem = orig(self, end_s)
-        _check_invariants(self)
-        calls["n"] += 1
-        return mem
-
-    def complete_span(self, ends):
-        mem = orig_span(self, ends)
-        _check_invariants(self)
-        calls["n"] += 1
-        return mem
-
-    monkeypatch.setattr(Scheduler, "complete", complete)
-    monkeypatch.setattr(Scheduler, "complete_span", complete_span)
+    calls = check_after_every_step(monkeypatch, _check_invariants)
     pols = SIX + RARE_PATHS + [{"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.05},
                                {"preset": "orca-oracle", "name": "ff", "allocator": {"placement": "first-fit"}}]
     r = run(small(make_scenario, rate=20.0, n=120, policies=pols, exact=exact))

@@ -15,6 +15,7 @@ from collections import Counter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from conftest import check_after_every_step
 from sim import run
 from sim.config import ScenarioError
 from sim.scheduler import Scheduler
@@ -69,23 +70,7 @@ def test_policy_combinations_keep_their_invariants(make_scenario, monkeypatch, p
                                  decompose=False, record_steps=False)
     except ScenarioError:
         assume(False)  # an invalid combination is refused up front, as it should be
-    steps = {"n": 0}
-    orig, orig_span = Scheduler.complete, Scheduler.complete_span
-
-    def complete(self, end_s):
-        mem = orig(self, end_s)
-        check_invariants(self)
-        steps["n"] += 1
-        return mem
-
-    def complete_span(self, ends):
-        mem = orig_span(self, ends)
-        check_invariants(self)
-        steps["n"] += 1
-        return mem
-
-    monkeypatch.setattr(Scheduler, "complete", complete)
-    monkeypatch.setattr(Scheduler, "complete_span", complete_span)
+    steps = check_after_every_step(monkeypatch, check_invariants)
     try:
         r = run(scenario)
     except ScenarioError:
