@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sim.schema import COLUMNS, METRICS
+from sim.schema import METRICS, TABLE_COLUMNS
 
 # The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
 # (summary key, format); the head (short label, unit) comes from METRICS. A column that does not fit the
@@ -115,8 +117,8 @@ def capacity_table(capacity, axes: list[str]) -> Table:
     cols = [a for a in axes if a in capacity.columns and capacity[a].nunique(dropna=False) > 1]
     for c in cols + ["policy"]:
         t.add_column(c, no_wrap=True)
-    rate = COLUMNS["sustainable_request_rate"]
-    for head in (f"{rate.short} {rate.unit}", "status", "rates tried", "runs"):
+    sustainable = TABLE_COLUMNS["sustainable_request_rate"]
+    for head in (f"{sustainable.short} {sustainable.unit}", "status", "rates tried", "runs"):
         t.add_column(head, justify="right")
     for _, r in capacity.iterrows():
         rate = r["sustainable_request_rate"]
@@ -144,3 +146,22 @@ def print_sweep(result, paths: dict, console: Console | None = None, err_console
         console.print(f"{key:>13}: {p}", highlight=False)
     for what, error in result.failures:
         err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)
+
+
+def print_replay(summary: dict, paths: dict[str, Path], console: Console) -> None:
+    """After ``sim replay``: closed loop, the summary table of the measured run; open loop, predicted vs
+    measured per policy (from replay.json). Then the files."""
+    info = json.loads(paths["replay"].read_text())
+    where = f"{info['device']}, {info['dtype']}, {info['attention']} attention"
+    if "open_loop" not in info:
+        print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {where})", console=console)
+    else:
+        t = Table(title=f"{summary['scenario']['name']}: the simulation's steps run on {where}")
+        for col in ("policy", "steps", "predicted s", "measured s", "per-step MAPE"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for name, p in info["open_loop"].items():
+            t.add_row(name, f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
+                      f"{p['step_time_mape']:.1%}")
+        console.print(t)
+    for key, p in paths.items():
+        console.print(f"{key:>9}: {p}", highlight=False)

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.paper import PAPER_CITATION, PublishedBreakdown
-from sim.schema import COLUMNS, MEMORY_CLASSES, METRICS, is_result_column
+from sim.schema import MEMORY_CLASSES, METRICS, TABLE_COLUMNS, is_result_column
 from sim.schema import title as _axis_title  # a metric or a known column with its unit; others by their name
 
 MEMORY_LABELS = {
@@ -58,7 +58,7 @@ LABEL_CHARS = 32
 SUBTITLE_CHARS = 100
 
 # the per-request columns the CDFs draw: column, short name, axis title with unit, hover unit (sim.schema)
-CDF_METRICS = tuple((c, COLUMNS[c].short, COLUMNS[c].title, COLUMNS[c].unit)
+CDF_METRICS = tuple((c, TABLE_COLUMNS[c].short, TABLE_COLUMNS[c].title, TABLE_COLUMNS[c].unit)
                     for c in ("ttft_ms", "tpot_ms", "e2el_ms", "normalized_latency_s"))
 
 

@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 from reports import figures
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.schema import COLUMNS, METRICS
+from sim.schema import METRICS, TABLE_COLUMNS
 
 GB = 1e9
 GIB = 1 << 30
@@ -377,7 +377,7 @@ def _slo_caption(runs: Sequence[RunTables]) -> str:
     return " ".join(dict.fromkeys(parts))
 
 
-_RATE = COLUMNS["sustainable_request_rate"]
+_RATE = TABLE_COLUMNS["sustainable_request_rate"]
 CAPACITY_COLUMNS = [  # column, head, format
     ("sustainable_request_rate", f"{_RATE.short} {_RATE.unit}", "{:.4g}"),
     ("status", "status", "{}"),

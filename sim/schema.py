@@ -96,7 +96,7 @@ METRICS: dict[str, Metric] = _declare(
 
 # Per-request columns a report draws (requests.parquet), sweep axes (scenario fields, by their last dotted
 # part too: ``policies.*.block_size`` is a block size) and capacity results (capacity.parquet).
-COLUMNS: dict[str, Metric] = _declare(
+TABLE_COLUMNS: dict[str, Metric] = _declare(
     Metric("ttft_ms", "ms", "time to first token", "min", short="TTFT"),
     Metric("tpot_ms", "ms", "time per output token", "min", short="TPOT"),
     Metric("e2el_ms", "ms", "end-to-end latency", "min", short="E2E latency"),
@@ -121,7 +121,7 @@ CAPACITY_RESULT_COLUMNS = ("policy", "axis", "sustainable_request_rate", "sustai
 
 def column(name: str) -> Metric | None:
     """The declaration of a summary metric or a column, by its name or (an axis path) its last dotted part."""
-    return METRICS.get(name) or COLUMNS.get(name) or COLUMNS.get(str(name).split(".")[-1])
+    return METRICS.get(name) or TABLE_COLUMNS.get(name) or TABLE_COLUMNS.get(str(name).split(".")[-1])
 
 
 def title(name: str) -> str:

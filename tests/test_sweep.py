@@ -16,8 +16,8 @@ from cli import app
 from sim import run
 from sim.config import parse_scenario
 from sim.executors import SerialExecutor
-from sim.sweep import (CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep,
-                       sweep_to_dir)
+from kvsim import sweep_to_dir
+from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
 
 runner = CliRunner()
 
