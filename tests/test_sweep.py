@@ -13,10 +13,10 @@ from sweeps import base_yaml
 from typer.testing import CliRunner
 
 from cli import app
+from kvsim import sweep_to_dir
 from sim import run
 from sim.config import parse_scenario
 from sim.executors import SerialExecutor
-from kvsim import sweep_to_dir
 from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
 
 runner = CliRunner()
