@@ -280,6 +280,12 @@ def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
     assert "p99_" not in page.split("<h2>Sweep</h2>")[0]
     assert "mean_normalized_latency_s &lt;= 0.5" in page and "lowest failing" in page
     assert (tmp_path / "out" / "sweep.csv").read_text().startswith("workload.arrival.rate,block_size,preemption,seed,")
+    # every column is a swept field, the seed, or a result declared in sim.schema (the report tells axes so)
+    from sim.schema import is_result_column
+
+    axes = {a.column for a in result.sweep.axes} | {"seed"}
+    for table in (result.table, result.capacity, result.capacity_runs):
+        assert [c for c in table.columns if c not in axes and not is_result_column(c)] == []
 
 
 # ------------------------------------------------------------------------------------------- one metric schema
