@@ -42,7 +42,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 def user_errors():
     from rich.markup import escape
 
-    from reports.results import ResultsError
+    from reports import ResultsError
     from sim.config import ScenarioError
 
     try:
@@ -66,7 +66,7 @@ def run(
     no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
 ) -> None:
     """Simulate every policy of SCENARIO on the same requests; write results and report.html."""
-    from sim.run import run_to_dir
+    from kvsim import run_to_dir
 
     with user_errors():
         from sim.outputs import out_dir as checked_dir
@@ -83,7 +83,7 @@ def run(
 @app.command()
 def check(scenario: Path = typer.Argument(..., help="scenario YAML file")) -> None:
     """Validate SCENARIO without simulating: keys, values, model fit, workload."""
-    from sim.run import check_scenario
+    from kvsim import check_scenario
 
     with user_errors():
         lines = check_scenario(scenario)
@@ -120,8 +120,9 @@ def sweep(
     no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
 ) -> None:
     """Run every point of SWEEP.yaml (and its capacity search); write sweep.parquet, capacity.parquet, report.html."""
+    from kvsim import sweep_to_dir
     from reports.console import print_sweep
-    from sim.sweep import SweepInterrupted, sweep_to_dir
+    from sim.sweep import SweepInterrupted
 
     with user_errors():
         from sim.outputs import out_dir as checked_dir
@@ -353,12 +354,15 @@ def replay(
     no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
 ) -> None:
     """Run SCENARIO's policies for real (same scheduler and allocator; measured step times)."""
+    from kvsim import read_trace, write_report
+
     with gpu_backend():
         from gpu.replay import replay_to_dir
 
         summary, paths = replay_to_dir(scenario, device, out_dir, open_loop_mode=open_loop, attention=attention,
-                                       seed=seed, cpu_threads=cpu_threads, report=not no_report)
-    from gpu.replay import print_replay
+                                       seed=seed, cpu_threads=cpu_threads, read_trace=read_trace,
+                                       report=None if no_report else write_report)
+    from reports.console import print_replay
 
     print_replay(summary, paths, console=out)
 
@@ -373,11 +377,13 @@ def calibrate(
     cpu_threads: int = THREADS,
 ) -> None:
     """Measure a grid of prefill and decode steps and fit the step-time model (a profile)."""
+    from kvsim import read_trace
+
     with gpu_backend():
         from gpu.calibrate import calibrate_to_file
 
         profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,
-                                    cpu_threads=cpu_threads)
+                                    cpu_threads=cpu_threads, read_trace=read_trace)
     from gpu.calibrate import print_profile
 
     print_profile(profile, out_path, console=out)
@@ -393,11 +399,13 @@ def validate(
     cpu_threads: int = THREADS,
 ) -> None:
     """Compare the calibrated simulation with the replay on the same requests."""
+    from kvsim import read_trace, write_report
+
     with gpu_backend():
         from gpu.validate import validate_to_dir
 
         result, paths = validate_to_dir(scenario, device, out_dir, profile_path=profile, quick=quick,
-                                        cpu_threads=cpu_threads)
+                                        cpu_threads=cpu_threads, read_trace=read_trace, report=write_report)
     from gpu.validate import print_validation
 
     print_validation(result, console=out)

@@ -48,7 +48,7 @@ def child(spec: dict) -> None:
     sys.path.insert(0, str(ROOT))
     from sim.config import parse_scenario
     from sim.run import run
-    from sim.workload import load_requests
+    from kvsim import load_requests  # the trace readers wired in (a trace workload)
 
     s = parse_scenario(spec["scenario"])
     requests = load_requests(s)

@@ -108,7 +108,7 @@ def run_sweeps(out_root: Path, workers: int | None) -> list[Path]:
     """``sim sweep`` each of the six setups into ``out_root/<setup>`` (no reuse: the simulator may have changed)."""
     from rich.console import Console
 
-    from sim.sweep import sweep_to_dir
+    from kvsim import sweep_to_dir
 
     folders = []
     for setup in SETUPS:

@@ -29,7 +29,7 @@ from sim.config import Scenario, ScenarioError, load_scenario
 from sim.policy import resolve_policy
 from sim.kv import KvPool
 from sim.steptime import PROFILE_FORMAT, PROFILE_TERMS, profile_features, profile_model
-from sim.workload import RequestTable, load_requests
+from sim.workload import RequestTable, TraceReader, load_requests
 
 HELD_BACK_EVERY = 4
 
@@ -312,7 +312,7 @@ def calibrate(model: ModelSpec, device: str, *, grid: Grid, out: str | Path | No
 
 
 def calibrate_to_file(out: str | Path, device: str, *, model: str | None = None, scenario: str | Path | None = None,
-                      quick: bool = False, cpu_threads: int | None = 1) -> dict:
+                      quick: bool = False, cpu_threads: int | None = 1, read_trace: TraceReader | None = None) -> dict:
     """``sim calibrate``: the model by name (or the scenario's); the grid over the scenario's range when
     one is given, else over a default range (batches to 64, contexts to 4096, prefills to 2048 tokens)."""
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
@@ -327,7 +327,7 @@ def calibrate_to_file(out: str | Path, device: str, *, model: str | None = None,
 
         gpu = scen.gpu_spec()
         pool_tokens = max(policy_pool(scen, spec, gpu, p).num_slots for p in scen.policies)
-        grid = grid_for_scenario(scen, load_requests(scen), pool_tokens, quick)
+        grid = grid_for_scenario(scen, load_requests(scen, read_trace), pool_tokens, quick)
     else:
         ctx = min(spec.max_model_len, 4096)
         grid = make_grid(64, ctx, 2048, 64 * ctx // 4, quick)

@@ -198,6 +198,7 @@ def replay_scenario(ctx: "Check", num_requests: int):
     from gpu.azure import azure_requests
     from gpu.calibrate import resolve_model
     from gpu.replay import memory_gib_for_pool
+    from kvsim import read_trace  # this script is an entry point: it wires the trace readers as the CLI does
     from sim.config import load_scenario
     from sim.workload import load_requests
 
@@ -224,7 +225,7 @@ def replay_scenario(ctx: "Check", num_requests: int):
     }
     (work / "scenario.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
     scenario = load_scenario(work / "scenario.yaml")
-    return scenario, load_requests(scenario)
+    return scenario, load_requests(scenario, read_trace)
 
 
 def pool_sizing(ctx: "Check", scenario, requests) -> dict:

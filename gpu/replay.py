@@ -24,7 +24,8 @@ from sim.core import StepPlan
 from sim.kv import activation_bytes
 from sim.policy import ResolvedPolicy, resolve_policy
 from sim.run import RunResult, model_executor, run, slug, write_results
-from sim.workload import RequestTable, load_requests
+from sim.outputs import ReportWriter
+from sim.workload import RequestTable, TraceReader, load_requests
 
 
 def replay(scenario: Scenario, device: str, *, requests: RequestTable | None = None, attention: str | None = None,
@@ -132,18 +133,21 @@ def open_loop_summary(steps: pd.DataFrame) -> dict:
 
 def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | None = None, *, open_loop_mode: bool = False,
                   attention: str | None = None, seed: int = 0, cpu_threads: int | None = 1,
-                  report: bool = True) -> tuple[dict, dict[str, Path]]:
+                  read_trace: TraceReader | None = None, report: ReportWriter | None = None
+                  ) -> tuple[dict, dict[str, Path]]:
     """``sim replay``: closed loop (the results of ``sim run``, measured) or open loop (the simulation's
-    results plus ``open_loop.parquet``). Both write ``replay.json`` (where and how it ran)."""
+    results plus ``open_loop.parquet``). Both write ``replay.json`` (where and how it ran); ``read_trace``
+    and ``report`` as ``sim.run.run_to_dir`` takes them."""
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     mode = "open-loop" if open_loop_mode else "closed-loop"
     kind = "open-loop" if open_loop_mode else "replay"
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"{slug(scenario.name)}-{kind}-{device.split(':')[0]}"
+    requests = load_requests(scenario, read_trace)
     if open_loop_mode:
-        result, steps, executors = open_loop(scenario, device, attention=attention, seed=seed)
+        result, steps, executors = open_loop(scenario, device, requests=requests, attention=attention, seed=seed)
     else:
-        (result, executors), steps = replay(scenario, device, attention=attention, seed=seed), None
+        (result, executors), steps = replay(scenario, device, requests=requests, attention=attention, seed=seed), None
     paths = write_results(result, out, report=report)
     info = replay_info(executors, mode)
     if steps is not None:
@@ -153,25 +157,3 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     paths["replay"] = out / "replay.json"
     paths["replay"].write_text(json.dumps(info, indent=2))
     return result.summary(), paths
-
-
-def print_replay(summary: dict, paths: dict[str, Path], console) -> None:
-    """Closed loop: the summary table of the measured run. Open loop: predicted vs measured per policy."""
-    info = json.loads(paths["replay"].read_text())
-    where = f"{info['device']}, {info['dtype']}, {info['attention']} attention"
-    if "open_loop" not in info:
-        from reports.console import print_summary
-
-        print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {where})", console=console)
-    else:
-        from rich.table import Table
-
-        t = Table(title=f"{summary['scenario']['name']}: the simulation's steps run on {where}")
-        for col in ("policy", "steps", "predicted s", "measured s", "per-step MAPE"):
-            t.add_column(col, justify="left" if col == "policy" else "right")
-        for name, p in info["open_loop"].items():
-            t.add_row(name, f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
-                      f"{p['step_time_mape']:.1%}")
-        console.print(t)
-    for key, p in paths.items():
-        console.print(f"{key:>9}: {p}", highlight=False)

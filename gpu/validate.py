@@ -28,9 +28,10 @@ from gpu.device import configure_cpu
 from gpu.replay import replay, replay_info
 from sim.config import ProfileConfig, Scenario, load_scenario
 from sim.kv import MEMORY_CLASSES
+from sim.outputs import ReportWriter
 from sim.run import RunResult, policy_pool, run, slug, write_results
 from sim.steptime import ProfileStepTime, load_profile
-from sim.workload import RequestTable, load_requests
+from sim.workload import RequestTable, TraceReader, load_requests
 
 METRICS = ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")
@@ -129,7 +130,7 @@ def _clean(x):
 
 
 def write_validation(out: Path, result: dict, table: pd.DataFrame, sim: RunResult, rep: RunResult,
-                     report: bool = True) -> dict[str, Path]:
+                     report: ReportWriter | None = None) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"validation": out / "validation.json", "table": out / "validation.parquet"}
     paths["validation"].write_text(json.dumps(_clean(result), indent=2))
@@ -142,11 +143,13 @@ def write_validation(out: Path, result: dict, table: pd.DataFrame, sim: RunResul
 def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | None = None, *,
                     profile_path: str | Path | None = None, quick: bool = False, attention: str | None = None,
                     seed: int = 0, cpu_threads: int | None = 1, requests: RequestTable | None = None,
-                    report: bool = True) -> tuple[dict, dict[str, Path]]:
-    """``sim validate``: calibrate if no profile is given (nor named by the scenario), then validate."""
+                    read_trace: TraceReader | None = None, report: ReportWriter | None = None
+                    ) -> tuple[dict, dict[str, Path]]:
+    """``sim validate``: calibrate if no profile is given (nor named by the scenario), then validate
+    (``read_trace`` and ``report`` as ``sim.run.run_to_dir`` takes them)."""
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
-    requests = load_requests(scenario) if requests is None else requests
+    requests = load_requests(scenario, read_trace) if requests is None else requests
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"{slug(scenario.name)}-validate-{device.split(':')[0]}"
     if profile_path is None and isinstance(scenario.step_time, ProfileConfig):
         profile_path = scenario.resolve_path(scenario.step_time.path)

@@ -1,6 +1,81 @@
-"""kvsim's own namespace for what has a generic name: the command line is ``kvsim.cli`` (``sim`` runs
-``kvsim.cli:app``). ``kvsim/cli.py`` is a link to the checkout's ``cli.py``, so ``from cli import app`` in
-a checkout and ``from kvsim.cli import app`` in an installed copy are the same code.
+"""kvsim's own namespace: the command line (``kvsim.cli``) and the facade that wires the packages together.
+
+The simulator (``sim``) never imports the trace readers (``traces``) or the report (``reports``), which
+sit above it; this facade passes them in, so that a notebook gets what ``sim run`` does::
+
+    import kvsim
+    result = kvsim.run("scenarios/quickstart.yaml")        # a trace workload too
+    kvsim.write_results(result, "runs/mine")               # with report.html
+
+``sim.run`` alone simulates generated workloads, and traces given as a ``RequestTable`` or with
+``read_trace=``. ``kvsim/cli.py`` is a link to the checkout's ``cli.py``, so ``from cli import app`` in a
+checkout and ``from kvsim.cli import app`` in an installed copy are the same code. Everything is imported
+when first used: ``import kvsim`` (and the command line's start) loads none of the packages.
 
 The simulator and its companions keep their import names: ``sim``, ``gpu``, ``traces``, ``reports``
-(see the README's Packaging section)."""
+(see the README's Packaging section).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def read_trace(workload, path: Path, max_model_len: int | None = None):
+    """``sim.workload.TraceReader``: a trace workload's file read and transformed (``traces.workload``).
+    A module-level function, so a sweep's workers receive it by reference."""
+    from traces.workload import load_trace
+
+    return load_trace(workload, path, max_model_len)
+
+
+def write_report(folder: Path) -> Path:
+    """``sim.outputs.ReportWriter``: ``report.html`` from a result folder's files (``reports.html``)."""
+    from reports.html import write_report as write
+
+    return write(folder)
+
+
+def run(scenario, **options):
+    """``sim.run.run`` with the trace readers (``options``: as ``sim.run.run`` takes them)."""
+    from sim.run import run as simulate
+
+    options.setdefault("read_trace", read_trace)
+    return simulate(scenario, **options)
+
+
+def load_requests(scenario):
+    """A loaded scenario's requests, generated or read from its trace."""
+    from sim.workload import load_requests as load
+
+    return load(scenario, read_trace)
+
+
+def write_results(result, out_dir, report: bool = True) -> dict[str, Path]:
+    """``sim.run.write_results``, with ``report.html`` unless ``report`` is False."""
+    from sim.run import write_results as write
+
+    return write(result, out_dir, report=write_report if report else None)
+
+
+def run_to_dir(scenario_path, out_dir=None, *, exact: bool = False, report: bool = True, console=None):
+    """``sim run``: simulate, write the result files and (unless ``report`` is False) report.html."""
+    from sim.run import run_to_dir as simulate_to_dir
+
+    return simulate_to_dir(scenario_path, out_dir, exact=exact, report=write_report if report else None,
+                           read_trace=read_trace, console=console)
+
+
+def check_scenario(scenario_path) -> list[str]:
+    """``sim check``: everything a run needs, trace included, checked without simulating."""
+    from sim.run import check_scenario as check
+
+    return check(scenario_path, read_trace)
+
+
+def sweep_to_dir(sweep_path, out_dir=None, *, report: bool = True, **options):
+    """``sim sweep``: ``sim.sweep.sweep_to_dir`` with the trace readers and (unless ``report`` is False)
+    the report (``options``: executor, workers, address, resume, console)."""
+    from sim.sweep import sweep_to_dir as sweep
+
+    return sweep(sweep_path, out_dir, report=write_report if report else None, read_trace=read_trace, **options)

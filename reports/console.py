@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sim.metrics import METRICS
+from sim.schema import METRICS, TABLE_COLUMNS
 
 # The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
-# (summary key, statistic, unit, format); a column that does not fit the terminal is dropped from the end,
-# never cut: every cell is as wide as its widest value.
+# (summary key, format); the head (short label, unit) comes from METRICS. A column that does not fit the
+# terminal is dropped from the end, never cut: every cell is as wide as its widest value.
 COLUMNS = [
-    ("request_throughput", "throughput", "req/s", "{:,.2f}"),
-    ("mean_normalized_latency_s", "mean norm.\nlatency", "s/token", "{:,.3f}"),
-    ("median_ttft_ms", "median\nTTFT", "ms", "{:,.0f}"),
-    ("output_throughput", "output", "tok/s", "{:,.0f}"),
-    ("memory.token_states", "KV in\ntokens", "mean %", "{:.0%}"),
-    ("num_preemptions", "preempt-\nions", "count", "{:,}"),
-    ("mean_batch_size", "mean\nbatch", "seqs", "{:,.1f}"),
+    ("request_throughput", "{:,.2f}"),
+    ("mean_normalized_latency_s", "{:,.3f}"),
+    ("median_ttft_ms", "{:,.0f}"),
+    ("output_throughput", "{:,.0f}"),
+    ("memory.token_states", "{:.0%}"),
+    ("num_preemptions", "{:,}"),
+    ("mean_batch_size", "{:,.1f}"),
 ]
 DONE_HEAD = ("finished\n/rej/unf", "requests")
 SUMMARY_NOTE = ("latencies: over finished requests; KV in tokens: time-weighted share of the pool",
@@ -39,9 +41,10 @@ def summary_table(summary: dict, title: str = "", width: int = 80) -> Table:
     policies = summary["policies"]
     names = [str(n) for n in policies]
     cols = []
-    for key, stat, unit, fmt in COLUMNS:
+    for key, fmt in COLUMNS:
+        m = METRICS[key]
         cells = ["-" if policies[n].get(key) is None else fmt.format(policies[n][key]) for n in policies]
-        cols.append((f"{stat}\n{unit}", cells))
+        cols.append((f"{m.short or m.label}\n{m.short_unit or m.unit}", cells))
     done = [f"{m.get('num_finished', 0):,}/{m.get('num_rejected', 0):,}/{m.get('num_unfinished', 0):,}"
             for m in policies.values()]
     cols.append((f"{DONE_HEAD[0]}\n{DONE_HEAD[1]}", done))
@@ -114,7 +117,8 @@ def capacity_table(capacity, axes: list[str]) -> Table:
     cols = [a for a in axes if a in capacity.columns and capacity[a].nunique(dropna=False) > 1]
     for c in cols + ["policy"]:
         t.add_column(c, no_wrap=True)
-    for head in ("sustainable req/s", "status", "rates tried", "runs"):
+    sustainable = TABLE_COLUMNS["sustainable_request_rate"]
+    for head in (f"{sustainable.short} {sustainable.unit}", "status", "rates tried", "runs"):
         t.add_column(head, justify="right")
     for _, r in capacity.iterrows():
         rate = r["sustainable_request_rate"]
@@ -142,3 +146,22 @@ def print_sweep(result, paths: dict, console: Console | None = None, err_console
         console.print(f"{key:>13}: {p}", highlight=False)
     for what, error in result.failures:
         err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)
+
+
+def print_replay(summary: dict, paths: dict[str, Path], console: Console) -> None:
+    """After ``sim replay``: closed loop, the summary table of the measured run; open loop, predicted vs
+    measured per policy (from replay.json). Then the files."""
+    info = json.loads(paths["replay"].read_text())
+    where = f"{info['device']}, {info['dtype']}, {info['attention']} attention"
+    if "open_loop" not in info:
+        print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {where})", console=console)
+    else:
+        t = Table(title=f"{summary['scenario']['name']}: the simulation's steps run on {where}")
+        for col in ("policy", "steps", "predicted s", "measured s", "per-step MAPE"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for name, p in info["open_loop"].items():
+            t.add_row(name, f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
+                      f"{p['step_time_mape']:.1%}")
+        console.print(t)
+    for key, p in paths.items():
+        console.print(f"{key:>9}: {p}", highlight=False)

@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.paper import PAPER_CITATION, PublishedBreakdown
-from sim.kv import MEMORY_CLASSES
-from sim.metrics import METRICS
+from sim.schema import MEMORY_CLASSES, METRICS, TABLE_COLUMNS, is_result_column
+from sim.schema import title as _axis_title  # a metric or a known column with its unit; others by their name
 
 MEMORY_LABELS = {
     "token_states": "token states",
@@ -57,25 +57,9 @@ STRIP_PIXELS = 1600
 LABEL_CHARS = 32
 SUBTITLE_CHARS = 100
 
-CDF_METRICS = (  # column, short name, axis title with unit, hover unit
-    ("ttft_ms", "TTFT", "time to first token (ms)", "ms"),
-    ("tpot_ms", "TPOT", "time per output token (ms)", "ms"),
-    ("e2el_ms", "E2E latency", "end-to-end latency (ms)", "ms"),
-    ("normalized_latency_s", "normalized latency", "normalized latency (s/token)", "s/token"),
-)
-
-# Axis titles (with units) for known sweep axes; a summary metric is titled from its declaration
-# (sim.metrics.METRICS); other columns by their name.
-AXIS_TITLES = {
-    "workload.arrival.rate": "request rate (req/s)",
-    "block_size": "block size (tokens)",
-    "max_num_seqs": "max sequences per step",
-    "max_num_batched_tokens": "token budget per step (tokens)",
-    "gpu_memory_utilization": "GPU memory utilization (share)",
-    "tensor_parallel": "tensor-parallel GPUs",
-    "swap_space_gib": "swap space (GiB)",
-    "sustainable_request_rate": "sustainable request rate (req/s)",
-}
+# the per-request columns the CDFs draw: column, short name, axis title with unit, hover unit (sim.schema)
+CDF_METRICS = tuple((c, TABLE_COLUMNS[c].short, TABLE_COLUMNS[c].title, TABLE_COLUMNS[c].unit)
+                    for c in ("ttft_ms", "tpot_ms", "e2el_ms", "normalized_latency_s"))
 
 
 def text(s: object) -> str:
@@ -205,7 +189,7 @@ def decomposition(decomp: Mapping, metrics: Sequence[str] = DECOMPOSITION_FIGURE
     short = short_labels(targets)
     x = [short[t] for t in targets]
     fig = make_subplots(rows=1, cols=len(metrics), horizontal_spacing=0.09,
-                        subplot_titles=[f"{METRICS[m].label} ({METRICS[m].unit})" for m in metrics])
+                        subplot_titles=[METRICS[m].title for m in metrics])
     labels = list(dict.fromkeys(st["label"] for t in targets for st in decomp["targets"][t]["steps"]))
     for col, m in enumerate(metrics, start=1):
         for label in labels:
@@ -546,21 +530,10 @@ def latency_cdfs(requests: pd.DataFrame, colors: Mapping[str, str], max_points: 
 
 
 def sweep_axes(sweep: pd.DataFrame) -> list[str]:
-    """The columns of a sweep table that are scenario fields and vary (``policy`` aside): a column is a
-    scenario field when its first dotted part names a field of a scenario or a policy (e.g.
-    ``workload.arrival.rate``, ``block_size``) or it is a seed."""
-    from sim.config import PolicyConfig, Scenario
-
-    fields = set(Scenario.model_fields) | set(PolicyConfig.model_fields) | {"seed"}
-    fields.discard("name")
-    return [c for c in sweep.columns
-            if c != "policy" and str(c).split(".")[0] in fields and sweep[c].nunique(dropna=False) > 1]
-
-
-def _axis_title(col: str) -> str:
-    if col in METRICS:
-        return f"{METRICS[col].label} ({METRICS[col].unit})"
-    return AXIS_TITLES.get(col) or AXIS_TITLES.get(col.split(".")[-1]) or col
+    """The columns of a sweep or capacity table that are swept scenario fields (e.g.
+    ``workload.arrival.rate``, ``block_size``) or the seed, and vary: every column but the results
+    (declared in sim.schema)."""
+    return [c for c in sweep.columns if not is_result_column(str(c)) and sweep[c].nunique(dropna=False) > 1]
 
 
 def _is_seed(col: str) -> bool:

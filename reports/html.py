@@ -24,12 +24,12 @@ from plotly.offline import get_plotlyjs
 from reports import figures
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.metrics import METRICS
+from sim.schema import METRICS, TABLE_COLUMNS
 
 GB = 1e9
 GIB = 1 << 30
 
-HEADLINE = [  # summary key and format; the head (label, unit) and which value is best come from sim.metrics.METRICS
+HEADLINE = [  # summary key and format; the head (label, unit) and which value is best come from sim.schema.METRICS
     ("request_throughput", "{:.3f}"),
     ("output_throughput", "{:,.0f}"),
     ("mean_normalized_latency_s", "{:.4f}"),
@@ -164,7 +164,7 @@ def decomposition_table(decomp: dict) -> str:
     of the total difference), and the total."""
     metrics = [m for m in decomp.get("metrics", []) if m in METRICS]
     esc = html.escape
-    head = "".join(f"<th>{esc(METRICS[m].label)} ({esc(METRICS[m].unit)})</th>" for m in metrics)
+    head = "".join(f"<th>{esc(METRICS[m].title)}</th>" for m in metrics)
     base = str(decomp.get("base"))
     rows = []
     for target, t in decomp.get("targets", {}).items():
@@ -377,8 +377,9 @@ def _slo_caption(runs: Sequence[RunTables]) -> str:
     return " ".join(dict.fromkeys(parts))
 
 
+_RATE = TABLE_COLUMNS["sustainable_request_rate"]
 CAPACITY_COLUMNS = [  # column, head, format
-    ("sustainable_request_rate", "sustainable req/s", "{:.4g}"),
+    ("sustainable_request_rate", f"{_RATE.short} {_RATE.unit}", "{:.4g}"),
     ("status", "status", "{}"),
     ("lowest_rate_tried", "lowest tried", "{:.4g}"),
     ("highest_rate_tried", "highest tried", "{:.4g}"),
@@ -424,7 +425,7 @@ def ratio_table(capacity: pd.DataFrame) -> str:
             cells.append(bound + _fmt("{:.2f}×", means[p] / means[q]) if ok and p != q else "-")
         rows.append(f"<tr><td>{html.escape(p)}</td><td>{'≥ ' if p in above else ''}{_fmt('{:.4g}', means[p])}</td>"
                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f"<div class='wide'><table><thead><tr><th>policy</th><th>mean sustainable req/s</th>{head}</tr></thead>"
+    return (f"<div class='wide'><table><thead><tr><th>policy</th><th>mean {_RATE.short} {_RATE.unit}</th>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div><p class='muted'>Row ÷ column: how many times the column "
             "policy's sustainable rate (mean over seeds) the row policy sustains; ≥: the row policy met the SLO at "
             "the highest rate tried, so its capacity is higher; none counts as missing.</p>")

@@ -19,15 +19,13 @@ from typing import Sequence
 
 import pandas as pd
 
+from reports import ResultsError  # noqa: F401 (declared where the command line finds it cheaply)
+
 RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
 SWEEP_FILE = "sweep.parquet"
 CAPACITY_FILE = "capacity.parquet"
 SWEEP_INFO_FILE = "sweep.json"
-
-
-class ResultsError(ValueError):
-    """A folder a report cannot be built from; the message is one line naming the folder and what is wrong."""
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ A model can also be read from a Hugging Face ``config.json``; a GPU can be given
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sim.userfile import read_json
 
 GIB = 1024**3
 
@@ -283,16 +284,7 @@ def resolve_gpu(name: str) -> GpuSpec:
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen-style or OPT-style)."""
     path = Path(path)
-    try:
-        if path.exists() and not path.is_file():  # a folder without config.json, a FIFO, a device
-            raise CatalogError(f"{path}: not a regular file (expected a Hugging Face config.json)")
-        cfg = json.loads(path.read_text(encoding="utf-8-sig"))
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no such model config file") from None
-    except json.JSONDecodeError as e:
-        raise CatalogError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{path}: cannot read as a JSON text file ({e.__class__.__name__})") from None
+    cfg = read_json(path, "model config file", CatalogError)
     if not isinstance(cfg, dict):
         raise CatalogError(f"{path}: expected a JSON object")
 

@@ -23,6 +23,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, _did_you_mean, model_from_hf_config
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import locate as locate_trace
+from sim.userfile import read_text
 
 
 class ScenarioError(ValueError):
@@ -672,15 +673,7 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     :class:`ScenarioError` naming it (``what``: the kind of file, for the message). The one place a
     user's YAML file is read (scenarios, sweeps, step-time blocks)."""
     path = Path(path)
-    try:
-        if path.exists() and not path.is_file():  # a folder, a FIFO (would block), a device
-            raise ScenarioError(f"{path}: not a regular file (expected a {what} YAML file)")
-        text = path.read_text(encoding="utf-8-sig")  # NOTE: -sig drops a UTF-8 byte-order mark
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such {what} file") from None
-    except (OSError, UnicodeDecodeError) as e:  # permission, a symlink loop, binary content
-        raise ScenarioError(f"{path}: cannot read as text ({e.__class__.__name__}: "
-                            f"{getattr(e, 'strerror', None) or e.__class__.__name__})") from None
+    text = read_text(path, f"{what} file", ScenarioError)
     try:
         node = yaml.compose(text)
         lines = _key_lines(node) if node is not None else {}

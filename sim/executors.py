@@ -45,7 +45,7 @@ def simulate_task(payload: dict) -> dict:
     out = _outcome(payload, None)
     try:
         scenario = parse_scenario(payload["scenario"], f"task {payload['key']}", base_dir="/")
-        result = run(scenario)
+        result = run(scenario, read_trace=payload.get("read_trace"))  # the trace reader the sweep passed in
         out["summary"] = result.policies[payload["policy"]].summary
         out["workload"] = result.workload_summary()
     except Exception as e:  # one failing task must not stop the others: report it with its error

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
+from sim.schema import MEMORY_CLASSES  # declared with the result files' schema
 
 
 # ------------------------------------------------------------------------------------------ pool size
@@ -332,7 +333,6 @@ class KvManager(Protocol):
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray: ...
 
 
-MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_EXTERNAL, SLOT_FREE = range(5)  # indices into MEMORY_CLASSES
 
 

@@ -14,8 +14,8 @@ Three batch measures, one meaning each:
                           (time-weighted; a request's samples or beams count once; a static batch's
                           finished requests count until the batch ends, as they keep their slabs).
 
-Every summary metric is declared once, in ``METRICS`` (name, unit, label, which way is better); the
-console, the report, sweeps and the decomposition read it.
+Every summary metric is declared once, in ``METRICS`` (``sim.schema``: name, unit, label, which way is
+better); the console, the report, sweeps and the decomposition read it.
 """
 
 from __future__ import annotations
@@ -24,74 +24,16 @@ import math
 from array import array
 from dataclasses import dataclass
 from operator import mul
-from typing import Literal
 
 import numpy as np
 import pandas as pd
 
-from sim.kv import MEMORY_CLASSES, breakdown
-
-# a request's status and reason codes (int8 columns while running; named categories in requests.parquet)
-PENDING, FINISHED, REJECTED, UNFINISHED = 0, 1, 2, 3
-STATUS_NAMES = {PENDING: "pending", FINISHED: "finished", REJECTED: "rejected", UNFINISHED: "unfinished"}
-NO_REASON, EXCEEDS_MAX_MODEL_LEN, EXCEEDS_KV_POOL, PREFILL_EXCEEDS_TOKEN_BUDGET, HORIZON = 0, 1, 2, 3, 4
-REASONS = {
-    NO_REASON: "",
-    EXCEEDS_MAX_MODEL_LEN: "exceeds_max_model_len",
-    EXCEEDS_KV_POOL: "exceeds_kv_pool",
-    PREFILL_EXCEEDS_TOKEN_BUDGET: "prefill_exceeds_token_budget",
-    HORIZON: "horizon",
-}
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One summary metric: its key in ``summary.json``, its unit, a short label, and which way is better
-    (``max``, ``min``, or None where neither is)."""
-
-    name: str
-    unit: str
-    label: str
-    better: Literal["max", "min"] | None = None
-
-
-def _declare(*metrics: Metric) -> dict[str, Metric]:
-    return {m.name: m for m in metrics}
-
-
-_LATENCIES = (("scheduling_delay_ms", "scheduling delay"), ("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
-              ("itl_ms", "ITL"), ("e2el_ms", "E2E latency"))
-
-METRICS: dict[str, Metric] = _declare(
-    Metric("num_requests", "requests", "requests"),
-    Metric("num_finished", "requests", "finished", "max"),
-    Metric("num_rejected", "requests", "rejected", "min"),
-    Metric("num_unfinished", "requests", "unfinished", "min"),
-    Metric("duration_s", "s", "duration"),
-    Metric("request_throughput", "req/s", "request throughput", "max"),
-    Metric("output_throughput", "tok/s", "output throughput", "max"),
-    Metric("total_token_throughput", "tok/s", "total token throughput", "max"),
-    *(Metric(f"{stat}_{key}", "ms", f"{stat} {label}", "min")
-      for key, label in _LATENCIES for stat in ("mean", "median", "p99")),
-    Metric("mean_normalized_latency_s", "s/token", "mean normalized latency", "min"),
-    Metric("mean_batch_size", "sequences", "mean batch", "max"),
-    Metric("mean_decode_batch_size", "sequences", "mean decode batch", "max"),
-    Metric("mean_running_requests", "requests", "mean running requests"),
-    Metric("num_steps", "steps", "steps"),
-    Metric("num_preemptions", "preemptions", "preemptions", "min"),
-    Metric("kv_capacity_tokens", "tokens", "KV capacity"),
-    *(Metric(f"memory.{c}", "share", f"KV in {c.replace('_', ' ')}", "max" if c == "token_states" else None)
-      for c in MEMORY_CLASSES),
-    Metric("busy_fraction", "share", "busy fraction"),
-    # block sharing (paged policies that share blocks; contiguous ones with samples or beams)
-    Metric("prefill_tokens_saved", "tokens", "prefill tokens saved", "max"),
-    Metric("num_cow_copies", "blocks", "copy-on-write block copies", "min"),
-    Metric("num_evicted_blocks", "blocks", "evicted cached blocks"),
-    Metric("memory_saved_by_sharing", "share", "memory saved by sharing", "max"),
-    Metric("prefix_hit_rate_tokens", "share", "prefix hit rate (tokens)", "max"),
-    Metric("prefix_hit_rate_blocks", "share", "prefix hit rate (blocks)", "max"),
-    Metric("num_slab_copies", "copies", "slab copies (contiguous forks)", "min"),
-)
+from sim.kv import breakdown
+# The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
+# reports; named here too, where the simulator has always found it.
+from sim.schema import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, MEMORY_CLASSES,  # noqa: F401
+                        METRICS, NO_REASON, PENDING, PREFILL_EXCEEDS_TOKEN_BUDGET, REASONS, REJECTED, STATUS_NAMES,
+                        UNFINISHED, Metric)
 
 
 class RequestLog:

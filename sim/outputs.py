@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from sim.config import ScenarioError
+
+# Writes a result folder's report.html from its files and returns its path (``reports.html.write_report``):
+# the report is drawn above the simulator, so whoever writes results passes it in (the CLI, ``kvsim``).
+ReportWriter = Callable[[Path], Path]
 
 
 def out_dir(path: str | Path, what: str = "--out") -> Path:

@@ -1,8 +1,12 @@
-"""The Python API: ``run(scenario) -> RunResult``, and writing a run's result files.
+"""The simulator's Python API: ``run(scenario) -> RunResult``, and writing a run's result files.
 
     from sim import run
     result = run("scenarios/quickstart.yaml")
     result.summary()["policies"]["vllm"]["request_throughput"]
+
+The trace readers and the HTML report are other packages, above this one: a caller passes them in
+(``read_trace``, ``report``); the command line and the ``kvsim`` facade (``kvsim.run``, ``kvsim.run_to_dir``)
+do.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
@@ -22,9 +27,10 @@ from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, loa
 from sim.decompose import decompose as decompose_policies
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
+from sim.outputs import ReportWriter
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
-from sim.workload import RequestTable, load_requests
+from sim.workload import RequestTable, TraceReader, load_requests
 
 # Builds the executor for one policy's run: the step-time model here; the GPU backend passes its own.
 ExecutorFactory = Callable[[Scenario, ModelSpec, GpuSpec, ResolvedPolicy, RequestTable], Executor]
@@ -110,17 +116,18 @@ def policy_pool(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: Poli
 
 def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], None] | None = None,
         executor: ExecutorFactory = model_executor, requests: RequestTable | None = None,
-        decompose: bool = False) -> RunResult:
-    """Simulate every policy of the scenario on the same requests; with ``decompose``, also the
-    knob-by-knob decomposition of each policy's difference from the first (``sim.decompose``), which
-    runs the intermediate policies it needs (``sim run`` asks for it unless the scenario says
-    ``decompose: false``; the Python API, sweeps and the GPU replay do not)."""
+        decompose: bool = False, read_trace: TraceReader | None = None) -> RunResult:
+    """Simulate every policy of the scenario on the same requests (``requests``, else the scenario's
+    workload, a trace read by ``read_trace``); with ``decompose``, also the knob-by-knob decomposition of
+    each policy's difference from the first (``sim.decompose``), which runs the intermediate policies it
+    needs (``sim run`` asks for it unless the scenario says ``decompose: false``; the Python API, sweeps
+    and the GPU replay do not)."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     model = scenario.model_spec()
     gpu = scenario.gpu_spec()
     if requests is None:
-        requests = load_requests(scenario)
+        requests = load_requests(scenario, read_trace)
     if len(requests) == 0:
         raise ScenarioError(f"{scenario.name}: the workload has no requests")
     result = RunResult(scenario, model, gpu, requests)
@@ -148,8 +155,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     return result
 
 
-def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -> dict[str, Path]:
-    """summary.json, requests.parquet and steps.parquet (all policies, a ``policy`` column), report.html."""
+def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter | None = None) -> dict[str, Path]:
+    """summary.json, requests.parquet and steps.parquet (all policies, a ``policy`` column); report.html
+    by ``report`` (``reports.html.write_report``; ``kvsim.write_results`` passes it) when given."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet",
@@ -159,34 +167,42 @@ def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -
     for p in [*paths.values(), out / "report.html"]:
         p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
-    frames = {"requests": [], "steps": [], "snapshots": [], "timeline": []}
+    tables: dict[str, dict[str, pd.DataFrame]] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {}}
     for name, res in result.policies.items():
-        frames["timeline"].append(res.timeline.assign(policy=name))
-        frames["requests"].append(res.requests.assign(policy=name))
-        frames["steps"].append(res.steps.assign(policy=name))
+        tables["timeline"][name], tables["requests"][name], tables["steps"][name] = res.timeline, res.requests, res.steps
         snap = res.snapshot
         if snap is not None:
             seg = snap["segments"]
-            frames["snapshots"].append(pd.DataFrame({
-                "policy": name, "time_s": snap["time_s"], "num_waiting": snap["num_waiting"],
+            tables["snapshots"][name] = pd.DataFrame({
+                "time_s": snap["time_s"], "num_waiting": snap["num_waiting"],
                 "num_running": snap["num_running"], "start": seg[:, 0], "length": seg[:, 1],
-                "memory_class": pd.Categorical.from_codes(seg[:, 2], list(MEMORY_CLASSES))}))
-    for key, fs in frames.items():
-        if not fs:
+                "memory_class": pd.Categorical.from_codes(seg[:, 2], list(MEMORY_CLASSES))})
+    for key, by_policy in tables.items():
+        if not by_policy:
             continue
-        df = pd.concat(fs, ignore_index=True)
-        df["policy"] = df["policy"].astype("category")
+        df = pd.concat(list(by_policy.values()), ignore_index=True)
+        df.insert(0 if key == "snapshots" else len(df.columns), "policy", _policy_column(by_policy))
         df.to_parquet(paths[key], index=False)
     if report:
-        from reports.html import write_report
-
-        paths["report"] = write_report(out)
+        paths["report"] = report(out)
     return paths
 
 
+def _policy_column(by_policy: dict[str, pd.DataFrame]) -> pd.Categorical:
+    """The ``policy`` column of the policies' tables laid end to end, built as a categorical at once
+    (categories: the names with rows, sorted, as ``astype("category")`` of the names would give them)."""
+    lengths = [len(df) for df in by_policy.values()]
+    names = sorted(n for n, k in zip(by_policy, lengths) if k)
+    code = {n: i for i, n in enumerate(names)}
+    return pd.Categorical.from_codes(np.repeat([code.get(n, -1) for n in by_policy], lengths).astype(np.int64),
+                                     pd.Index(names, dtype="str"))
+
+
 def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, exact: bool = False,
-               report: bool = True, console=None) -> tuple[dict, dict[str, Path]]:
-    """``sim run``: load, simulate with a progress bar, write the result files; returns (summary, paths)."""
+               report: ReportWriter | None = None, read_trace: TraceReader | None = None,
+               console=None) -> tuple[dict, dict[str, Path]]:
+    """``sim run``: load, simulate with a progress bar, write the result files (and the report, by
+    ``report``); returns (summary, paths)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     scenario = load_scenario(scenario_path)
@@ -214,7 +230,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
                     console.print(f"{name}: {total:,} requests simulated in {wall:,.1f} s "
                                   f"({total / max(wall, 1e-9):,.0f} requests/s)", highlight=False, markup=False)
 
-        result = run(scenario, progress=progress, decompose=scenario.decompose)
+        result = run(scenario, progress=progress, decompose=scenario.decompose, read_trace=read_trace)
     paths = write_results(result, out, report=report)
     return result.summary(), paths
 
@@ -225,11 +241,11 @@ def slug(name: str, default: str = "run") -> str:
     return s or default
 
 
-def check_scenario(scenario_path: str | Path) -> list[str]:
+def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = None) -> list[str]:
     """``sim check``: validate everything a run would need, without simulating."""
     scenario = load_scenario(scenario_path)
     model, gpu = scenario.model_spec(), scenario.gpu_spec()
-    requests = load_requests(scenario)
+    requests = load_requests(scenario, read_trace)
     if len(requests) == 0:
         raise ScenarioError(f"{scenario_path}: the workload has no requests")
     lines = [f"{scenario_path}: ok", f"model {model.name} on {scenario.tensor_parallel} x {gpu.name}; "

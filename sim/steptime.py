@@ -30,7 +30,6 @@ closed form.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -40,6 +39,7 @@ from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
+from sim.userfile import read_json
 
 
 class Executor(Protocol):
@@ -255,12 +255,7 @@ def profile_model(model: ModelSpec) -> dict:
 def load_profile(path: str | Path, model: ModelSpec | None = None) -> dict:
     """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape."""
     path = Path(path)
-    try:
-        prof = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such step-time profile (write one with sim calibrate)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ScenarioError(f"{path}: not a readable profile ({e.__class__.__name__}: {e})") from None
+    prof = read_json(path, "step-time profile", ScenarioError, " (write one with sim calibrate)")
     if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
         raise ScenarioError(f"{path}: not a step-time profile (expected format {PROFILE_FORMAT!r})")
     for layout in ("paged", "contiguous"):

@@ -1,16 +1,23 @@
-"""Requests: the canonical request table, seeded generators, and the seam where real traces plug in."""
+"""Requests: the canonical request table, seeded generators, and the seam where real traces plug in.
+
+The simulator never imports the trace readers (the ``traces`` package reads files into this module's
+``RequestTable``): a caller that runs trace workloads passes the reader in (``read_trace``), as the
+command line and the ``kvsim`` facade do."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from sim import trace_paths
-from sim.config import Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, Uniform
+from sim.config import (Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, TraceWorkload,
+                        Uniform)
 
 
 def _gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -258,13 +265,16 @@ def with_shared_prefixes(sp, prompt: np.ndarray, rng: np.random.Generator) -> tu
     return total, PrefixHashes(ids.astype(np.int64), offsets.astype(np.int64), H)
 
 
-def load_requests(s: Scenario) -> RequestTable:
-    """The scenario's requests: generated, or read from a trace file and transformed."""
+# Reads a trace workload's file and applies its transforms: (workload, path, the model's max length when the
+# workload truncates) -> requests. ``traces.workload.load_trace`` is the one the project has.
+TraceReader = Callable[[TraceWorkload, Path, int | None], RequestTable]
+
+
+def load_requests(s: Scenario, read_trace: TraceReader | None = None) -> RequestTable:
+    """The scenario's requests: generated, or read from a trace file (by ``read_trace``) and transformed."""
     w = s.workload
     if isinstance(w, SyntheticWorkload):
         return generate(w, s.horizon_s)
-    from traces.workload import load_trace  # the trace readers are a separate package
-
     path = s.resolve_path(w.path)
     if not path.is_file():  # (a folder too: traces: with no file, a path to a directory)
         if w.path.startswith(trace_paths.PREFIX):
@@ -273,5 +283,9 @@ def load_requests(s: Scenario) -> RequestTable:
                                 "and the file each writes")
         raise ScenarioError(f"workload.path: {path}: no such trace file (relative paths start at the scenario's "
                             "folder; real traces are not part of the project: see the README's Traces section)")
+    if read_trace is None:
+        raise ScenarioError(f"workload.path: {w.path}: a trace workload needs the trace readers, which the caller "
+                            "passes in: `sim run` does; from Python, use kvsim.run (or pass "
+                            "read_trace=traces.workload.load_trace)")
     max_model_len = s.model_spec().max_model_len if w.cap_lengths == "truncate" else None
-    return load_trace(w, path, max_model_len)
+    return read_trace(w, path, max_model_len)

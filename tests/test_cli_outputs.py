@@ -70,7 +70,7 @@ def test_trace_convert_out_is_a_folder(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"\x00\xff\xfe binary", "cannot read as a JSON text file"),
+    (b"\x00\xff\xfe binary", "cannot read as text"),
     (b"[1, 2]", "expected a JSON object"),
     (b"{not json", "not valid JSON"),
 ])

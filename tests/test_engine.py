@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest import check_after_every_step
-from sim import run
+from kvsim import run  # with the trace readers: some runs here read a table
 from sim.kv import MEMORY_CLASSES
 from sim.scheduler import Scheduler
 

@@ -3,7 +3,7 @@ counts, preemptions, finish order; times to 1e-9 relative). Skips when ../shared
 
 import pytest
 
-from sim import run
+from kvsim import run  # with the trace readers
 from sim.config import parse_scenario
 from conftest import shared_trace
 from test_engine import assert_same_requests

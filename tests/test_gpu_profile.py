@@ -70,7 +70,7 @@ def test_profile_errors_name_the_problem(tmp_path):
     with pytest.raises(ScenarioError, match="no such step-time profile"):
         load_profile(tmp_path / "missing.json", spec)
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ScenarioError, match="not a readable profile"):
+    with pytest.raises(ScenarioError, match="not valid JSON"):
         load_profile(tmp_path / "bad.json", spec)
     with pytest.raises(ScenarioError, match="expected format"):
         load_profile(write_profile(tmp_path / "f.json", format="other"), spec)

@@ -17,7 +17,8 @@ import pytest
 
 from reports.html import build_report
 from sim.config import parse_scenario
-from sim.run import run, run_to_dir, write_results
+from kvsim import run_to_dir, sweep_to_dir, write_results
+from sim.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -175,7 +176,6 @@ def test_sweep_report_renders_in_chromium(browser, tmp_path):
 def test_sim_sweep_report_renders_in_chromium(browser, tmp_path):
     """What `sim sweep` writes: latency vs rate and vs block size with error bars over seeds, capacity bars
     (one 'none'), the capacity and ratio tables."""
-    from sim.sweep import sweep_to_dir
 
     sweep = tmp_path / "s.yaml"
     sweep.write_text("""\

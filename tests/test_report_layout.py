@@ -13,7 +13,8 @@ from test_report_browser import browser, open_report  # noqa: F401 (browser: the
 
 from reports.html import build_report
 from sim.config import parse_scenario
-from sim.run import run, write_results
+from kvsim import write_results
+from sim.run import run
 
 WIDTHS = (900, 1400)
 

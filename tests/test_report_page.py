@@ -15,7 +15,8 @@ from cli import app
 from reports.html import build_report, write_report
 from reports.results import load_run, run_labels
 from sim.config import parse_scenario
-from sim.run import run, write_results
+from kvsim import write_results
+from sim.run import run
 
 runner = CliRunner()
 

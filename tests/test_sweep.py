@@ -13,11 +13,11 @@ from sweeps import base_yaml
 from typer.testing import CliRunner
 
 from cli import app
+from kvsim import sweep_to_dir
 from sim import run
 from sim.config import parse_scenario
 from sim.executors import SerialExecutor
-from sim.sweep import (CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep,
-                       sweep_to_dir)
+from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
 
 runner = CliRunner()
 
@@ -280,6 +280,12 @@ def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
     assert "p99_" not in page.split("<h2>Sweep</h2>")[0]
     assert "mean_normalized_latency_s &lt;= 0.5" in page and "lowest failing" in page
     assert (tmp_path / "out" / "sweep.csv").read_text().startswith("workload.arrival.rate,block_size,preemption,seed,")
+    # every column is a swept field, the seed, or a result declared in sim.schema (the report tells axes so)
+    from sim.schema import is_result_column
+
+    axes = {a.column for a in result.sweep.axes} | {"seed"}
+    for table in (result.table, result.capacity, result.capacity_runs):
+        assert [c for c in table.columns if c not in axes and not is_result_column(c)] == []
 
 
 # ------------------------------------------------------------------------------------------- one metric schema

@@ -17,7 +17,7 @@ from cli import app
 from conftest import shared_trace
 from sim import trace_paths
 from sim.config import ScenarioError, load_scenario
-from sim.workload import load_requests
+from kvsim import load_requests
 from traces.catalog import CATALOG, GROUPS, PublicTrace
 from traces.fetch import fetch, resolve_names, sha256_of
 

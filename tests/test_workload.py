@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from sim.config import LENGTH_PRESETS, ScenarioError, SyntheticWorkload
+from kvsim import read_trace
 from sim.workload import generate, load_requests, lognormal_mu
 
 
@@ -62,7 +63,7 @@ def test_table_replay_and_its_errors(tmp_path, make_scenario):
 
     def load(text, **kw):
         p.write_text(text)
-        return load_requests(make_scenario(workload={"kind": "table", "path": str(p), **kw}))
+        return load_requests(make_scenario(workload={"kind": "table", "path": str(p), **kw}), read_trace)
 
     r = load("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1.5,20,1\n2,5,0\n")
     assert list(r.prompt_tokens) == [10, 20] and r.arrival_s[1] == 1.5 and r.dropped == {"zero_output_tokens": 1}
@@ -74,7 +75,7 @@ def test_table_replay_and_its_errors(tmp_path, make_scenario):
         with pytest.raises(ScenarioError, match=msg):
             load(text)
     with pytest.raises(ScenarioError, match="no such trace file"):
-        load_requests(make_scenario(workload={"kind": "table", "path": str(tmp_path / "missing.csv")}))
+        load_requests(make_scenario(workload={"kind": "table", "path": str(tmp_path / "missing.csv")}), read_trace)
 
 
 @pytest.mark.parametrize("kw", [{}, {"duration_s": 150.0}, {"lengths": None, "prompt": {"kind": "uniform", "low": 1, "high": 90},

@@ -12,6 +12,7 @@ from pathlib import Path
 from sim.sweep.capacity import Search, max_probes, next_probe, probe_task
 from sim.sweep.spec import Sweep
 from sim.sweep.tasks import Task
+from sim.workload import TraceReader
 
 POINTS_DIR = "points"
 
@@ -81,9 +82,10 @@ class SweepInterrupted(Exception):
 
 
 def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep, store: PointStore, resume: bool,
-          progress: Progress | None = None) -> dict[str, Outcome]:
+          progress: Progress | None = None, read_trace: TraceReader | None = None) -> dict[str, Outcome]:
     """Run every grid task and every capacity search on ``executor`` (``submit(payload)``, ``wait_one()
     -> outcome dict``, ``slots``), storing each outcome as it arrives; returns outcomes by task key.
+    ``read_trace`` travels with each task to its worker (trace workloads).
 
     Grid tasks go first, at most ``slots`` in flight. A search starts once the grid runs along its axis
     are done, keeps one probe in flight, and stops when :func:`next_probe` says so or a run fails (its
@@ -107,7 +109,7 @@ def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep, sto
             progress.advance(stored)
             return True
         if task.key not in in_flight:
-            executor.submit(task.payload())
+            executor.submit(task.payload(read_trace))
             in_flight[task.key] = task
         return False
 

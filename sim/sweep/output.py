@@ -12,10 +12,12 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config import ScenarioError
+from sim.outputs import ReportWriter
 from sim.sweep.capacity import build_searches
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import Sweep, _display, load_sweep
 from sim.sweep.tables import capacity_tables, grid_tasks, sweep_table
+from sim.workload import TraceReader
 
 SWEEP_TABLE, CAPACITY_TABLE, CAPACITY_RUNS_TABLE, SWEEP_INFO = (
     "sweep.parquet", "capacity.parquet", "capacity_runs.parquet", "sweep.json")
@@ -33,15 +35,16 @@ class SweepResult:
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, executor, *, resume: bool = True,
-              progress: Progress | None = None) -> SweepResult:
+              progress: Progress | None = None, read_trace: TraceReader | None = None) -> SweepResult:
     """Run a loaded sweep on an executor (see :mod:`sim.executors`), storing each task as it finishes
-    under ``out_dir/points``; returns the tables (not yet written)."""
+    under ``out_dir/points``; returns the tables (not yet written). ``read_trace``: the trace reader, for
+    trace workloads (``sim.workload.load_requests``)."""
     out = Path(out_dir)
     t0 = time.perf_counter()
     tasks = grid_tasks(sweep)
     searches = build_searches(sweep, tasks)
     outcomes = drive(executor, [t for ts in tasks.values() for t in ts], searches, sweep, PointStore(out), resume,
-                     progress)
+                     progress, read_trace)
     table = sweep_table(sweep, tasks, outcomes)
     capacity = runs = None
     if sweep.capacity is not None:
@@ -57,10 +60,10 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, executor, *, resume: bool = Tru
                        sum(o.reused for o in outcomes.values()), failures, time.perf_counter() - t0)
 
 
-def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, report: bool = True
+def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, report: ReportWriter | None = None
                 ) -> dict[str, Path]:
     """sweep.parquet/.csv, capacity.parquet/.csv and capacity_runs.parquet (with a capacity search),
-    sweep.json (what was swept, the SLO, timings, failures) and report.html."""
+    sweep.json (what was swept, the SLO, timings, failures) and report.html (by ``report``, when given)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"sweep": out / SWEEP_TABLE, "sweep_csv": out / "sweep.csv", "info": out / SWEEP_INFO}
@@ -88,16 +91,15 @@ def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, re
     }
     paths["info"].write_text(json.dumps(info, indent=2, allow_nan=False))
     if report:
-        from reports.html import write_report
-
-        paths["report"] = write_report(out)
+        paths["report"] = report(out)
     return paths
 
 
 def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, executor: str = "local",
-                 workers: int | None = None, address: str | None = None, resume: bool = True, report: bool = True,
+                 workers: int | None = None, address: str | None = None, resume: bool = True,
+                 report: ReportWriter | None = None, read_trace: TraceReader | None = None,
                  console=None) -> tuple[SweepResult, dict[str, Path]]:
-    """``sim sweep``: load, run with a progress bar (ETA), write the tables and the report."""
+    """``sim sweep``: load, run with a progress bar (ETA), write the tables (and the report, by ``report``)."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
@@ -111,7 +113,7 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                 transient=True) as bar:
         task_id = bar.add_task(f"{sweep.name} ({ex.name}, {ex.slots} workers)", total=0)
-        result = run_sweep(sweep, out, ex, resume=resume, progress=_BarProgress(bar, task_id))
+        result = run_sweep(sweep, out, ex, resume=resume, progress=_BarProgress(bar, task_id), read_trace=read_trace)
     return result, write_sweep(result, out, executor, report=report)
 
 

@@ -18,8 +18,13 @@ class Task:
     policy: str
     scenario: dict  # the resolved scenario mapping, as a worker parses it
 
-    def payload(self) -> dict:
-        return {"key": self.key, "policy": self.policy, "scenario": self.scenario}
+    def payload(self, read_trace=None) -> dict:
+        """What a worker runs (``sim.executors.simulate_task``); ``read_trace``, the trace reader, goes by
+        reference (a module-level function: the worker imports it)."""
+        out = {"key": self.key, "policy": self.policy, "scenario": self.scenario}
+        if read_trace is not None:
+            out["read_trace"] = read_trace
+        return out
 
 
 def _kvsim_version() -> str:

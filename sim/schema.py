@@ -1,0 +1,135 @@
+"""The result files' schema, shared by the simulator (which writes them) and the reports (which read them):
+the summary metrics (name, unit, label, which way is better), the KV memory classes, the request status
+and reason codes, and the labels of the other columns a report draws (per-request latencies, sweep axes,
+capacity). Declared once here; nothing here imports anything of the simulator, so ``reports`` can read it
+without loading the simulator (see the README's Architecture section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# ------------------------------------------------------------------------------------------ KV memory
+
+# what each KV slot holds at an instant (kv_snapshots.parquet ``memory_class``; summary ``memory.<class>``)
+MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+# ------------------------------------------------------------------------------------------ requests
+
+# a request's status and reason codes (int8 columns while running; named categories in requests.parquet)
+PENDING, FINISHED, REJECTED, UNFINISHED = 0, 1, 2, 3
+STATUS_NAMES = {PENDING: "pending", FINISHED: "finished", REJECTED: "rejected", UNFINISHED: "unfinished"}
+NO_REASON, EXCEEDS_MAX_MODEL_LEN, EXCEEDS_KV_POOL, PREFILL_EXCEEDS_TOKEN_BUDGET, HORIZON = 0, 1, 2, 3, 4
+REASONS = {
+    NO_REASON: "",
+    EXCEEDS_MAX_MODEL_LEN: "exceeds_max_model_len",
+    EXCEEDS_KV_POOL: "exceeds_kv_pool",
+    PREFILL_EXCEEDS_TOKEN_BUDGET: "prefill_exceeds_token_budget",
+    HORIZON: "horizon",
+}
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One column or summary metric: its name, its unit ("" for a count of nothing in particular), a label,
+    which way is better (``max``, ``min``, or None where neither is), and for a narrow table (the console)
+    a shorter label and unit (a line break allowed), where they differ."""
+
+    name: str
+    unit: str
+    label: str
+    better: Literal["max", "min"] | None = None
+    short: str | None = None
+    short_unit: str | None = None
+
+    @property
+    def title(self) -> str:
+        """``label (unit)``; the label alone without a unit."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+
+def _declare(*metrics: Metric) -> dict[str, Metric]:
+    return {m.name: m for m in metrics}
+
+
+_LATENCIES = (("scheduling_delay_ms", "scheduling delay"), ("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
+              ("itl_ms", "ITL"), ("e2el_ms", "E2E latency"))
+
+# Every summary metric (summary.json ``policies.<name>``), in the order a summary lists them; a sweep's
+# columns and SLO keys, the console, the report and the decomposition read it.
+METRICS: dict[str, Metric] = _declare(
+    Metric("num_requests", "requests", "requests"),
+    Metric("num_finished", "requests", "finished", "max"),
+    Metric("num_rejected", "requests", "rejected", "min"),
+    Metric("num_unfinished", "requests", "unfinished", "min"),
+    Metric("duration_s", "s", "duration"),
+    Metric("request_throughput", "req/s", "request throughput", "max", short="throughput"),
+    Metric("output_throughput", "tok/s", "output throughput", "max", short="output"),
+    Metric("total_token_throughput", "tok/s", "total token throughput", "max"),
+    *(Metric(f"{stat}_{key}", "ms", f"{stat} {label}", "min", short=f"{stat}\n{label}")
+      for key, label in _LATENCIES for stat in ("mean", "median", "p99")),
+    Metric("mean_normalized_latency_s", "s/token", "mean normalized latency", "min", short="mean norm.\nlatency"),
+    Metric("mean_batch_size", "sequences", "mean batch", "max", short="mean\nbatch", short_unit="seqs"),
+    Metric("mean_decode_batch_size", "sequences", "mean decode batch", "max"),
+    Metric("mean_running_requests", "requests", "mean running requests"),
+    Metric("num_steps", "steps", "steps"),
+    Metric("num_preemptions", "preemptions", "preemptions", "min", short="preempt-\nions", short_unit="count"),
+    Metric("kv_capacity_tokens", "tokens", "KV capacity"),
+    *(Metric(f"memory.{c}", "share", f"KV in {c.replace('_', ' ')}", "max" if c == "token_states" else None,
+             short="KV in\ntokens" if c == "token_states" else None, short_unit="mean %")
+      for c in MEMORY_CLASSES),
+    Metric("busy_fraction", "share", "busy fraction"),
+    # block sharing (paged policies that share blocks; contiguous ones with samples or beams)
+    Metric("prefill_tokens_saved", "tokens", "prefill tokens saved", "max"),
+    Metric("num_cow_copies", "blocks", "copy-on-write block copies", "min"),
+    Metric("num_evicted_blocks", "blocks", "evicted cached blocks"),
+    Metric("memory_saved_by_sharing", "share", "memory saved by sharing", "max"),
+    Metric("prefix_hit_rate_tokens", "share", "prefix hit rate (tokens)", "max"),
+    Metric("prefix_hit_rate_blocks", "share", "prefix hit rate (blocks)", "max"),
+    Metric("num_slab_copies", "copies", "slab copies (contiguous forks)", "min"),
+)
+
+# ------------------------------------------------------------------------------------------ other columns
+
+# Per-request columns a report draws (requests.parquet), sweep axes (scenario fields, by their last dotted
+# part too: ``policies.*.block_size`` is a block size) and capacity results (capacity.parquet).
+TABLE_COLUMNS: dict[str, Metric] = _declare(
+    Metric("ttft_ms", "ms", "time to first token", "min", short="TTFT"),
+    Metric("tpot_ms", "ms", "time per output token", "min", short="TPOT"),
+    Metric("e2el_ms", "ms", "end-to-end latency", "min", short="E2E latency"),
+    Metric("normalized_latency_s", "s/token", "normalized latency", "min", short="normalized latency"),
+    Metric("workload.arrival.rate", "req/s", "request rate"),
+    Metric("block_size", "tokens", "block size"),
+    Metric("max_num_seqs", "", "max sequences per step"),
+    Metric("max_num_batched_tokens", "tokens", "token budget per step"),
+    Metric("gpu_memory_utilization", "share", "GPU memory utilization"),
+    Metric("tensor_parallel", "", "tensor-parallel GPUs"),
+    Metric("swap_space_gib", "GiB", "swap space"),
+    Metric("sustainable_request_rate", "req/s", "sustainable request rate", "max", short="sustainable"),
+)
+
+# The columns of sweep.parquet, capacity.parquet and capacity_runs.parquet that are results, not axes
+# (every summary metric is one too): the other columns are the swept scenario fields and ``seed``.
+SWEEP_RESULT_COLUMNS = ("policy", "offered_request_rate", "point_key", "error")
+CAPACITY_RESULT_COLUMNS = ("policy", "axis", "sustainable_request_rate", "sustainable_value", "met", "status", "slo",
+                           "tolerance", "relative_tolerance", "lowest_rate_tried", "highest_rate_tried",
+                           "lowest_failing_rate", "num_runs", "error", "value", "offered_request_rate", "point_key")
+
+
+def column(name: str) -> Metric | None:
+    """The declaration of a summary metric or a column, by its name or (an axis path) its last dotted part."""
+    return METRICS.get(name) or TABLE_COLUMNS.get(name) or TABLE_COLUMNS.get(str(name).split(".")[-1])
+
+
+def title(name: str) -> str:
+    """An axis or column title with its unit, from the declarations; an undeclared column by its name."""
+    m = column(name)
+    return m.title if m is not None else str(name)
+
+
+def is_result_column(name: str) -> bool:
+    """A column of a sweep or capacity table that holds a result (not a swept scenario field or the seed)."""
+    return name in METRICS or name in SWEEP_RESULT_COLUMNS or name in CAPACITY_RESULT_COLUMNS

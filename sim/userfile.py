@@ -1,0 +1,37 @@
+"""A file the user named, read whole: the one place that says what can go wrong with it (missing, a folder
+or a device, unreadable, not UTF-8 text, not valid JSON), in one line naming the file. Scenario and sweep
+files (YAML), model configs and step-time profiles (JSON) are read here; trace files, which are streamed,
+have their own checks (``traces.formats``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_text(path: str | Path, what: str, error: type[Exception], hint: str = "") -> str:
+    """The file's text (UTF-8; a byte-order mark dropped). ``what`` names the kind of file in the message
+    (``scenario file``), ``hint`` follows a missing file's (`` (write one with sim calibrate)``); ``error``
+    is the exception raised (the caller's user-error type)."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_file():  # a folder, a FIFO (would block), a device
+            raise error(f"{path}: not a regular file (expected a {what})")
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}{hint}") from None
+    except (OSError, UnicodeDecodeError) as e:  # permission, a symlink loop, binary content
+        raise error(f"{path}: cannot read as text ({e.__class__.__name__}: "
+                    f"{getattr(e, 'strerror', None) or e.__class__.__name__})") from None
+
+
+def read_json(path: str | Path, what: str, error: type[Exception], hint: str = "") -> Any:
+    """The file's JSON value; as :func:`read_text`, and invalid JSON said with its line."""
+    text = read_text(path, what, error, hint)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise error(f"{path}: nested too deeply to read") from None
