@@ -461,7 +461,7 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
     out: dict = {}
     kinds: list[str] | None = None
     for key in ("layer_types", "layers_block_type"):
-        if key in cfg:
+        if cfg.get(key) is not None:  # null: absent
             lt = cfg[key]
             if not isinstance(lt, list):
                 raise CatalogError(f"{path}: '{key}' must be a list of layer kinds, got {lt!r}")
