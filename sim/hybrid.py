@@ -5,8 +5,9 @@ Units. One *slot* is one token of one group's page (``KvLayout.slot_bytes``); th
 ``num_blocks * block_size`` of them and the five memory classes add up to it exactly, as for the classic
 managers. A sequence of ``c`` cached tokens fills ``c - first_g * block_size`` slots in each attention
 group ``g`` (blocks before ``first_g`` were freed) and its Mamba state's pages whole (state counts as token
-states). The scheduler counts ``c`` once per sequence; ``shared_filled`` is the correction (the same hook
-prefix sharing uses), computed from the live sequences.
+states). The scheduler counts ``c`` once per sequence and multiplies by ``fill_rate`` (the attention groups);
+``shared_filled`` is the correction (the hook prefix sharing uses): the freed window blocks' slots minus
+the Mamba states'. The contiguous manager computes it from its live sequences (no decode spans there).
 
 Window slack: a window group's blocks between the window's start and its first kept block's start hold
 tokens no query reads any more (at most one block per group and sequence); they stay token states until
@@ -35,10 +36,14 @@ class _CrossingPool:
     """What the scheduler's decode fast path and span limit ask of ``kv.pool``, in block crossings: a
     crossing sequence takes at most one page per attention group (conservative: a window group at its
     steady state frees one as it takes one). When this says no, the scheduler's general path asks
-    ``can_grow`` per sequence, which is exact."""
+    ``can_grow`` per sequence, which is exact.
 
-    def __init__(self, pool: BlockPool, per: int) -> None:
-        self._pool, self._per = pool, per
+    NOTE: a decode span assumes free memory only shrinks, so that a request kept out for memory stays
+    out; window groups free pages at block crossings. So while the last admission asked was refused,
+    ``num_free`` is 0: the span ends before the next crossing, where admission is asked again."""
+
+    def __init__(self, pool: BlockPool, per: int, kv: "HybridPagedKv") -> None:
+        self._pool, self._per, self._kv = pool, per, kv
         self.block_size = pool.block_size
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
@@ -46,7 +51,7 @@ class _CrossingPool:
 
     @property
     def num_free(self) -> int:
-        return self._pool.num_free // self._per
+        return 0 if self._kv.refused else self._pool.num_free // self._per
 
 
 class HybridPagedKv:
@@ -62,7 +67,9 @@ class HybridPagedKv:
         self.capacity = pool.num_blocks * B
         self.attn = [g for g in layout.groups if g.attention]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
-        self.pool = _CrossingPool(pool, max(1, len(self.attn)))
+        self.pool = _CrossingPool(pool, max(1, len(self.attn)), self)
+        self.refused = False  # the last admission asked (can_admit) was refused for memory
+        self.fill_rate = len(self.attn)
         self.alloc = 0
         self.capped = 0
         self.rounding = 0
@@ -73,10 +80,12 @@ class HybridPagedKv:
 
     # ------------------------------------------------------------------ the rule
 
-    def _change(self, seq, num_new: int):
-        """(new end, new firsts, pages to take, pages to free) if ``seq`` writes ``num_new`` more tokens."""
+    def _change(self, seq, num_new: int, c: int | None = None):
+        """(new end, new firsts, pages to take, pages to free) if ``seq``, ``c`` tokens cached (default: as
+        it says), writes ``num_new`` more; None if it needs no page."""
         st = self._st.get(seq)
-        c = seq.num_computed_tokens
+        if c is None:
+            c = seq.num_computed_tokens
         end = blocks_for(c + num_new, self.block_size)
         if st is None:
             firsts = [first_kept(g, c, self.block_size) for g in self.attn]
@@ -101,7 +110,9 @@ class HybridPagedKv:
 
     def can_admit(self, seq, num_new: int, hits=()) -> bool:
         ch = self._change(seq, num_new)
-        return ch is None or self.blocks.can_allocate(ch[2] - ch[3], admission=True)
+        ok = ch is None or self.blocks.can_allocate(ch[2] - ch[3], admission=True)
+        self.refused = not ok
+        return ok
 
     def can_grow(self, seq, num_new: int) -> bool:
         ch = self._change(seq, num_new)
@@ -110,8 +121,8 @@ class HybridPagedKv:
     def admit(self, seq, num_new: int, hits=()) -> None:
         self.grow(seq, num_new)
 
-    def grow(self, seq, num_new: int) -> None:
-        ch = self._change(seq, num_new)
+    def grow(self, seq, num_new: int, c: int | None = None) -> None:
+        ch = self._change(seq, num_new, c)
         if ch is None:
             return
         end, firsts, take, freed = ch
@@ -150,9 +161,12 @@ class HybridPagedKv:
         seq.block_table = [b for t in st[2] for b in t] + st[3]
 
     def add_blocks(self, seqs: list) -> None:
-        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block."""
+        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
+        the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
+        cached, which is what is passed."""
+        B, st = self.block_size, self._st
         for seq in seqs:
-            self.grow(seq, 1)
+            self.grow(seq, 1, st[seq][0] * B)
 
     def free(self, seq) -> None:
         st = self._st.pop(seq, None)
@@ -175,11 +189,9 @@ class HybridPagedKv:
 
     @property
     def shared_filled(self) -> int:
-        """Cached tokens as the scheduler counts them (once per sequence) minus the slots they fill."""
-        logical = sum(s.num_computed_tokens for s in self._st)
-        physical = (len(self.attn) * logical - self.block_size * self._first_sum
-                    + self._states * self.state_pages * self.block_size)
-        return logical - physical
+        """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
+        sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
+        return self.block_size * (self._first_sum - self._states * self.state_pages)
 
     # ------------------------------------------------------------------ pictures
 

@@ -310,11 +310,13 @@ class KvManager(Protocol):
     """What the scheduler asks of a KV manager; ``PagedKv``, ``ContiguousKv`` and ``sharing.SharedPagedKv``
     implement it. Ask-then-act pairs: ``can_admit``/``admit``, ``can_grow``/``grow``; ``free`` gives
     everything back. Counters, in token slots, as drawn above: ``alloc``, ``capped``, ``rounding``,
-    ``held``; sharing's corrections ``shared_filled``, ``shared_blocks``; ``copies``: the copy-on-write
+    ``held``; the filled slots are ``fill_rate`` x the scheduler's cached tokens - ``shared_filled``
+    (sharing's correction; several KV groups' in sim/hybrid.py); ``shared_blocks``; ``copies``: the copy-on-write
     block copies of the step being planned."""
 
     kind: str  # "paged" | "contiguous"
     caching: bool  # a prefix cache answers match_prefix
+    fill_rate: int
     capacity: int
     alloc: int
     capped: int
@@ -370,6 +372,7 @@ class PagedKv:
 
     kind = "paged"
     caching = False  # see sharing.SharedPagedKv
+    fill_rate = 1  # slots one cached token fills (hybrid.HybridPagedKv: one per attention group)
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
@@ -466,6 +469,7 @@ class ContiguousKv:
 
     kind = "contiguous"
     caching = False
+    fill_rate = 1
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()

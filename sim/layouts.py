@@ -126,5 +126,6 @@ def kv_layout(model: ModelSpec, tp: int, block_size: int, kv_dtype_bytes: int | 
 
 
 def capacity_tokens(layout: KvLayout, num_pages: int, context: int) -> int:
-    """Tokens of ``context``-token sequences the pool holds (whole sequences; the capacity table)."""
-    return num_pages // layout.pages_held(context) * context
+    """Tokens the pool holds when filled with ``context``-token sequences (the capacity table): pages over
+    the pages one such sequence holds, times its tokens (fractions of a sequence counted)."""
+    return num_pages * context // layout.pages_held(context)

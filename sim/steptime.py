@@ -156,8 +156,11 @@ class RooflineStepTime:
         self._key_s = self._kv_bytes_per_token / bw  # a token in every attention group (the per-sequence terms)
         flops = gpu.flops_per_s * cfg.attention_efficiency
         pair = 4 * m.head_dim * (m.num_heads / tp) / flops  # one layer's query-key pair
-        self._groups = [(g.kind, g.window, g.layers * layout.layer_bytes / bw, g.layers * pair)
-                        for g in layout.groups if g.attention]
+        layers: dict[tuple[str, int], int] = {}  # groups of one kind and window read alike: priced together
+        for g in layout.groups:
+            if g.attention:
+                layers[(g.kind, g.window)] = layers.get((g.kind, g.window), 0) + g.layers
+        self._groups = [(kind, w, n * layout.layer_bytes / bw, n * pair) for (kind, w), n in layers.items()]
         mamba = sum(g.layers for g in layout.groups if not g.attention)
         self._mamba_seq_s = 2 * mamba * m.mamba_state_bytes(tp) / bw
         self._mamba_token_s = 6 * mamba * (m.mamba_d_inner / tp) * m.mamba_d_state / flops
@@ -194,6 +197,37 @@ class RooflineStepTime:
         decodes = sum(1 for _, n in seqs if n == 1)
         prefill = sum(n for _, n in seqs if n > 1)
         return t + decodes * self._mamba_seq_s + prefill * self._mamba_token_s
+
+    def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
+        """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
+        restart at each chunk boundary), so the keys of each step are summed over the sequences (sorted
+        contexts and prefix sums), then priced with the same float operations as ``step_time_s``.
+        Contiguous policies step one at a time (their slab accounting has no closed form: None)."""
+        if not self.paged:
+            return None
+        n = plan.num_seqs
+        fixed = self._fixed_parts(n, n, n)
+        per_key, per_seq = self.decode_key_terms(plan.block_size)
+        f = per_key / self._key_s
+        a = np.sort(np.fromiter((s.num_computed_tokens + 1 for s in plan._decoding), dtype=np.int64, count=n))
+        prefix = np.concatenate(([0], np.cumsum(a)))
+        j = np.arange(k, dtype=np.int64)
+        keys = []
+        for kind, window, _, _ in self._groups:
+            if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
+                idx = np.searchsorted(a, window - j, side="left")
+                keys.append((prefix[idx] + j * idx + window * (n - idx)).tolist())
+            elif kind == "chunked":
+                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1).tolist())
+            else:
+                keys.append((int(prefix[-1]) + n * j).tolist())
+        out, step, mamba, seq_s = [], self._step_s, self._mamba_seq_s, n * per_seq
+        for i in range(k):
+            t = 0.0
+            for g, (_, _, key_s, pair_s) in enumerate(self._groups):
+                t += keys[g][i] * key_s * f + 0 * pair_s
+            out.append(step(fixed, t + n * mamba + 0 * self._mamba_token_s + seq_s))
+        return out
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
@@ -308,7 +342,7 @@ class RooflineStepTime:
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
         if self._groups is not None:
-            return None  # several KV groups: window reads are not linear in the context; step one at a time
+            return self._groups_span_s(plan, k)
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
