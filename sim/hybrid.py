@@ -65,16 +65,21 @@ class HybridPagedKv:
         self.blocks = pool
         self.block_size = B = pool.block_size
         self.capacity = pool.num_blocks * B
-        self.attn = [g for g in layout.groups if g.attention]
+        classes: dict[tuple[str, int], int] = {}  # groups of one kind and window move alike: one table each
+        for g in layout.groups:
+            if g.attention:
+                classes[(g.kind, g.window)] = classes.get((g.kind, g.window), 0) + 1
+        # (a group of the class, groups in it): a table row holds one page of each of the class's groups
+        self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
-        self.pool = _CrossingPool(pool, max(1, len(self.attn)), self)
+        self.fill_rate = sum(classes.values())  # attention groups
+        self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
-        self.fill_rate = len(self.attn)
         self.alloc = 0
         self.capped = 0
         self.rounding = 0
         self.held = 0
-        self._st: dict = {}  # seq -> [end block, [first block per attention group], [pages per group], state pages]
+        self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
 
@@ -86,15 +91,22 @@ class HybridPagedKv:
         st = self._st.get(seq)
         if c is None:
             c = seq.num_computed_tokens
-        end = blocks_for(c + num_new, self.block_size)
+        B = self.block_size
+        end = blocks_for(c + num_new, B)
         if st is None:
-            firsts = [first_kept(g, c, self.block_size) for g in self.attn]
-            return end, firsts, sum(end - f for f in firsts) + self.state_pages, 0
-        if end <= st[0]:
+            firsts = [first_kept(g, c, B) for g, _ in self.classes]
+            return end, firsts, sum(n * (end - f) for f, (_, n) in zip(firsts, self.classes)) + self.state_pages, 0
+        end0 = st[0]
+        if end <= end0:
             return None
-        firsts = [max(f0, first_kept(g, c, self.block_size)) for g, f0 in zip(self.attn, st[1])]
-        freed = sum(min(f, st[0]) - f0 for f, f0 in zip(firsts, st[1]))
-        take = sum(end - max(f, st[0]) for f in firsts)
+        firsts, take, freed = [], 0, 0
+        for (g, n), f0 in zip(self.classes, st[1]):
+            f = first_kept(g, c, B) if g.window else 0
+            if f < f0:
+                f = f0
+            firsts.append(f)
+            freed += n * ((f if f < end0 else end0) - f0)
+            take += n * (end - (f if f > end0 else end0))
         return end, firsts, take, freed
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
@@ -104,8 +116,8 @@ class HybridPagedKv:
         p = np.asarray(prompt_tokens)
         total = blocks_for(p + np.asarray(output_tokens) - 1, B)
         prompt = blocks_for(p, B)
-        need = self.state_pages + sum(total if not g.window else np.minimum(total, prompt + g.window // B + 2)
-                                      for g in self.attn)
+        need = self.state_pages + sum(n * (total if not g.window else np.minimum(total, prompt + g.window // B + 2))
+                                      for g, n in self.classes)
         return need > self.blocks.num_blocks - self.blocks.watermark_blocks
 
     def can_admit(self, seq, num_new: int, hits=()) -> bool:
@@ -126,39 +138,32 @@ class HybridPagedKv:
         if ch is None:
             return
         end, firsts, take, freed = ch
-        B, cap = self.block_size, seq.max_kv_tokens
+        B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
         st = self._st.get(seq)
         if st is None:
-            tables = [[] for _ in self.attn]
-            state = self.blocks.allocate(self.state_pages) if self.state_pages else []
-            st = self._st[seq] = [0, [0] * len(self.attn), tables, state]
+            state = blocks.allocate(self.state_pages) if self.state_pages else []
+            st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
             self._states += 1
-            self.alloc += len(state) * B
             self.capped += len(state) * B
-            old_firsts = firsts  # nothing held yet: blocks from the first kept one
-            old_end = None
-        else:
-            old_firsts, old_end = st[1], st[0]
-        for i, (f, f0) in enumerate(zip(firsts, old_firsts)):
-            table = st[2][i]
-            if old_end is not None:
-                drop = min(f, old_end) - f0
-                if drop > 0:
-                    self.blocks.free(table[:drop])
-                    del table[:drop]
-                    self.alloc -= drop * B
-                    self.capped -= min(f0 * B + drop * B, cap) - min(f0 * B, cap)
-                start = max(f, old_end)
-            else:
-                start = f
-            n = end - start
-            if n > 0:
-                table.extend(self.blocks.allocate(n))
-                self.alloc += n * B
-                self.capped += min(end * B, cap) - min(start * B, cap)
-            self._first_sum += f - (f0 if old_end is not None else 0)
+            for (_, n), f, table in zip(self.classes, firsts, st[2]):
+                table.extend(blocks.allocate(n * (end - f)))
+                self.capped += n * (min(end * B, cap) - min(f * B, cap))
+                self._first_sum += n * f
+            self.alloc += take * B  # the state's pages included
+            return
+        end0, firsts0, tables = st[0], st[1], st[2]
+        for (g, n), f, f0, table in zip(self.classes, firsts, firsts0, tables):
+            if f > f0:  # blocks that left the window: freed
+                drop = n * (f - f0)
+                blocks.free(table[:drop])
+                del table[:drop]
+                self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
+                self._first_sum += drop
+            start = f if f > end0 else end0
+            table.extend(blocks.allocate(n * (end - start)))
+            self.capped += n * (min(end * B, cap) - min(start * B, cap))
+        self.alloc += (take - freed) * B
         st[0], st[1] = end, firsts
-        seq.block_table = [b for t in st[2] for b in t] + st[3]
 
     def add_blocks(self, seqs: list) -> None:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
@@ -171,21 +176,24 @@ class HybridPagedKv:
     def free(self, seq) -> None:
         st = self._st.pop(seq, None)
         if st is None:
-            seq.block_table = []
             return
         B, cap = self.block_size, seq.max_kv_tokens
         end = st[0]
-        for f, table in zip(st[1], st[2]):
+        for (_, n), f, table in zip(self.classes, st[1], st[2]):
             self.blocks.free(table)
             self.alloc -= len(table) * B
-            self.capped -= min(end * B, cap) - min(f * B, cap)
-            self._first_sum -= f
+            self.capped -= n * (min(end * B, cap) - min(f * B, cap))
+            self._first_sum -= n * f
         if st[3]:
             self.blocks.free(st[3])
             self.alloc -= len(st[3]) * B
             self.capped -= len(st[3]) * B
         self._states -= 1
-        seq.block_table = []
+
+    def table(self, seq) -> list[int]:
+        """Every page ``seq`` holds (swap copies them); ``seq.block_table`` is not kept (one list per group)."""
+        st = self._st.get(seq)
+        return [] if st is None else [b for t in st[2] for b in t] + st[3]
 
     @property
     def shared_filled(self) -> int:
@@ -200,19 +208,18 @@ class HybridPagedKv:
         for s in seqs:
             st = self._st.get(s)
             if st is not None:
-                out.append((st[0], tuple(st[1]), tuple(tuple(t) for t in st[2]), tuple(st[3]),
-                            s.num_computed_tokens, s.max_kv_tokens))
+                out.append((tuple(st[1]), tuple(tuple(t) for t in st[2]), tuple(st[3]), s.num_computed_tokens,
+                            min(st[0] * self.block_size, s.max_kv_tokens)))
         return out, self.blocks.free_state()
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
         B = self.block_size
         seqs, (free, fresh) = captured
         segs: list = []
-        for end, firsts, tables, state, filled, max_kv in seqs:
-            cap = min(end * B, max_kv)
-            for f, table in zip(firsts, tables):
-                for j, b in enumerate(table):
-                    lo = (f + j) * B
+        for firsts, tables, state, filled, cap in seqs:
+            for (_, n), f, table in zip(self.classes, firsts, tables):
+                for j, b in enumerate(table):  # row j // n of the class: token block f + j // n
+                    lo = (f + j // n) * B
                     _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
             for b in state:
                 _fill_runs(b * B, B, B, B, segs)

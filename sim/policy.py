@@ -117,6 +117,11 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
     return ContiguousKv(alloc, Reservation(a.reserve, r.max_model_len))
 
 
+def _table(kv: KvManager, seq) -> list[int]:
+    """The pages ``seq`` holds: its block table, or (several KV groups, sim/hybrid.py) every group's."""
+    return kv.table(seq) if hasattr(kv, "table") else seq.block_table
+
+
 class Preemption:
     """What preempting a running sequence does with its cache. "Preempted" means the cache left GPU
     memory: freed (recompute: the sequence re-prefills prompt + generated tokens) or copied to the CPU
@@ -137,12 +142,13 @@ class Preemption:
         pool = self.swap_pool
         if pool is None or not (group or self.mode == "swap"):
             return None
-        unique = list(dict.fromkeys(b for m in members for b in m.block_table))
+        tables = [_table(kv, m) for m in members]
+        unique = list(dict.fromkeys(b for t in tables for b in t))
         if not pool.can_allocate(len(unique)):
             return None
         where = dict(zip(unique, pool.allocate(len(unique))))
-        for m in members:
-            m.cpu_blocks = [where[b] for b in m.block_table]
+        for m, t in zip(members, tables):
+            m.cpu_blocks = [where[b] for b in t]
             kv.free(m)
         return list(where.items())
 
@@ -152,7 +158,7 @@ class Preemption:
     def swap_in(self, kv: KvManager, seq, num_new: int) -> list[tuple[int, int]]:
         """Bring one sequence back with room for ``num_new`` tokens; returns the (CPU, GPU) copies."""
         kv.admit(seq, num_new)
-        pairs = list(zip(seq.cpu_blocks, seq.block_table))
+        pairs = list(zip(seq.cpu_blocks, _table(kv, seq)))
         self.swap_pool.free(seq.cpu_blocks)
         seq.cpu_blocks = []
         return pairs

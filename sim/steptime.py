@@ -216,18 +216,19 @@ class RooflineStepTime:
         for kind, window, _, _ in self._groups:
             if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
                 idx = np.searchsorted(a, window - j, side="left")
-                keys.append((prefix[idx] + j * idx + window * (n - idx)).tolist())
+                keys.append(prefix[idx] + j * idx + window * (n - idx))
             elif kind == "chunked":
-                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1).tolist())
+                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1))
             else:
-                keys.append((int(prefix[-1]) + n * j).tolist())
-        out, step, mamba, seq_s = [], self._step_s, self._mamba_seq_s, n * per_seq
-        for i in range(k):
-            t = 0.0
-            for g, (_, _, key_s, pair_s) in enumerate(self._groups):
-                t += keys[g][i] * key_s * f + 0 * pair_s
-            out.append(step(fixed, t + n * mamba + 0 * self._mamba_token_s + seq_s))
-        return out
+                keys.append(int(prefix[-1]) + n * j)
+        # NOTE: elementwise float64 operations in step_time_s's order, so each step's figure is the same bits
+        t = np.zeros(k)
+        for g, (_, _, key_s, pair_s) in enumerate(self._groups):
+            t = t + (keys[g] * key_s * f + 0 * pair_s)
+        attn = t + n * self._mamba_seq_s + 0 * self._mamba_token_s + n * per_seq
+        gpu, serial, hidden = fixed
+        g = gpu + attn
+        return (serial + np.where(g >= hidden, g, hidden)).tolist()
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
@@ -239,7 +240,11 @@ class RooflineStepTime:
         allreduce = 2 * ops.allreduce_s(m * h * model.dtype_bytes)
         total = 0.0
         wb = model.weight_bytes or model.dtype_bytes
+        counts: dict[tuple[str, bool], int] = {}  # layers of one kind and MLP cost the same: priced once
         for i, kind in enumerate(model.kinds):
+            key = (kind if kind in ("mamba", "mla") else "attention", i in model.moe_layers)
+            counts[key] = counts.get(key, 0) + 1
+        for (kind, moe), count in counts.items():
             if kind == "mamba":
                 d, r = model.mamba_d_inner // tp, model.mamba_dt_rank
                 proj = (ops.gemm_s(m, 2 * d, h) + ops.gemm_s(m, r + 2 * model.mamba_d_state, d) + ops.gemm_s(m, d, r)
@@ -253,7 +258,7 @@ class RooflineStepTime:
                         + ops.gemm_s(m, h, heads * model.v_head_dim))
             else:
                 proj = ops.gemm_s(m, *ops.gemms["attn_pre_proj"]) + ops.gemm_s(m, *ops.gemms["attn_post_proj"])
-            if i in model.moe_layers:
+            if moe:
                 f = model.moe_ffn_size // tp
                 busy = distinct_experts(model.num_experts, model.num_experts_per_tok, m)
                 compute = 2.0 * m * model.num_experts_per_tok * 3 * h * f / ops._matmul_flops
@@ -264,7 +269,7 @@ class RooflineStepTime:
                     mlp += ops.gemm_s(m, 2 * fs, h) + ops.gemm_s(m, h, fs)
             else:
                 mlp = ops.gemm_s(m, *ops.gemms["mlp_up_proj"]) + ops.gemm_s(m, *ops.gemms["mlp_down_proj"])
-            total += proj + mlp
+            total += count * (proj + mlp)
         return float(total + self._num_layers * (elementwise + allreduce))
 
     def _fixed_parts(self, num_tokens: int, num_seqs: int, num_sampled: int) -> tuple[float, float, float]:

@@ -152,7 +152,7 @@ def _paged(kinds=("sliding", "sliding", "full", "mamba"), window=40, blocks=400)
 
 
 def _check_paged(kv: HybridPagedKv, seqs):
-    held = [b for s in seqs for b in s.block_table]
+    held = [b for s in seqs for b in kv.table(s)]
     assert len(held) == len(set(held)), "a page has two owners"
     assert len(held) + kv.blocks.num_free == kv.blocks.num_blocks, "a page leaked"
     assert kv.alloc == len(held) * kv.block_size
@@ -162,11 +162,11 @@ def _check_paged(kv: HybridPagedKv, seqs):
         end, firsts, tables, state = kv._st[s]
         c = s.num_computed_tokens
         assert end * B >= c
-        for g, f, t in zip(kv.attn, firsts, tables):
-            assert len(t) == end - f
+        for (g, n), f, t in zip(kv.classes, firsts, tables):
+            assert len(t) == n * (end - f)
             assert f <= first_kept(g, max(c - 1, 0), B) or f == first_kept(g, c, B)  # freed only out of the window
             assert f * B <= c
-            filled += c - f * B
+            filled += n * (c - f * B)
         assert len(state) == kv.state_pages
         filled += len(state) * B
     logical = sum(s.num_computed_tokens for s in seqs)
@@ -223,6 +223,7 @@ def test_window_blocks_are_freed_as_they_leave():
         s.num_computed_tokens += 1
     end, firsts, tables, _ = kv._st[s]
     assert len(tables[1]) == end and len(tables[0]) <= 32 // 8 + 1  # full keeps all, sliding W/B + 1
+    assert kv.blocks.num_free == 1000 - len(tables[0]) - len(tables[1])
 
 
 @settings(max_examples=40, deadline=None)
