@@ -169,9 +169,33 @@ class HybridPagedKv:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
         the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
         cached, which is what is passed."""
-        B, st = self.block_size, self._st
-        for seq in seqs:
-            self.grow(seq, 1, st[seq][0] * B)
+        B, blocks, classes = self.block_size, self.blocks, self.classes
+        alloc = capped = 0
+        for seq in seqs:  # grow(seq, 1, end * B), unrolled: the hot path of decoding
+            st = self._st[seq]
+            end0 = st[0]
+            c, cap = end0 * B, seq.max_kv_tokens
+            grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
+            firsts = st[1]
+            for i, (g, n) in enumerate(classes):
+                table = st[2][i]
+                if g.window:
+                    f0 = firsts[i]
+                    f = first_kept(g, c, B)
+                    if f > f0:
+                        drop = n * (f - f0)
+                        blocks.free(table[:drop])
+                        del table[:drop]
+                        alloc -= drop
+                        capped -= n * (min(f * B, cap) - min(f0 * B, cap))
+                        self._first_sum += drop
+                        firsts[i] = f
+                table.extend(blocks.allocate(n))
+                alloc += n
+                capped += n * grew
+            st[0] = end0 + 1
+        self.alloc += alloc * B
+        self.capped += capped
 
     def free(self, seq) -> None:
         st = self._st.pop(seq, None)

@@ -205,6 +205,8 @@ class RooflineStepTime:
         Contiguous policies step one at a time (their slab accounting has no closed form: None)."""
         if not self.paged:
             return None
+        if k == 1:
+            return [self.step_time_s(plan)]
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
