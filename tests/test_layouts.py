@@ -91,6 +91,26 @@ def test_capacity_per_gpu_by_hand():
         assert per_token_full * 32768 / ((2048 + 6 * 65) * page_hybrid) == pytest.approx(5.208, abs=1e-3)
 
 
+@pytest.mark.parametrize("name, tp, layer_bytes, group_size, slots_off, pages_32k", [
+    # gpt-oss-120b: 8 KV heads x 64 x K,V x 2 bytes; 18 sliding (128) + 18 full layers: 2 groups of 18;
+    # a 32k sequence holds 2048 full blocks + 128/16 + 1 sliding ones
+    ("gpt-oss-120b", 1, 2 * 8 * 64 * 2, 18, 36 * 2048, 2048 + 9),
+    # Llama-4-Scout at tp 4: 2 KV heads per rank; 36 chunked (8192) + 12 full: 4 groups of 12; at 32k the
+    # chunked groups hold only the current chunk's 8192 / 16 blocks
+    ("llama-4-scout", 4, 2 * 2 * 128 * 2, 12, 48 * 1024, 2048 + 3 * 512),
+    # Jamba at tp 2: 4 attention layers (one group), 7 Mamba groups of 5 state pages each
+    ("jamba-v0.1", 2, 2 * 4 * 128 * 2, 4, None, 2048 + 7 * 5),
+])
+def test_capacity_table_shapes_by_hand(name, tp, layer_bytes, group_size, slots_off, pages_32k):
+    """The capacity table's inputs (benchmarks/bench_layouts.py capacity) from the shapes by hand."""
+    m = MODELS[name]
+    lay = kv_layout(m, tp, 16)
+    assert (lay.layer_bytes, lay.group_size, lay.pages_held(32768)) == (layer_bytes, group_size, pages_32k)
+    assert kv_layout(m, tp, 16, kv_dtype_bytes=1).slot_bytes * 2 == lay.slot_bytes  # fp8 halves a page
+    if slots_off is not None:
+        assert kv_layout(m, tp, 16, hybrid=False).slot_bytes == slots_off
+
+
 def test_distinct_experts_formula():
     assert distinct_experts(256, 8, 1) == pytest.approx(8)
     assert distinct_experts(256, 8, 10_000) == pytest.approx(256)
