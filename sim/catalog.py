@@ -481,6 +481,8 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
             raise CatalogError(f"{path}: 'sliding_window' {window} is larger than max_position_embeddings {max_len}")
         if kinds is None:
             pattern = cfg.get("sliding_window_pattern")
+            if pattern is None and cfg.get("model_type") == "gemma2":  # older Gemma 2 configs: alternating, implied
+                pattern = cfg["sliding_window_pattern"] = 2
             if pattern is not None:  # Gemma 3: every pattern-th layer is full attention
                 pattern = need("sliding_window_pattern")
                 kinds = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n)]

@@ -136,6 +136,8 @@ def test_config_json_layer_kinds(tmp_path):
     assert m.layer_kinds == ("sliding",) * 3 + ("full",) and m.sliding_window == 64
     g = model_from_hf_config(_config(tmp_path, layer_types=None, sliding_window_pattern=2))
     assert g.layer_kinds == ("sliding", "full", "sliding", "full")
+    g2 = model_from_hf_config(_config(tmp_path, layer_types=None, model_type="gemma2"))  # implied: alternating
+    assert g2.layer_kinds == ("sliding", "full", "sliding", "full")
     mla = model_from_hf_config(_config(tmp_path, layer_types=None, sliding_window=None, kv_lora_rank=64,
                                        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32))
     assert mla.layer_kinds == ("mla",) * 4 and mla.kv_bytes_per_token(1) == 4 * 80 * 2
