@@ -32,10 +32,55 @@ class ModelSpec:
     dtype_bytes: int = 2
     # NOTE: 0 means hidden_size // num_heads; config.json may declare another (Mistral-Nemo: 128, not 160)
     head_dim: int = 0
+    # Today's layouts (sim/layouts.py turns these into layer groups). Empty / 0: every layer full attention,
+    # a dense MLP, weights in dtype_bytes -- the models above, whose figures do not change.
+    layer_kinds: tuple[str, ...] = ()  # per layer: full | sliding | chunked | mla | mamba (LAYER_KINDS)
+    sliding_window: int = 0  # W of sliding layers: a token attends to itself and the W - 1 before it
+    attention_chunk_size: int = 0  # C of chunked-local layers: a token attends within its C-token chunk
+    kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim elements per token and layer
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    mamba_d_inner: int = 0  # Mamba layers: a state of (d_conv - 1) * d_inner + d_inner * d_state per sequence
+    mamba_d_state: int = 0
+    mamba_d_conv: int = 0
+    mamba_dt_rank: int = 0
+    num_experts: int = 0  # MoE: routed experts, each a gated MLP of moe_ffn_size
+    num_experts_per_tok: int = 0
+    moe_ffn_size: int = 0
+    num_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()  # indices of the MoE layers (the others use the dense ffn_size MLP)
+    weight_bytes: float = 0  # bytes per weight; 0 means dtype_bytes (fp8 checkpoints: 1, MXFP4: 4.25 bits)
 
     def __post_init__(self) -> None:
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    @property
+    def modern(self) -> bool:
+        """Described by layer kinds, MoE or packed weights (else the classic formulas below apply as they were)."""
+        return bool(self.layer_kinds or self.num_experts or self.weight_bytes)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.layer_kinds or ("full",) * self.num_layers
+
+    def kv_bytes_per_token_layer(self, kind: str, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
+        """KV bytes one token holds in one layer of ``kind`` on one rank (0 for Mamba: a per-sequence state).
+        MLA's latent is not split by heads: every rank holds all of it (as vLLM does)."""
+        w = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+        if kind == "mamba":
+            return 0
+        if kind == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * w
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * w
+
+    def mamba_state_bytes(self, tp: int = 1) -> int:
+        """One Mamba layer's state for one sequence on one rank: the conv window and the SSM state
+        (model dtype; vLLM's fp8 KV cache does not apply to it). d_inner splits over ranks."""
+        d = self.mamba_d_inner // tp
+        return ((self.mamba_d_conv - 1) * d + d * self.mamba_d_state) * self.dtype_bytes
 
     @property
     def linear_params_per_layer(self) -> int:
@@ -67,6 +112,34 @@ class ModelSpec:
                 "mlp_act": (3 if self.gated_mlp else 2) * ffn * w,  # gated: read gate and up, write one
                 "add": 3 * h * w}
 
+    def attention_params(self, kind: str) -> int:
+        """One attention layer's projection weights (MLA: the low-rank q and kv paths; Mamba: its
+        in/x/dt/out projections)."""
+        h = self.hidden_size
+        if kind == "mamba":
+            d, r = self.mamba_d_inner, self.mamba_dt_rank
+            return 2 * h * d + d * (r + 2 * self.mamba_d_state) + r * d + d * h
+        if kind == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk if self.q_lora_rank else h * self.num_heads * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (
+                self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + self.num_heads * self.v_head_dim * h
+        return (self.hidden_size * self.num_heads * self.head_dim + 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+                + self.num_heads * self.head_dim * self.hidden_size)
+
+    def mlp_params(self, layer: int) -> int:
+        """One layer's MLP: dense, or (MoE layers) every routed and shared expert plus the router."""
+        h = self.hidden_size
+        if layer in self.moe_layers:
+            return (self.num_experts + self.num_shared_experts) * 3 * h * self.moe_ffn_size + h * self.num_experts
+        return (3 if self.gated_mlp else 2) * h * self.ffn_size
+
+    @property
+    def weights_bytes_total(self) -> float:
+        """All weights, every expert included (they all stay in GPU memory)."""
+        return self.num_params * (self.weight_bytes or self.dtype_bytes)
+
     @property
     def embedding_params(self) -> int:
         """Token embedding, the LM head when not tied, and OPT's learned positions."""
@@ -77,14 +150,18 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
+        if self.modern:
+            return sum(self.attention_params(k) + self.mlp_params(i) for i, k in enumerate(self.kinds)) + self.embedding_params
         return self.num_layers * self.linear_params_per_layer + self.embedding_params
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each tensor-parallel rank stores; heads are replicated when there are fewer than ranks."""
         return max(1, self.num_kv_heads // tp)
 
-    def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """K and V of one token over all layers, on one tensor-parallel rank."""
+    def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
+        """K and V of one token over all layers (window layers counted as full), on one tensor-parallel rank."""
+        if self.modern or kv_dtype_bytes is not None:
+            return sum(self.kv_bytes_per_token_layer(k, tp, kv_dtype_bytes) for k in self.kinds)
         return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
 
 
@@ -163,6 +240,7 @@ class GpuSpec:
     interconnect_bytes_per_s: float  # GPU-GPU link, one direction (tensor-parallel all-reduce)
     operators: OperatorFit | None = None
     operators_note: str = "datasheet roofline: no measurements of this GPU"
+    fp8: bool = False  # fp8 tensor cores and KV cache (Hopper, Ada): kv_cache_dtype fp8 needs it
 
 
 def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -182,6 +260,34 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, True, False),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, True, False),
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, True, False),
+        # Today's layouts (issue 16). Shapes from each model's config.json on Hugging Face (repo in the comment).
+        # google/gemma-3-27b-it (text_config): sliding_window 1024, sliding_window_pattern 6 (every 6th layer full)
+        ModelSpec("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, True, True, head_dim=128,
+                  layer_kinds=tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(62)), sliding_window=1024),
+        # openai/gpt-oss-120b: layer_types alternate sliding (128) / full; 128 experts, 4 per token; MoE weights
+        # in MXFP4: the 65 GB checkpoint over its 117 B parameters is 0.56 bytes a weight
+        ModelSpec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 131072, True, False, head_dim=64,
+                  layer_kinds=tuple("sliding" if i % 2 == 0 else "full" for i in range(36)), sliding_window=128,
+                  num_experts=128, num_experts_per_tok=4, moe_ffn_size=2880, moe_layers=tuple(range(36)),
+                  weight_bytes=0.56),
+        # meta-llama/Llama-4-Scout-17B-16E-Instruct (text_config): attention_chunk_size 8192 on the RoPE layers,
+        # every 4th layer global (no_rope_layers); 16 experts, 1 per token, plus a shared expert, in every layer
+        ModelSpec("llama-4-scout", 48, 5120, 40, 8, 16384, 202048, 10485760, True, False, head_dim=128,
+                  layer_kinds=tuple("full" if (i + 1) % 4 == 0 else "chunked" for i in range(48)),
+                  attention_chunk_size=8192, num_experts=16, num_experts_per_tok=1, moe_ffn_size=8192,
+                  num_shared_experts=1, moe_layers=tuple(range(48))),
+        # deepseek-ai/DeepSeek-V3: MLA (kv_lora_rank 512 + qk_rope_head_dim 64), 256 routed experts, 8 per token,
+        # 1 shared, first_k_dense_replace 3; fp8 weights (quantization_config fp8 e4m3). The MTP layer is not served.
+        ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 163840, True, False, head_dim=192,
+                  layer_kinds=("mla",) * 61, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                  v_head_dim=128, q_lora_rank=1536, num_experts=256, num_experts_per_tok=8, moe_ffn_size=2048,
+                  num_shared_experts=1, moe_layers=tuple(range(3, 61)), weight_bytes=1),
+        # ai21labs/Jamba-v0.1: attention every 8th layer (attn_layer_period 8, offset 4), Mamba elsewhere
+        # (d_state 16, d_conv 4, expand 2, dt_rank 256); 16 experts, 2 per token, in every other layer
+        ModelSpec("jamba-v0.1", 32, 4096, 32, 8, 14336, 65536, 262144, True, False, head_dim=128,
+                  layer_kinds=tuple("full" if i % 8 == 4 else "mamba" for i in range(32)), mamba_d_inner=8192,
+                  mamba_d_state=16, mamba_d_conv=4, mamba_dt_rank=256, num_experts=16, num_experts_per_tok=2,
+                  moe_ffn_size=14336, moe_layers=tuple(range(1, 32, 2))),
     ]
 }
 
@@ -238,10 +344,10 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("a100-40gb", 40 * GIB, 1555e9, 312e12, 32e9, 300e9, A100_FIT,
                 "fitted on A100 80GB SXM (same GA100 chip), at this GPU's bandwidth"),
         GpuSpec("a100-80gb", 80 * GIB, 2039e9, 312e12, 32e9, 300e9, A100_FIT, "fitted on A100 80GB SXM"),
-        GpuSpec("h100", 80 * GIB, 3350e9, 989e12, 64e9, 450e9, H100_FIT, "fitted on H100 80GB SXM"),
+        GpuSpec("h100", 80 * GIB, 3350e9, 989e12, 64e9, 450e9, H100_FIT, "fitted on H100 80GB SXM", fp8=True),
         GpuSpec("h200", 141 * GIB, 4800e9, 989e12, 64e9, 450e9, H100_FIT,
-                "fitted on H100 80GB SXM (same GH100 chip), at this GPU's bandwidth"),
-        GpuSpec("l4", 24 * GIB, 300e9, 121e12, 32e9, 32e9),
+                "fitted on H100 80GB SXM (same GH100 chip), at this GPU's bandwidth", fp8=True),
+        GpuSpec("l4", 24 * GIB, 300e9, 121e12, 32e9, 32e9, fp8=True),
         # A40 48GB: GDDR6 696 GB/s, 149.7 dense fp16/bf16 tensor TFLOP/s, PCIe 4.0 x16, NVLink bridge
         # 112.5 GB/s in both directions for a pair
         GpuSpec("a40", 48 * GIB, 696e9, 149.7e12, 32e9, 56.25e9, A40_FIT,
@@ -297,6 +403,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
                 return v
         raise CatalogError(f"{path}: missing '{keys[0]}'")
 
+    if isinstance(cfg.get("text_config"), dict):  # multimodal configs (Gemma 3, Llama 4): the language model's
+        cfg = {**cfg, **cfg["text_config"]}
     is_opt = cfg.get("model_type") == "opt" or "ffn_dim" in cfg
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
@@ -311,6 +419,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     kv_heads = need("num_key_value_heads") if "num_key_value_heads" in cfg else heads
     if heads % kv_heads:
         raise CatalogError(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    layout = _hf_layout(path, cfg, need, hidden)
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or path.parent.name or path.stem),
         num_layers=need("num_hidden_layers"),
@@ -324,4 +433,98 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", is_opt)),
         learned_positions=is_opt,
         head_dim=head_dim,
+        **layout,
     )
+
+
+LAYER_KINDS = ("full", "sliding", "chunked", "mla", "mamba")
+# config.json's names for a layer's kind (layer_types, Jamba's layers_block_type)
+_HF_KINDS = {"full_attention": "full", "attention": "full", "global_attention": "full",
+             "sliding_attention": "sliding", "chunked_attention": "chunked", "mamba": "mamba"}
+
+
+def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
+    """The ModelSpec fields of today's layouts from a config.json: layer kinds (``layer_types``,
+    ``sliding_window_pattern``, Llama 4's ``attention_chunk_size`` with ``no_rope_layers``, Jamba's
+    ``attn_layer_period``/``offset`` or ``layers_block_type``), MLA sizes, Mamba sizes, experts and fp8 or
+    MXFP4 weights. Nothing of this in the file: {} (a classic model, as before)."""
+    n = need("num_hidden_layers")
+    max_len = need("max_position_embeddings")
+    out: dict = {}
+    kinds: list[str] | None = None
+    for key in ("layer_types", "layers_block_type"):
+        if cfg.get(key) is not None:  # null: absent
+            lt = cfg[key]
+            if not isinstance(lt, list):
+                raise CatalogError(f"{path}: '{key}' must be a list of layer kinds, got {lt!r}")
+            if len(lt) != n:
+                raise CatalogError(f"{path}: '{key}' has {len(lt)} entries but num_hidden_layers is {n}")
+            kinds = []
+            for i, k in enumerate(lt):
+                if k not in _HF_KINDS:
+                    raise CatalogError(f"{path}: '{key}[{i}]' is {k!r}, an unknown layer kind (expected one of "
+                                       f"{', '.join(_HF_KINDS)})")
+                kinds.append(_HF_KINDS[k])
+            break
+    window = cfg.get("sliding_window")
+    if window is not None and cfg.get("use_sliding_window") is not False:
+        window = need("sliding_window")
+        if window > max_len:
+            raise CatalogError(f"{path}: 'sliding_window' {window} is larger than max_position_embeddings {max_len}")
+        if kinds is None:
+            pattern = cfg.get("sliding_window_pattern")
+            if pattern is None and cfg.get("model_type") == "gemma2":  # older Gemma 2 configs: alternating, implied
+                pattern = cfg["sliding_window_pattern"] = 2
+            if pattern is not None:  # Gemma 3: every pattern-th layer is full attention
+                pattern = need("sliding_window_pattern")
+                kinds = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n)]
+            else:
+                kinds = ["sliding"] * n
+        out["sliding_window"] = window
+    elif kinds is not None and "sliding" in kinds:
+        raise CatalogError(f"{path}: 'layer_types' has sliding_attention layers but no 'sliding_window'")
+    chunk = cfg.get("attention_chunk_size")
+    if chunk is not None:
+        chunk = need("attention_chunk_size")
+        if chunk > max_len:
+            raise CatalogError(f"{path}: 'attention_chunk_size' {chunk} is larger than max_position_embeddings {max_len}")
+        if kinds is None:  # Llama 4: chunked attention on the RoPE layers (no_rope_layers[i] == 1), global on the others
+            rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
+            if not isinstance(rope, list) or len(rope) != n:
+                raise CatalogError(f"{path}: 'no_rope_layers' must list {n} layers")
+            kinds = ["chunked" if r else "full" for r in rope]
+        out["attention_chunk_size"] = chunk
+    elif kinds is not None and "chunked" in kinds:
+        raise CatalogError(f"{path}: 'layer_types' has chunked_attention layers but no 'attention_chunk_size'")
+    if "attn_layer_period" in cfg and kinds is None:  # Jamba
+        period, offset = need("attn_layer_period"), cfg.get("attn_layer_offset", 0)
+        kinds = ["full" if i % period == offset else "mamba" for i in range(n)]
+    if kinds is not None and "mamba" in kinds:
+        d_state = need("mamba_d_state", "ssm_state_size", "state_size")
+        d_conv = need("mamba_d_conv", "conv_kernel")
+        expand = need("mamba_expand", "expand")
+        rank = cfg.get("mamba_dt_rank", cfg.get("time_step_rank", "auto"))
+        out.update(mamba_d_inner=expand * hidden, mamba_d_state=d_state, mamba_d_conv=d_conv,
+                   mamba_dt_rank=-(-hidden // 16) if rank == "auto" else need("mamba_dt_rank", "time_step_rank"))
+    if "kv_lora_rank" in cfg and cfg["kv_lora_rank"] is not None:  # MLA: every attention layer keeps a latent
+        out.update(kv_lora_rank=need("kv_lora_rank"), qk_rope_head_dim=need("qk_rope_head_dim"),
+                   qk_nope_head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"),
+                   q_lora_rank=need("q_lora_rank") if cfg.get("q_lora_rank") else 0)
+        kinds = ["mla" if k == "full" else k for k in (kinds or ["full"] * n)]
+    experts = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if cfg.get(k)), None)
+    if experts:
+        out.update(num_experts=need(experts), num_experts_per_tok=need("num_experts_per_tok"),
+                   moe_ffn_size=need("moe_intermediate_size", "intermediate_size"),
+                   num_shared_experts=cfg.get("n_shared_experts") or (1 if cfg.get("model_type") == "llama4_text" else 0))
+        first = cfg.get("first_k_dense_replace", 0)
+        period, offset = cfg.get("expert_layer_period", cfg.get("interleave_moe_layer_step", 1)), cfg.get(
+            "expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
+        out["moe_layers"] = tuple(i for i in range(first, n) if i % period == offset % period)
+    quant = (cfg.get("quantization_config") or {}).get("quant_method") if isinstance(cfg.get("quantization_config"), dict) else None
+    if quant == "fp8":
+        out["weight_bytes"] = 1
+    elif quant == "mxfp4":
+        out["weight_bytes"] = 0.56
+    if kinds is not None and set(kinds) != {"full"}:
+        out["layer_kinds"] = tuple(kinds)
+    return out

@@ -322,6 +322,11 @@ class PolicyConfig(Strict):
     preemption: Literal["recompute", "swap"] = "recompute"
     swap_space_gib: Gib = 4.0
     prefix_caching: bool = Field(False, description="reuse cached blocks of identical prompt prefixes (paged only)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="auto: the model's dtype; fp8: one byte per element (the GPU must support fp8)")
+    hybrid_allocator: bool = Field(
+        True, description="sliding-window, chunked and Mamba layers get their own KV groups (vLLM's hybrid KV "
+        "cache manager); false: every layer kept as full attention (vLLM's fallback); see sim/layouts.py")
 
     @model_validator(mode="after")
     def _coherent(self) -> "PolicyConfig":
@@ -397,10 +402,11 @@ class GpuConfig(Strict):
     tflops: PosFloat = Field(description="dense bf16/fp16 tensor TFLOP/s")
     host_gb_per_s: PosFloat = 32.0
     interconnect_gb_per_s: PosFloat = 300.0
+    fp8: bool = Field(False, description="fp8 support (kv_cache_dtype: fp8 needs it)")
 
     def spec(self) -> GpuSpec:
         return GpuSpec(self.name, int(self.memory_gib * GIB), self.hbm_gb_per_s * 1e9, self.tflops * 1e12,
-                       self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9)
+                       self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9, fp8=self.fp8)
 
 
 class HostCosts(Strict):

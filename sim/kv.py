@@ -60,16 +60,18 @@ def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: i
 
 
 def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: float, block_size: int,
-            runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048) -> KvPool:
-    """Size the KV pool as vLLM does: budget - weights - peak activations, in whole blocks."""
+            runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048,
+            slot_bytes: int | None = None) -> KvPool:
+    """Size the KV pool as vLLM does: budget - weights - peak activations, in whole blocks. ``slot_bytes``:
+    the bytes of one token slot when the layout is not the classic one (``sim/layouts.py``)."""
     if model.num_heads % tp:
         raise CapacityError(f"{model.name}: {model.num_heads} attention heads do not split over tensor_parallel={tp}")
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
         raise CapacityError(f"{model.name}: {model.num_kv_heads} KV heads do not split over tensor_parallel={tp}")
     budget = int(gpu.memory_bytes * gpu_memory_utilization - runtime_overhead_gib * GIB)
-    weights = model.num_params * model.dtype_bytes // tp
+    weights = int(model.weights_bytes_total) // tp if model.modern else model.num_params * model.dtype_bytes // tp
     act = activation_bytes(model, tp, activation_tokens)
-    per_token = model.kv_bytes_per_token(tp)
+    per_token = model.kv_bytes_per_token(tp) if slot_bytes is None else slot_bytes
     num_blocks = (budget - weights - act) // (block_size * per_token)
     if num_blocks <= 0:
         need = (weights + act + block_size * per_token) / GIB
@@ -309,11 +311,13 @@ class KvManager(Protocol):
     """What the scheduler asks of a KV manager; ``PagedKv``, ``ContiguousKv`` and ``sharing.SharedPagedKv``
     implement it. Ask-then-act pairs: ``can_admit``/``admit``, ``can_grow``/``grow``; ``free`` gives
     everything back. Counters, in token slots, as drawn above: ``alloc``, ``capped``, ``rounding``,
-    ``held``; sharing's corrections ``shared_filled``, ``shared_blocks``; ``copies``: the copy-on-write
+    ``held``; the filled slots are ``fill_rate`` x the scheduler's cached tokens - ``shared_filled``
+    (sharing's correction; several KV groups' in sim/hybrid.py); ``shared_blocks``; ``copies``: the copy-on-write
     block copies of the step being planned."""
 
     kind: str  # "paged" | "contiguous"
     caching: bool  # a prefix cache answers match_prefix
+    fill_rate: int
     capacity: int
     alloc: int
     capped: int
@@ -368,6 +372,7 @@ class PagedKv:
 
     kind = "paged"
     caching = False  # see sharing.SharedPagedKv
+    fill_rate = 1  # slots one cached token fills (hybrid.HybridPagedKv: one per attention group)
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
@@ -464,6 +469,7 @@ class ContiguousKv:
 
     kind = "contiguous"
     caching = False
+    fill_rate = 1
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()

@@ -18,8 +18,10 @@ import numpy as np
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError
+from sim.hybrid import HybridContiguousKv, HybridPagedKv
 from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FirstFitAllocator, KvManager, KvPool,
                     PagedKv, Reservation, kv_pool)
+from sim.layouts import KvLayout, LayoutError, kv_layout
 from sim.metrics import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
 from sim.sharing import SharedBlockPool, SharedPagedKv
 
@@ -36,6 +38,7 @@ class ResolvedPolicy:
     swap_blocks: int | None  # CPU swap space in blocks; None: the policy never swaps
     width: int = 1  # sequences per request: parallel samples or beams
     sharing: bool = False  # blocks are reference-counted (prefix caching, samples or beams; paged)
+    layout: KvLayout | None = None  # the model's KV groups (sim/layouts.py); None: the classic single group
 
     @property
     def name(self) -> str:
@@ -54,18 +57,39 @@ def token_budget(policy: PolicyConfig, model: ModelSpec) -> int:
 
 def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig) -> ResolvedPolicy:
     """The policy as this scenario runs it (see ``ResolvedPolicy``)."""
+    layout = policy_layout(scenario.name, model, gpu, policy, scenario.tensor_parallel)
+    sampling = scenario.sampling
+    width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
+    if layout is not None and not layout.single and (width > 1 or policy.prefix_caching):
+        raise ScenarioError(f"{scenario.name}: policy {policy.name}: prefix_caching and sampling are not simulated "
+                            f"with several KV groups yet ({model.name} has {len(layout.groups)}); set "
+                            f"hybrid_allocator: false or drop them")
     try:
         pool = kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
                        block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
-                       activation_tokens=scenario.activation_reserve_tokens)
+                       activation_tokens=scenario.activation_reserve_tokens,
+                       slot_bytes=None if layout is None else layout.slot_bytes)
     except CapacityError as e:
         raise ScenarioError(f"{scenario.name}: {e}") from None
-    sampling = scenario.sampling
-    width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
-    return resolved(policy, pool, model, width)
+    return resolved(policy, pool, model, width, layout)
 
 
-def resolved(policy: PolicyConfig, pool: KvPool, model: ModelSpec, width: int = 1) -> ResolvedPolicy:
+def policy_layout(where: str, model: ModelSpec, gpu: GpuSpec, policy: PolicyConfig, tp: int) -> KvLayout | None:
+    """The policy's KV layout (``sim/layouts.py``); None for a classic model at its own dtype (as before)."""
+    fp8 = policy.kv_cache_dtype == "fp8"
+    if fp8 and not gpu.fp8:
+        raise ScenarioError(f"{where}: policy {policy.name}: kv_cache_dtype: fp8 needs a GPU with fp8 support; "
+                            f"{gpu.name} has none in the catalog (use kv_cache_dtype: auto)")
+    if not model.modern and not fp8:
+        return None
+    try:
+        return kv_layout(model, tp, policy.block_size, 1 if fp8 else None, policy.hybrid_allocator)
+    except LayoutError as e:
+        raise ScenarioError(f"{where}: policy {policy.name}: {e}") from None
+
+
+def resolved(policy: PolicyConfig, pool: KvPool, model: ModelSpec, width: int = 1,
+             layout: KvLayout | None = None) -> ResolvedPolicy:
     """``resolve_policy`` for a given pool (tests and tools that size pools themselves)."""
     paged = policy.allocator.kind == "paged"
     watermark = int(policy.allocator.watermark * pool.num_blocks) if paged else 0
@@ -73,12 +97,17 @@ def resolved(policy: PolicyConfig, pool: KvPool, model: ModelSpec, width: int = 
     if paged and (policy.preemption == "swap" or width > 1):  # groups swap whenever the space holds them
         swap = int(policy.swap_space_gib * GIB) // (pool.block_size * pool.kv_bytes_per_token)
     return ResolvedPolicy(policy, pool, model.max_model_len, token_budget(policy, model), watermark, swap, width,
-                          paged and (width > 1 or policy.prefix_caching))
+                          paged and (width > 1 or policy.prefix_caching), layout)
 
 
 def make_kv(r: ResolvedPolicy) -> KvManager:
     """The policy's KV manager; sharing (prefix caching, samples or beams) needs reference counts."""
     a, pool = r.policy.allocator, r.pool
+    if r.layout is not None and not r.layout.single:  # several KV groups (sim/hybrid.py)
+        if a.kind == "paged":
+            return HybridPagedKv(r.layout, BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))
+        alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
+        return HybridContiguousKv(r.layout, alloc, Reservation(a.reserve, r.max_model_len))
     if a.kind == "paged":
         if r.sharing:
             return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks),
@@ -86,6 +115,11 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
         return PagedKv(BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))
     alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
     return ContiguousKv(alloc, Reservation(a.reserve, r.max_model_len))
+
+
+def _table(kv: KvManager, seq) -> list[int]:
+    """The pages ``seq`` holds: its block table, or (several KV groups, sim/hybrid.py) every group's."""
+    return kv.table(seq) if hasattr(kv, "table") else seq.block_table
 
 
 class Preemption:
@@ -108,12 +142,13 @@ class Preemption:
         pool = self.swap_pool
         if pool is None or not (group or self.mode == "swap"):
             return None
-        unique = list(dict.fromkeys(b for m in members for b in m.block_table))
+        tables = [_table(kv, m) for m in members]
+        unique = list(dict.fromkeys(b for t in tables for b in t))
         if not pool.can_allocate(len(unique)):
             return None
         where = dict(zip(unique, pool.allocate(len(unique))))
-        for m in members:
-            m.cpu_blocks = [where[b] for b in m.block_table]
+        for m, t in zip(members, tables):
+            m.cpu_blocks = [where[b] for b in t]
             kv.free(m)
         return list(where.items())
 
@@ -123,7 +158,7 @@ class Preemption:
     def swap_in(self, kv: KvManager, seq, num_new: int) -> list[tuple[int, int]]:
         """Bring one sequence back with room for ``num_new`` tokens; returns the (CPU, GPU) copies."""
         kv.admit(seq, num_new)
-        pairs = list(zip(seq.cpu_blocks, seq.block_table))
+        pairs = list(zip(seq.cpu_blocks, _table(kv, seq)))
         self.swap_pool.free(seq.cpu_blocks)
         seq.cpu_blocks = []
         return pairs

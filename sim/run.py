@@ -46,7 +46,7 @@ def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: R
             raise ScenarioError(f"{scenario.name}: step_time profiles are measured on one GPU; "
                                 f"tensor_parallel must be 1, not {scenario.tensor_parallel}")
         return ProfileStepTime.from_profile(load_profile(scenario.resolve_path(st.path), model), paged)
-    return RooflineStepTime(model, gpu, scenario.tensor_parallel, st, paged=paged)
+    return RooflineStepTime(model, gpu, scenario.tensor_parallel, st, paged=paged, layout=policy.layout)
 
 
 @dataclass
@@ -89,6 +89,10 @@ class RunResult:
                            "weights_gib": p.weights_bytes / GIB, "activation_gib": p.activation_bytes / GIB,
                            "budget_gib": p.budget_bytes / GIB,
                            "max_num_batched_tokens": token_budget(res.policy, m)}
+            lay = resolve_policy(s, m, self.gpu, res.policy).layout
+            if lay is not None and not lay.single:  # several KV groups (sim/layouts.py): a slot is one group's token
+                pools[name]["kv_groups"] = [{"kind": g.kind, "layers": g.layers, "window": g.window,
+                                             "state_pages": g.state_pages} for g in lay.groups]
         scenario = {
             **s.model_dump(mode="json"),
             "resolved": {
@@ -269,4 +273,12 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
         lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator")
         if not same:
             lines.append(f"    KV pool {kv(pools[policy.name])}")
+        lay = resolved[policy.name].layout
+        if lay is not None and not lay.single:
+            kinds: dict[str, int] = {}
+            for g in lay.groups:
+                label = f"{g.kind} {g.window}" if g.window else g.kind
+                kinds[label] = kinds.get(label, 0) + 1
+            lines.append(f"    KV groups: {', '.join(f'{n} {k}' for k, n in kinds.items())}; a page is "
+                         f"{lay.block_size} tokens of {lay.group_size} layers, a token slot one token of one group")
     return lines

@@ -143,8 +143,8 @@ class Scheduler:
     def memory(self):
         """The five memory classes (token slots) of the current state."""
         kv = self.kv
-        return breakdown(kv.capacity, self.filled - kv.shared_filled, kv.alloc, kv.capped, kv.rounding, kv.held,
-                         self.blocked)
+        return breakdown(kv.capacity, self.filled * kv.fill_rate - kv.shared_filled, kv.alloc, kv.capped, kv.rounding,
+                         kv.held, self.blocked)
 
     # ------------------------------------------------------------------------------------ the clock
 
@@ -560,8 +560,10 @@ class Scheduler:
         k = len(ends_s)
         n = len(self.clocked)
         kv = self.kv
-        f0 = self.filled - kv.shared_filled  # physical slots
-        filled = [f0 + n * j for j in range(1, k + 1)]
+        rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
+        sf0 = kv.shared_filled
+        f0 = self.filled * rate - sf0  # physical slots
+        filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
         if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
             t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_blocks
@@ -572,6 +574,8 @@ class Scheduler:
                     add(movers)
                 alloc.append(kv.alloc)
                 capped.append(kv.capped)
+                if rate != 1:  # several KV groups: window blocks freed at crossings so far leave the filled slots
+                    filled[j] -= kv.shared_filled - sf0
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         shared = kv.shared_blocks
         self._advance(k, ends_s)

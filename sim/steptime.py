@@ -107,8 +107,16 @@ class OpPricer:
         return self.gemm_s(m, self.model.vocab_size // self.tp, self.model.hidden_size) if m else 0.0
 
 
+def distinct_experts(num_experts: int, per_token: int, tokens):
+    """Expected distinct experts a batch of ``tokens`` tokens routes to, each token to ``per_token`` of
+    ``num_experts`` experts, spread uniformly and independently: E * (1 - (1 - k/E)**tokens). A first model:
+    real routers are skewed, which makes fewer experts busy."""
+    return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
+
+
 class RooflineStepTime:
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig, paged: bool) -> None:
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig, paged: bool,
+                 layout=None) -> None:
         self.cfg = cfg
         self.tp = tp
         self.paged = paged
@@ -126,6 +134,145 @@ class RooflineStepTime:
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
         self._fixed: dict[tuple[int, int, int], tuple[float, float, float]] = {}  # see _fixed_parts
         self._paged_terms: dict[int, tuple[float, float]] = {}
+        self.model, self.gpu = model, gpu
+        self.layout = layout
+        self._groups = None  # several KV groups: attention priced per group (_groups_attention_s)
+        if layout is not None:
+            self._set_layout(layout)
+
+    # ------------------------------------------------------------------ today's layouts (sim/layouts.py)
+
+    def _set_layout(self, layout) -> None:
+        """Decode reads follow the layout's bytes (fp8, MLA's latent); with several groups, a window
+        group reads at most W keys per decode (C for a chunk: the keys of its chunk) and its prefill
+        attends to as many; a Mamba layer reads and writes its state once per decode and scans
+        6 * d_inner * d_state FLOPs per prefill token."""
+        m, gpu, tp, cfg, bw = self.model, self.gpu, self.tp, self.cfg, self._bw
+        if layout.single:
+            self._key_s = layout.slot_bytes / bw
+            self._kv_bytes_per_token = layout.slot_bytes
+            return
+        self._kv_bytes_per_token = layout.slot_bytes * layout.num_attention_groups
+        self._key_s = self._kv_bytes_per_token / bw  # a token in every attention group (the per-sequence terms)
+        flops = gpu.flops_per_s * cfg.attention_efficiency
+        pair = 4 * m.head_dim * (m.num_heads / tp) / flops  # one layer's query-key pair
+        layers: dict[tuple[str, int], int] = {}  # groups of one kind and window read alike: priced together
+        for g in layout.groups:
+            if g.attention:
+                layers[(g.kind, g.window)] = layers.get((g.kind, g.window), 0) + g.layers
+        self._groups = [(kind, w, n * layout.layer_bytes / bw, n * pair) for (kind, w), n in layers.items()]
+        mamba = sum(g.layers for g in layout.groups if not g.attention)
+        self._mamba_seq_s = 2 * mamba * m.mamba_state_bytes(tp) / bw
+        self._mamba_token_s = 6 * mamba * (m.mamba_d_inner / tp) * m.mamba_d_state / flops
+
+    @staticmethod
+    def _keys(kind: str, window: int, c: int) -> int:
+        """Keys the token at position ``c`` reads in a group of ``kind``."""
+        if kind == "sliding":
+            return min(c + 1, window)
+        if kind == "chunked":
+            return c % window + 1
+        return c + 1
+
+    def _groups_attention_s(self, plan: StepPlan) -> float:
+        """Attention of a step of a model with several KV groups: per sequence (O(batch))."""
+        seqs = [(s.num_computed_tokens, 1) for s in plan._decoding] + [(s.num_computed_tokens, n) for s, n in plan._entries]
+        per_key, _ = self.decode_key_terms(plan.block_size)
+        f = per_key / self._key_s  # the paged kernel's block overhead, as for the classic layout
+        t = 0.0
+        for kind, window, key_s, pair_s in self._groups:
+            keys = pairs = 0
+            for c, n in seqs:
+                if n == 1:
+                    keys += self._keys(kind, window, c)
+                elif kind == "sliding":  # sum over positions c..c+n-1 of min(p + 1, W)
+                    lo, hi = c + 1, c + n
+                    below = max(0, min(hi, window) - lo + 1)
+                    pairs += (lo + lo + below - 1) * below // 2 + (n - below) * window
+                elif kind == "chunked":
+                    pairs += sum(self._keys(kind, window, p) for p in range(c, c + n))
+                else:
+                    pairs += n * c + n * (n + 1) // 2
+            t += keys * key_s * f + pairs * pair_s
+        decodes = sum(1 for _, n in seqs if n == 1)
+        prefill = sum(n for _, n in seqs if n > 1)
+        return t + decodes * self._mamba_seq_s + prefill * self._mamba_token_s
+
+    def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
+        """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
+        restart at each chunk boundary), so the keys of each step are summed over the sequences (sorted
+        contexts and prefix sums), then priced with the same float operations as ``step_time_s``.
+        Contiguous policies step one at a time (their slab accounting has no closed form: None)."""
+        if not self.paged:
+            return None
+        if k == 1:
+            return [self.step_time_s(plan)]
+        n = plan.num_seqs
+        fixed = self._fixed_parts(n, n, n)
+        per_key, per_seq = self.decode_key_terms(plan.block_size)
+        f = per_key / self._key_s
+        a = np.sort(np.fromiter((s.num_computed_tokens + 1 for s in plan._decoding), dtype=np.int64, count=n))
+        prefix = np.concatenate(([0], np.cumsum(a)))
+        j = np.arange(k, dtype=np.int64)
+        keys = []
+        for kind, window, _, _ in self._groups:
+            if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
+                idx = np.searchsorted(a, window - j, side="left")
+                keys.append(prefix[idx] + j * idx + window * (n - idx))
+            elif kind == "chunked":
+                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1))
+            else:
+                keys.append(int(prefix[-1]) + n * j)
+        # NOTE: elementwise float64 operations in step_time_s's order, so each step's figure is the same bits
+        t = np.zeros(k)
+        for g, (_, _, key_s, pair_s) in enumerate(self._groups):
+            t = t + (keys[g] * key_s * f + 0 * pair_s)
+        attn = t + n * self._mamba_seq_s + 0 * self._mamba_token_s + n * per_seq
+        gpu, serial, hidden = fixed
+        g = gpu + attn
+        return (serial + np.where(g >= hidden, g, hidden)).tolist()
+
+    def _modern_layers_s(self, m: int) -> float:
+        """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
+        (models with layer kinds, MoE or packed weights). MoE layers: active experts' FLOPs, and the
+        weights of the expected distinct experts (``distinct_experts``), at the roofline; fp8 or MXFP4
+        weights are read at their bytes there (dense GEMMs keep the model dtype: an overestimate)."""
+        model, ops, tp, h = self.model, self.ops, self.tp, self.model.hidden_size
+        elementwise = sum(ops.elementwise_s(op, m) * (2 if op == "add" else 1) for op in ops.elementwise)
+        allreduce = 2 * ops.allreduce_s(m * h * model.dtype_bytes)
+        total = 0.0
+        wb = model.weight_bytes or model.dtype_bytes
+        counts: dict[tuple[str, bool], int] = {}  # layers of one kind and MLP cost the same: priced once
+        for i, kind in enumerate(model.kinds):
+            key = (kind if kind in ("mamba", "mla") else "attention", i in model.moe_layers)
+            counts[key] = counts.get(key, 0) + 1
+        for (kind, moe), count in counts.items():
+            if kind == "mamba":
+                d, r = model.mamba_d_inner // tp, model.mamba_dt_rank
+                proj = (ops.gemm_s(m, 2 * d, h) + ops.gemm_s(m, r + 2 * model.mamba_d_state, d) + ops.gemm_s(m, d, r)
+                        + ops.gemm_s(m, h, d))
+            elif kind == "mla":
+                heads = model.num_heads // tp
+                q = model.q_lora_rank or h
+                proj = (ops.gemm_s(m, model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim, h)
+                        + ops.gemm_s(m, heads * (model.qk_nope_head_dim + model.qk_rope_head_dim), q)
+                        + ops.gemm_s(m, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank)
+                        + ops.gemm_s(m, h, heads * model.v_head_dim))
+            else:
+                proj = ops.gemm_s(m, *ops.gemms["attn_pre_proj"]) + ops.gemm_s(m, *ops.gemms["attn_post_proj"])
+            if moe:
+                f = model.moe_ffn_size // tp
+                busy = distinct_experts(model.num_experts, model.num_experts_per_tok, m)
+                compute = 2.0 * m * model.num_experts_per_tok * 3 * h * f / ops._matmul_flops
+                memory = (busy * 3 * h * f * wb + 2 * m * model.num_experts_per_tok * h * model.dtype_bytes) / ops._bw
+                mlp = max(compute, memory) + ops.gemm_s(m, model.num_experts, h)  # experts, and the router
+                if model.num_shared_experts:
+                    fs = model.num_shared_experts * f
+                    mlp += ops.gemm_s(m, 2 * fs, h) + ops.gemm_s(m, h, fs)
+            else:
+                mlp = ops.gemm_s(m, *ops.gemms["mlp_up_proj"]) + ops.gemm_s(m, *ops.gemms["mlp_down_proj"])
+            total += count * (proj + mlp)
+        return float(total + self._num_layers * (elementwise + allreduce))
 
     def _fixed_parts(self, num_tokens: int, num_seqs: int, num_sampled: int) -> tuple[float, float, float]:
         """(GPU seconds of everything but attention, serial host seconds, overlapped host seconds): they
@@ -133,8 +280,11 @@ class RooflineStepTime:
         key = (num_tokens, num_seqs, num_sampled)
         got = self._fixed.get(key)
         if got is None:
-            layer = self.ops.layer_s(num_tokens)
-            gpu = self._num_layers * (layer["linear"] + layer["elementwise"] + layer["allreduce"])
+            if self.model.modern:
+                gpu = self._modern_layers_s(num_tokens)
+            else:
+                layer = self.ops.layer_s(num_tokens)
+                gpu = self._num_layers * (layer["linear"] + layer["elementwise"] + layer["allreduce"])
             gpu += self.ops.lm_head_s(num_sampled) + self.cfg.gpu_overhead_s
             e = self.engine
             serial = e.serial_step_s + e.serial_per_seq_s * num_seqs + e.serial_per_token_s * num_sampled
@@ -185,16 +335,21 @@ class RooflineStepTime:
     def step_time_s(self, plan: StepPlan) -> float:
         fixed = self._fixed_parts(plan.num_tokens, plan.num_seqs, plan.num_sampled)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
-        attn = plan.prefill_attention_pairs * self._pair_s
-        if plan.num_decode_tokens:
-            attn += plan.decode_context_tokens * per_key + plan.num_decode_tokens * per_seq
+        if self._groups is not None:
+            attn = self._groups_attention_s(plan) + plan.num_decode_tokens * per_seq
+        else:
+            attn = plan.prefill_attention_pairs * self._pair_s
+            if plan.num_decode_tokens:
+                attn += plan.decode_context_tokens * per_key + plan.num_decode_tokens * per_seq
         t = self._step_s(fixed, attn)
         if plan.copy_blocks or plan.copy_slots:
             t += self.copy_s(plan)
         return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
 
-    def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
+    def decode_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
+        if self._groups is not None:
+            return self._groups_span_s(plan, k)
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)

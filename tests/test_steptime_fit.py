@@ -267,8 +267,9 @@ def test_head_dim_from_config_json(tmp_path):
 
 
 def test_catalog_models_head_dim_is_their_configs():
-    for m in MODELS.values():  # every catalog model's config.json has head_dim = hidden / heads
-        assert m.head_dim * m.num_heads == m.hidden_size, m.name
+    for m in MODELS.values():  # every classic catalog model's config.json has head_dim = hidden / heads
+        if not m.modern:  # (Gemma 3, gpt-oss, DeepSeek-V3 declare another head_dim, as their config.json do)
+            assert m.head_dim * m.num_heads == m.hidden_size, m.name
 
 
 # ---------------------------------------------------------------------------------------------- measured

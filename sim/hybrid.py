@@ -1,0 +1,319 @@
+"""KV managers for models of several layer groups (``sim/layouts.py``): sliding-window, chunked-local and
+Mamba layers beside full attention. Single-group models keep ``kv.PagedKv`` / ``kv.ContiguousKv``.
+
+Units. One *slot* is one token of one group's page (``KvLayout.slot_bytes``); the pool has
+``num_blocks * block_size`` of them and the five memory classes add up to it exactly, as for the classic
+managers. A sequence of ``c`` cached tokens fills ``c - first_g * block_size`` slots in each attention
+group ``g`` (blocks before ``first_g`` were freed) and its Mamba state's pages whole (state counts as token
+states). The scheduler counts ``c`` once per sequence and multiplies by ``fill_rate`` (the attention groups);
+``shared_filled`` is the correction (the hook prefix sharing uses): the freed window blocks' slots minus
+the Mamba states'. The contiguous manager computes it from its live sequences (no decode spans there).
+
+Window slack: a window group's blocks between the window's start and its first kept block's start hold
+tokens no query reads any more (at most one block per group and sequence); they stay token states until
+the block is freed at the sequence's next block crossing. Group padding (a group with fewer layers than
+``group_size``) is invisible in slots and shows in the capacity.
+
+``HybridPagedKv``: per-group block tables from one pool of equal-sized pages (vLLM's rule). Blocks that
+leave a window or local chunk are freed when the sequence next takes a block (the same moment on the
+scheduler's fast decode path and its general path, so exact and fast stepping agree). Mamba state: a
+fixed number of pages per sequence, taken at admission.
+
+``HybridContiguousKv``: one slab per request covering every group: full groups reserve the policy's
+length, window groups ``min(length, W)`` (a ring buffer), chunked groups ``min(length, C)``, Mamba groups
+their state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, BlockPool, ContiguousKv, _fill_runs, _merge_segments, blocks_for)
+from sim.layouts import KvLayout, first_kept
+
+
+class _CrossingPool:
+    """What the scheduler's decode fast path and span limit ask of ``kv.pool``, in block crossings: a
+    crossing sequence takes at most one page per attention group (conservative: a window group at its
+    steady state frees one as it takes one). When this says no, the scheduler's general path asks
+    ``can_grow`` per sequence, which is exact.
+
+    NOTE: a decode span assumes free memory only shrinks, so that a request kept out for memory stays
+    out; window groups free pages at block crossings. So while the last admission asked was refused,
+    ``num_free`` is 0: the span ends before the next crossing, where admission is asked again."""
+
+    def __init__(self, pool: BlockPool, per: int, kv: "HybridPagedKv") -> None:
+        self._pool, self._per, self._kv = pool, per, kv
+        self.block_size = pool.block_size
+
+    def can_allocate(self, n: int, admission: bool = False) -> bool:
+        return self._pool.can_allocate(n * self._per, admission)
+
+    @property
+    def num_free(self) -> int:
+        return 0 if self._kv.refused else self._pool.num_free // self._per
+
+
+class HybridPagedKv:
+    kind = "paged"
+    caching = False
+    shared_blocks = 0
+    copies: tuple = ()
+
+    def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
+        self.layout = layout
+        self.blocks = pool
+        self.block_size = B = pool.block_size
+        self.capacity = pool.num_blocks * B
+        classes: dict[tuple[str, int], int] = {}  # groups of one kind and window move alike: one table each
+        for g in layout.groups:
+            if g.attention:
+                classes[(g.kind, g.window)] = classes.get((g.kind, g.window), 0) + 1
+        # (a group of the class, groups in it): a table row holds one page of each of the class's groups
+        self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
+        self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
+        self.fill_rate = sum(classes.values())  # attention groups
+        self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
+        self.refused = False  # the last admission asked (can_admit) was refused for memory
+        self.alloc = 0
+        self.capped = 0
+        self.rounding = 0
+        self.held = 0
+        self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
+        self._first_sum = 0  # over live sequences and attention groups: first kept block
+        self._states = 0  # live sequences holding a Mamba state
+
+    # ------------------------------------------------------------------ the rule
+
+    def _change(self, seq, num_new: int, c: int | None = None):
+        """(new end, new firsts, pages to take, pages to free) if ``seq``, ``c`` tokens cached (default: as
+        it says), writes ``num_new`` more; None if it needs no page."""
+        st = self._st.get(seq)
+        if c is None:
+            c = seq.num_computed_tokens
+        B = self.block_size
+        end = blocks_for(c + num_new, B)
+        if st is None:
+            firsts = [first_kept(g, c, B) for g, _ in self.classes]
+            return end, firsts, sum(n * (end - f) for f, (_, n) in zip(firsts, self.classes)) + self.state_pages, 0
+        end0 = st[0]
+        if end <= end0:
+            return None
+        firsts, take, freed = [], 0, 0
+        for (g, n), f0 in zip(self.classes, st[1]):
+            f = first_kept(g, c, B) if g.window else 0
+            if f < f0:
+                f = f0
+            firsts.append(f)
+            freed += n * ((f if f < end0 else end0) - f0)
+            take += n * (end - (f if f > end0 else end0))
+        return end, firsts, take, freed
+
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+        """Per request: an upper bound of the pages it ever holds exceeds the pool above the watermark. A
+        window group holds at most its prompt's blocks (a prefill) plus the window's and two partial ones."""
+        B = self.block_size
+        p = np.asarray(prompt_tokens)
+        total = blocks_for(p + np.asarray(output_tokens) - 1, B)
+        prompt = blocks_for(p, B)
+        need = self.state_pages + sum(n * (total if not g.window else np.minimum(total, prompt + g.window // B + 2))
+                                      for g, n in self.classes)
+        return need > self.blocks.num_blocks - self.blocks.watermark_blocks
+
+    def can_admit(self, seq, num_new: int, hits=()) -> bool:
+        ch = self._change(seq, num_new)
+        ok = ch is None or self.blocks.can_allocate(ch[2] - ch[3], admission=True)
+        self.refused = not ok
+        return ok
+
+    def can_grow(self, seq, num_new: int) -> bool:
+        ch = self._change(seq, num_new)
+        return ch is None or self.blocks.can_allocate(ch[2] - ch[3])
+
+    def admit(self, seq, num_new: int, hits=()) -> None:
+        self.grow(seq, num_new)
+
+    def grow(self, seq, num_new: int, c: int | None = None) -> None:
+        ch = self._change(seq, num_new, c)
+        if ch is None:
+            return
+        end, firsts, take, freed = ch
+        B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
+        st = self._st.get(seq)
+        if st is None:
+            state = blocks.allocate(self.state_pages) if self.state_pages else []
+            st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
+            self._states += 1
+            self.capped += len(state) * B
+            for (_, n), f, table in zip(self.classes, firsts, st[2]):
+                table.extend(blocks.allocate(n * (end - f)))
+                self.capped += n * (min(end * B, cap) - min(f * B, cap))
+                self._first_sum += n * f
+            self.alloc += take * B  # the state's pages included
+            return
+        end0, firsts0, tables = st[0], st[1], st[2]
+        for (g, n), f, f0, table in zip(self.classes, firsts, firsts0, tables):
+            if f > f0:  # blocks that left the window: freed
+                drop = n * (f - f0)
+                blocks.free(table[:drop])
+                del table[:drop]
+                self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
+                self._first_sum += drop
+            start = f if f > end0 else end0
+            table.extend(blocks.allocate(n * (end - start)))
+            self.capped += n * (min(end * B, cap) - min(start * B, cap))
+        self.alloc += (take - freed) * B
+        st[0], st[1] = end, firsts
+
+    def add_blocks(self, seqs: list) -> None:
+        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
+        the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
+        cached, which is what is passed."""
+        B, blocks, classes = self.block_size, self.blocks, self.classes
+        alloc = capped = 0
+        for seq in seqs:  # grow(seq, 1, end * B), unrolled: the hot path of decoding
+            st = self._st[seq]
+            end0 = st[0]
+            c, cap = end0 * B, seq.max_kv_tokens
+            grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
+            firsts = st[1]
+            for i, (g, n) in enumerate(classes):
+                table = st[2][i]
+                if g.window:
+                    f0 = firsts[i]
+                    f = first_kept(g, c, B)
+                    if f > f0:
+                        drop = n * (f - f0)
+                        blocks.free(table[:drop])
+                        del table[:drop]
+                        alloc -= drop
+                        capped -= n * (min(f * B, cap) - min(f0 * B, cap))
+                        self._first_sum += drop
+                        firsts[i] = f
+                table.extend(blocks.allocate(n))
+                alloc += n
+                capped += n * grew
+            st[0] = end0 + 1
+        self.alloc += alloc * B
+        self.capped += capped
+
+    def free(self, seq) -> None:
+        st = self._st.pop(seq, None)
+        if st is None:
+            return
+        B, cap = self.block_size, seq.max_kv_tokens
+        end = st[0]
+        for (_, n), f, table in zip(self.classes, st[1], st[2]):
+            self.blocks.free(table)
+            self.alloc -= len(table) * B
+            self.capped -= n * (min(end * B, cap) - min(f * B, cap))
+            self._first_sum -= n * f
+        if st[3]:
+            self.blocks.free(st[3])
+            self.alloc -= len(st[3]) * B
+            self.capped -= len(st[3]) * B
+        self._states -= 1
+
+    def table(self, seq) -> list[int]:
+        """Every page ``seq`` holds (swap copies them); ``seq.block_table`` is not kept (one list per group)."""
+        st = self._st.get(seq)
+        return [] if st is None else [b for t in st[2] for b in t] + st[3]
+
+    @property
+    def shared_filled(self) -> int:
+        """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
+        sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
+        return self.block_size * (self._first_sum - self._states * self.state_pages)
+
+    # ------------------------------------------------------------------ pictures
+
+    def capture(self, seqs: list) -> tuple:
+        out = []
+        for s in seqs:
+            st = self._st.get(s)
+            if st is not None:
+                out.append((tuple(st[1]), tuple(tuple(t) for t in st[2]), tuple(st[3]), s.num_computed_tokens,
+                            min(st[0] * self.block_size, s.max_kv_tokens)))
+        return out, self.blocks.free_state()
+
+    def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
+        B = self.block_size
+        seqs, (free, fresh) = captured
+        segs: list = []
+        for firsts, tables, state, filled, cap in seqs:
+            for (_, n), f, table in zip(self.classes, firsts, tables):
+                for j, b in enumerate(table):  # row j // n of the class: token block f + j // n
+                    lo = (f + j // n) * B
+                    _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
+            for b in state:
+                _fill_runs(b * B, B, B, B, segs)
+        idle = SLOT_EXTERNAL if blocked else SLOT_FREE
+        segs.extend((b * B, B, idle) for b in free)
+        segs.append((fresh * B, (self.blocks.num_blocks - fresh) * B, idle))
+        return _merge_segments(segs)
+
+
+class HybridContiguousKv(ContiguousKv):
+    """One slab per request over all groups (see the module's doc); slots as ``HybridPagedKv``'s."""
+
+    def __init__(self, layout: KvLayout, allocator, reservation) -> None:
+        super().__init__(allocator, reservation)
+        self.layout = layout
+        self._full = sum(1 for g in layout.groups if g.attention and not g.window)
+        self._windows = [g.window for g in layout.groups if g.attention and g.window]
+        self._state = sum(g.state_pages for g in layout.groups if not g.attention) * layout.block_size
+        self._live: dict = {}
+
+    def _slots(self, tokens: int) -> int:
+        """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
+        return self._full * tokens + sum(min(tokens, w) for w in self._windows) + self._state
+
+    def slab_for(self, seq) -> int:
+        return self._slots(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens))
+
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+        tokens = self.reservation.column(prompt_tokens, output_tokens)
+        slab = self._full * tokens + sum(np.minimum(tokens, w) for w in self._windows) + self._state
+        a = self.allocator
+        if hasattr(a, "roots"):
+            order = np.ceil(np.log2(np.maximum(slab, 1))).astype(np.int64)
+            room = sum(np.where(order <= o, np.left_shift(1, np.maximum(o - order, 0)), 0) for _, o in a.roots)
+        else:
+            room = self.capacity // np.maximum(slab, 1)
+        return (room < width) | (self.capacity == 0)
+
+    def _fill_cap(self, seq) -> int:
+        return self._slots(min(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens), seq.max_kv_tokens))
+
+    def _take_slab(self, seq) -> int:
+        start = super()._take_slab(seq)
+        n = self.slab_for(seq)  # the parent counted min(n, max_kv); count what the request will fill instead
+        self.capped += self._fill_cap(seq) - min(n, seq.max_kv_tokens)
+        self._live[seq] = None
+        return start
+
+    def free(self, seq) -> None:
+        if seq.slab_start is None:
+            return
+        self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
+        self._live.pop(seq, None)
+        super().free(seq)
+
+    def hold(self, seq) -> None:
+        self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
+        self._live.pop(seq, None)
+        super().hold(seq)
+
+    def release(self, seq) -> None:
+        self.capped -= min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
+        self._live[seq] = None
+        super().release(seq)
+
+    @property
+    def shared_filled(self) -> int:
+        logical = physical = 0
+        for s in self._live:
+            c = s.num_computed_tokens
+            logical += c
+            physical += self._slots(c)
+        return logical - physical
