@@ -100,6 +100,9 @@ class RunResult:
         out = {"scenario": scenario, "policies": {n: r.summary for n, r in self.policies.items()}}
         if self.decomposition is not None:
             out["decomposition"] = self.decomposition
+        fleet = {n: r.fleet for n, r in self.policies.items() if r.fleet is not None}
+        if fleet:
+            out["fleet"] = fleet
         return out
 
 
@@ -125,7 +128,21 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
         raise ScenarioError(f"{scenario.name}: the workload has no requests")
     result = RunResult(scenario, model, gpu, requests)
 
-    def one(policy: PolicyConfig, record_steps: bool) -> PolicyResult:
+    runs = [(p, None) for p in scenario.policies]
+    if scenario.cluster is not None:  # a fleet: replicas behind a router (sim.cluster)
+        from sim.cluster import fleet_runs, run_fleet
+
+        runs = fleet_runs(scenario)
+
+    def one(policy: PolicyConfig, record_steps: bool, router: str | None = None) -> PolicyResult:
+        if scenario.cluster is not None:
+            if progress:
+                progress(policy.name, 0, len(requests))
+            res = run_fleet(scenario, model, policy, router or scenario.cluster.routers[0], requests, executor,
+                            record_steps)
+            if progress:
+                progress(policy.name, len(requests), len(requests))
+            return res
         resolved = resolve_policy(scenario, model, gpu, policy)
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
         engine = Engine(requests, resolved, executor(scenario, model, gpu, resolved, requests),
@@ -139,9 +156,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
             progress(policy.name, len(requests), len(requests))
         return res
 
-    for policy in scenario.policies:
-        result.policies[policy.name] = one(policy, scenario.record_steps)
-    if decompose and len(scenario.policies) > 1:
+    for policy, router in runs:
+        result.policies[policy.name] = one(policy, scenario.record_steps, router)
+    if decompose and len(scenario.policies) > 1 and len(runs) == len(scenario.policies):
         result.decomposition = decompose_policies(
             scenario.policies, {n: r.summary for n, r in result.policies.items()},
             lambda policy: one(policy, record_steps=False).summary)
@@ -156,14 +173,16 @@ def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
     # write, or a stale report, would be read as this run's)
-    for p in [*paths.values(), out / "report.html"]:
+    for p in [*paths.values(), out / "replicas.parquet", out / "report.html"]:
         p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
-    frames = {"requests": [], "steps": [], "snapshots": [], "timeline": []}
+    frames = {"requests": [], "steps": [], "snapshots": [], "timeline": [], "replicas": []}
     for name, res in result.policies.items():
         frames["timeline"].append(res.timeline.assign(policy=name))
         frames["requests"].append(res.requests.assign(policy=name))
         frames["steps"].append(res.steps.assign(policy=name))
+        if res.replicas is not None:
+            frames["replicas"].append(res.replicas.assign(policy=name))
         snap = res.snapshot
         if snap is not None:
             seg = snap["segments"]
@@ -174,6 +193,7 @@ def write_results(result: RunResult, out_dir: str | Path, report: bool = True) -
     for key, fs in frames.items():
         if not fs:
             continue
+        paths.setdefault(key, out / f"{key}.parquet")  # replicas: a fleet's (sim.cluster)
         df = pd.concat(fs, ignore_index=True)
         df["policy"] = df["policy"].astype("category")
         df.to_parquet(paths[key], index=False)
