@@ -74,7 +74,7 @@ class Engine:
         self._snap = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
         self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
-        self._wakeable = False  # fed: waiting in a way that an arrival cuts short (idle, or a cuttable span)
+        self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
 
     # ------------------------------------------------------------------------------------ run
 
@@ -160,7 +160,7 @@ class Engine:
                     if self.feed.closed and math.isinf(t):
                         self._end_s = now
                         return
-                    self._wakeable = True
+                    self._wakeable = "idle"
                     try:
                         yield env.event() if math.isinf(t) else env.timeout(t - now)
                     except simpy.Interrupt as wake:
@@ -170,7 +170,7 @@ class Engine:
                         t = wake.cause  # the pushed request's arrival; land where a timeout to it would have
                         if now + (t - now) > env.now:
                             yield env.timeout(now + (t - now) - env.now)
-                    self._wakeable = False
+                    self._wakeable = None
                     t = min(t, self._horizon)
                 if math.isinf(t):
                     self._end_s = now
@@ -214,16 +214,16 @@ class Engine:
                 if self.feed is None or not cuttable:
                     yield env.timeout(ends[-1] - now)
                 else:
-                    self._wakeable = True
+                    self._wakeable = "span"
                     try:
                         yield env.timeout(ends[-1] - now)
                     except simpy.Interrupt as wake:  # a push: end at the first step ending at or after it
-                        self._wakeable = False
+                        self._wakeable = None
                         cut = bisect_left(ends, wake.cause)
                         ends, times = ends[:cut + 1], times[:cut + 1]
                         if now + (ends[-1] - now) > env.now:
                             yield env.timeout(now + (ends[-1] - now) - env.now)
-                    self._wakeable = False
+                    self._wakeable = None
                 self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
             done = sched.done
             if done:
@@ -258,9 +258,10 @@ class Engine:
         self.wake(arrival_s)
 
     def wake(self, cause) -> None:
-        """Cut an idle wait or a cuttable span short: ``cause`` an arrival time, or None (arrivals ended)."""
-        if self._wakeable:
-            self._wakeable = False
+        """Cut an idle wait or a cuttable span short: ``cause`` an arrival time, or None (arrivals ended:
+        only an idle wait ends)."""
+        if self._wakeable == "idle" or (self._wakeable and cause is not None):
+            self._wakeable = None
             self.process.interrupt(cause)
 
     def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int,
