@@ -265,6 +265,17 @@ def check_scenario(scenario_path: str | Path) -> list[str]:
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
 
+    if scenario.cluster is not None:  # every replica group's pool, and the fleet in one line
+        from sim.cluster.fleet import replica_policy, replica_scenarios
+
+        reps = replica_scenarios(scenario)
+        for gi, sc in dict(reps).items():
+            for policy in scenario.policies:
+                replica_policy(scenario, gi, sc, model, policy)
+        kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
+                          f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
+                          for g in scenario.cluster.groups)
+        lines.append(f"fleet: {len(reps)} replicas ({kinds}), router {', '.join(scenario.cluster.routers)}")
     same = len({kv(p) for p in pools.values()}) == 1  # one KV line for all: the policy lines stay short
     if same:
         lines.append(f"KV pool: {kv(next(iter(pools.values())))}, for every policy")

@@ -202,3 +202,22 @@ def test_affinity_without_what_it_needs_is_a_clear_error():
         run(scenario(n=10, cluster={"replicas": 2, "router": "session-affinity"}))
     with pytest.raises(ScenarioError, match="prefix-affinity needs prompt prefix hashes"):
         run(scenario(n=10, cluster={"replicas": 2, "router": "prefix-affinity"}))
+
+
+def test_a_replica_gpu_that_cannot_hold_the_model_is_a_clear_error(tmp_path):
+    import yaml
+
+    from sim.run import check_scenario
+
+    data = {"name": "t", "model": "llama-2-70b", "gpu": "h100", "tensor_parallel": 4,
+            "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "sharegpt", "num_requests": 5},
+            "policies": ["vllm"],
+            "cluster": {"replicas": [{"count": 2}, {"gpu": "l4", "tensor_parallel": 1, "count": 1}]}}
+    with pytest.raises(ScenarioError, match=r"cluster.replicas\[1\] \(1 x l4\): .*"):
+        run(parse_scenario(data))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ScenarioError, match=r"cluster.replicas\[1\]"):
+        check_scenario(path)
+    path.write_text(yaml.safe_dump({**data, "cluster": {"replicas": 3, "router": "least-kv"}}))
+    assert "fleet: 3 replicas (3 x 4 x h100), router least-kv" in check_scenario(path)

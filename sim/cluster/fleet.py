@@ -19,7 +19,7 @@ import pandas as pd
 import simpy
 from simpy.events import URGENT
 
-from sim.config import PolicyConfig, Scenario
+from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
@@ -45,6 +45,16 @@ def replica_scenarios(scenario: Scenario) -> list[tuple[int, Scenario]]:
     return out
 
 
+def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: PolicyConfig):
+    """The policy as a replica of ``group`` runs it; a GPU that cannot hold the model names the group."""
+    try:
+        return resolve_policy(sc, model, sc.gpu_spec(), policy)
+    except ScenarioError as e:
+        if isinstance(scenario.cluster.replicas, int):
+            raise
+        raise ScenarioError(f"cluster.replicas[{group}] ({sc.tensor_parallel} x {sc.gpu_spec().name}): {e}") from None
+
+
 class Fleet:
     """One policy's fleet run. ``closed`` and ``expected_next_s`` are what a replica reads of the
     arrivals (``Engine.attach``)."""
@@ -58,7 +68,7 @@ class Fleet:
         self.kinds: list[tuple[int, str, int]] = []  # (group, gpu, tensor_parallel) per replica
         for gi, sc in replica_scenarios(scenario):
             gpu = sc.gpu_spec()
-            resolved = resolve_policy(sc, model, gpu, policy)
+            resolved = replica_policy(scenario, gi, sc, model, policy)
             self.engines.append(Engine(requests, resolved, executor(sc, model, gpu, resolved, requests),
                                        horizon_s=sc.horizon_s, exact=sc.exact, record_steps=record_steps,
                                        timeline_bin_s=sc.timeline_bin_s, sampling=sc.sampling,
