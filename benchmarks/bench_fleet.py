@@ -13,7 +13,8 @@ both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each rep
 - independent: the same requests as ``--replicas`` single servers, server k taking requests k, k+N, ...
   (what round-robin gives each replica), timed together.
 
-Prints CPU seconds (this process's: a loaded machine's other work does not count), simulated requests per second, and the fleet's cost over the independent servers'.
+Prints CPU seconds (this process's: a loaded machine's other work does not count), simulated requests
+per second, and the fleet's cost over the independent servers'.
 """
 
 from __future__ import annotations

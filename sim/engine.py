@@ -103,7 +103,7 @@ class Engine:
         sharing = self.sharing_counts()
         req, steps, timeline, summary = self.rec.results(float(r.arrival_s[0]) if len(r) else 0.0, self._end_s,
                                                          sharing, requests)
-        if r.beyond_horizon and requests is None:  # requests that would arrive at or after the horizon were never generated
+        if r.beyond_horizon and requests is None:  # requests arriving at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)

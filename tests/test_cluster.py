@@ -30,8 +30,8 @@ def assert_same_run(single, fleet):
         b = fleet.policies[name]
         assert json.dumps(a.summary) == json.dumps(b.summary), name
         for table in ("requests", "steps", "timeline"):
-            pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table).drop(columns=["replica"], errors="ignore"),
-                                          check_exact=True)
+            fleet_table = getattr(b, table).drop(columns=["replica"], errors="ignore")
+            pd.testing.assert_frame_equal(getattr(a, table), fleet_table, check_exact=True)
         assert (b.requests.replica == 0).sum() == (b.requests.status != "rejected").sum()
 
 
@@ -126,7 +126,7 @@ def test_the_prefix_affinity_cap_bounds_every_affine_choice():
     def spy(self, i, cands):
         s = self.replicas
         before = [s.outstanding(c) for c in cands]
-        capped, affine = self.num_capped, self.num_affine
+        affine = self.num_affine
         r = route(self, i, cands)
         decisions.append((before, r, self.num_affine > affine, self.options.load_cap))
         return r
@@ -221,3 +221,29 @@ def test_a_replica_gpu_that_cannot_hold_the_model_is_a_clear_error(tmp_path):
         check_scenario(path)
     path.write_text(yaml.safe_dump({**data, "cluster": {"replicas": 3, "router": "least-kv"}}))
     assert "fleet: 3 replicas (3 x 4 x h100), router least-kv" in check_scenario(path)
+
+
+def test_a_sweep_reaches_the_fleet_fields(tmp_path):
+    """Fleet size and router are sweep axes like any scenario field; more replicas, more capacity."""
+    from sim.executors import SerialExecutor
+    from sim.sweep import load_sweep, run_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text("""
+name: fleet-sweep
+base:
+  name: t
+  model: opt-13b
+  gpu: a100-40gb
+  workload: {arrival: {kind: poisson, rate: 3}, lengths: sharegpt, num_requests: 60}
+  policies: [vllm]
+  cluster: {replicas: 1}
+axes:
+  cluster.replicas: [1, 2]
+  cluster.router: [round-robin, least-outstanding]
+""")
+    table = run_sweep(load_sweep(path), tmp_path / "out", SerialExecutor()).table
+    assert len(table) == 4
+    one, two = (table[table["cluster.replicas"] == k] for k in (1, 2))
+    assert (two.kv_capacity_tokens.to_numpy() == 2 * one.kv_capacity_tokens.to_numpy()).all()
+    assert (two.mean_ttft_ms.to_numpy() < one.mean_ttft_ms.to_numpy()).all()
