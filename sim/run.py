@@ -84,7 +84,7 @@ class RunResult:
                            "budget_gib": p.budget_bytes / GIB,
                            "max_num_batched_tokens": token_budget(res.policy, m)}
         scenario = {
-            **s.model_dump(mode="json"),
+            **s.model_dump(mode="json", exclude={"cluster"} if s.cluster is None else None),  # unchanged without a fleet
             "resolved": {
                 "model": {"name": m.name, "num_params": m.num_params, "num_layers": m.num_layers,
                           "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
