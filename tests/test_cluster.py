@@ -247,3 +247,22 @@ axes:
     one, two = (table[table["cluster.replicas"] == k] for k in (1, 2))
     assert (two.kv_capacity_tokens.to_numpy() == 2 * one.kv_capacity_tokens.to_numpy()).all()
     assert (two.mean_ttft_ms.to_numpy() < one.mean_ttft_ms.to_numpy()).all()
+
+
+@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session-affinity"])
+def test_routing_reads_no_state_that_decode_spans_change(router):
+    """Spans are exact for a single server; a fleet's routers that read outstanding requests route the same
+    with exact stepping (least-kv reads KV allocated, which a span updates at its end: see the README)."""
+    kw = dict(rate=6, n=150, cluster={"replicas": 3, "router": router})
+    if router == "session-affinity":
+        base = scenario(**kw)
+        requests = load_requests(base)
+        requests = requests.replace(session_id=np.arange(len(requests)) % 7)
+        a = run(base, requests=requests).policies["vllm"]
+        b = run(scenario(exact=True, **kw), requests=requests).policies["vllm"]
+        assert a.requests.groupby(requests.session_id).replica.nunique().max() == 1
+    else:
+        a = run(scenario(**kw)).policies["vllm"]
+        b = run(scenario(exact=True, **kw)).policies["vllm"]
+    assert (a.requests.replica == b.requests.replica).all()
+    np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)

@@ -84,6 +84,9 @@ class LeastOutstanding(Router):
 
 class LeastKv(Router):
     name = "least-kv"
+    # NOTE: KV allocated as the replica's scheduler last left it: inside a decode span taken at once,
+    # the span's start (the blocks its steps add are counted when it ends), so exact stepping can route
+    # differently. Outstanding counts change only at pushes and finishes, which spans keep exact.
 
     def route(self, i, cands):
         s = self.replicas
