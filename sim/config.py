@@ -469,6 +469,68 @@ def _roofline_by_default(data: Any) -> Any:
     return data
 
 
+# ---------------------------------------------------------------------------------------------- fleets (sim.cluster)
+
+ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "power-of-two", "prefix-affinity",
+           "session-affinity")
+
+
+def _known_gpu_name(v):
+    if isinstance(v, str) and v not in GPUS:
+        raise ValueError(f"unknown gpu {v!r}{_did_you_mean(v, GPUS)}; expected one of {', '.join(GPUS)} or an "
+                         f"inline spec")
+    return v
+
+
+class ReplicaGroup(Strict):
+    """``count`` replicas of one kind; GPU and tensor parallelism default to the scenario's."""
+
+    gpu: Annotated[str | GpuConfig | None, BeforeValidator(_known_gpu_name)] = None
+    tensor_parallel: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1024)] | None = None
+    count: PosInt = 1
+
+
+class RouterOptions(Strict):
+    load_cap: Real = Field(1.25, ge=1, le=1e6, description="prefix-affinity: above this times the mean "
+                                                            "outstanding requests, route to the least loaded")
+    seed: Seed = Field(0, description="random and power-of-two: the router's random stream")
+
+
+def _replicas(v: Any) -> Any:
+    if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+        raise ValueError(f"a fleet needs at least one replica (got {v})")
+    if isinstance(v, list) and not v:
+        raise ValueError("a fleet needs at least one replica group (got an empty list)")
+    return v
+
+
+def _routers(v: Any) -> Any:
+    for name in [v] if isinstance(v, str) else v if isinstance(v, list) else []:
+        if isinstance(name, str) and name not in ROUTERS:
+            raise ValueError(f"unknown router {name!r}{_did_you_mean(name, ROUTERS)}; expected one of "
+                             f"{', '.join(ROUTERS)}")
+    if isinstance(v, list) and not v:
+        raise ValueError("give at least one router")
+    return v
+
+
+class ClusterConfig(Strict):
+    """Replicas of the scenario's server behind a router (``sim.cluster``). A list of routers runs each
+    policy once per router (results named ``policy/router``)."""
+
+    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] = 1
+    router: Annotated[str | list[str], BeforeValidator(_routers)] = "round-robin"
+    router_options: RouterOptions = RouterOptions()
+
+    @property
+    def routers(self) -> list[str]:
+        return [self.router] if isinstance(self.router, str) else list(dict.fromkeys(self.router))
+
+    @property
+    def groups(self) -> list[ReplicaGroup]:
+        return [ReplicaGroup(count=self.replicas)] if isinstance(self.replicas, int) else list(self.replicas)
+
+
 class Scenario(Strict):
     name: str = Field(min_length=1)
     description: str = ""
@@ -488,6 +550,7 @@ class Scenario(Strict):
     exact: bool = Field(False, description="step every iteration instead of skipping quiet decode spans")
     record_steps: bool = Field(True, description="keep the per-step table (else only time-binned aggregates)")
     timeline_bin_s: Seconds = Field(1.0, description="timeline bin width; doubles while more than 2048 bins are needed")
+    cluster: ClusterConfig | None = Field(None, description="a fleet: replicas behind a router (sim.cluster)")
     decompose: bool = Field(True, description="sim run: decompose each policy's difference from the first one "
                             "knob by knob, running the intermediate policies on the same requests (sim.decompose)")
 

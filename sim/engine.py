@@ -41,13 +41,15 @@ class PolicyResult:
     summary: dict
     snapshot: dict | None = None  # the KV address space at the moment of most waiting requests
     timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
+    replicas: pd.DataFrame | None = None  # a fleet (sim.cluster): one row per replica
+    fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
 
 
 class Engine:
     def __init__(self, requests: RequestTable, resolved: ResolvedPolicy, executor: Executor, *,
                  horizon_s: float | None = None, exact: bool = False, record_steps: bool = True,
                  timeline_bin_s: float = 1.0, sampling=None, progress: Callable[[int, int], None] | None = None,
-                 startup_s: float = 0.0) -> None:
+                 startup_s: float = 0.0, log=None) -> None:
         self.requests = requests
         self.resolved = resolved
         self.policy = resolved.policy
@@ -61,7 +63,8 @@ class Engine:
         self.sampling = sampling  # parallel samples or beams: every request is a group
         self.width = resolved.width
         self.kv = make_kv(resolved)
-        self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps)
+        self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps,
+                            log=log)
         self.log = self.rec.log
         self.scheduler = Scheduler(resolved, self.kv, self.rec)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
@@ -70,6 +73,8 @@ class Engine:
         self._snap_key: tuple = (0, 0)
         self._snap = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
+        self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
+        self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
 
     # ------------------------------------------------------------------------------------ run
 
@@ -89,20 +94,29 @@ class Engine:
         env.process(self._serve(env))
         env.run()
         self._end_s = env.now
+        return self.results()
+
+    def results(self, requests: pd.DataFrame | None = None) -> PolicyResult:
+        """The finished run's result; ``requests``: this server's rows of a log shared by a fleet."""
+        r = self.requests
         self._close_unfinished()
-        kv = self.kv
-        sharing = None
-        if self.resolved.sharing:
-            sharing = SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
-                                    kv.pool.num_evicted)
-        elif self.sampling is not None:
-            sharing = SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
+        sharing = self.sharing_counts()
         req, steps, timeline, summary = self.rec.results(float(r.arrival_s[0]) if len(r) else 0.0, self._end_s,
-                                                         sharing)
-        if r.beyond_horizon:  # requests that would arrive at or after the horizon were never generated
+                                                         sharing, requests)
+        if r.beyond_horizon and requests is None:  # requests arriving at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
+
+    def sharing_counts(self) -> SharingCounts | None:
+        """What block sharing counted (None when the run neither shares nor copies blocks)."""
+        kv = self.kv
+        if self.resolved.sharing:
+            return SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
+                                 kv.pool.num_evicted)
+        if self.sampling is not None:
+            return SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
+        return None
 
     def _admit_arrivals(self, now: float) -> None:
         arr, nxt = self._arrivals, self._next
@@ -132,6 +146,7 @@ class Engine:
         while True:
             now = env.now
             if now >= self._horizon:
+                self._end_s = now
                 return
             if arrivals[self._next] <= now:
                 self._admit_arrivals(now)
@@ -141,13 +156,31 @@ class Engine:
                     raise RuntimeError(f"scheduler stalled at t={now:.3f}s with {len(sched.waiting)} waiting, "
                                        f"{len(sched.swapped)} swapped: a bug, please report it")
                 t = self._next_event_s()
+                if self.feed is not None:  # fed by a router: wait for a push, the horizon, or the end of arrivals
+                    if self.feed.closed and math.isinf(t):
+                        self._end_s = now
+                        return
+                    self._wakeable = "idle"
+                    try:
+                        yield env.event() if math.isinf(t) else env.timeout(t - now)
+                    except simpy.Interrupt as wake:
+                        if wake.cause is None:  # no more arrivals: this server ended when it went idle
+                            self._end_s = now
+                            return
+                        t = wake.cause  # the pushed request's arrival; land where a timeout to it would have
+                        if now + (t - now) > env.now:
+                            yield env.timeout(now + (t - now) - env.now)
+                    self._wakeable = None
+                    t = min(t, self._horizon)
                 if math.isinf(t):
+                    self._end_s = now
                     return
                 kv = self.kv
                 self.rec.idle(now, t - now, sched.memory(), num_waiting=len(sched.waiting),
                               num_running=sched.num_running, num_swapped=len(sched.swapped),
                               shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0)
-                yield env.timeout(t - now)
+                if self.feed is None:
+                    yield env.timeout(t - now)
                 continue
             if len(sched.waiting) + len(sched.swapped) > self._snap_waiting or self.kv.alloc > self._snap_alloc:
                 self._maybe_capture(now)  # the address space as this step holds it
@@ -156,9 +189,13 @@ class Engine:
                 for seq in sched.first_admitted:
                     log.scheduled(seq.request_id, now)
             k = 1 if self.exact else sched.span_limit(plan)
+            cuttable = False
             if k > 1:
                 first = executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
-                stop = self._next_event_s() if sched.arrivals_matter() else self._horizon
+                cuttable = sched.arrivals_matter()
+                stop = self._next_event_s() if cuttable else self._horizon
+                if cuttable and self.feed is not None:  # pushes are not known ahead: price up to when one may
+                    stop = min(self.feed.expected_next_s(), self._horizon)  # come, cut when one does (below)
                 if first is None:
                     k = 1
                 elif stop < math.inf:  # price only the steps that can start before it (step times only grow
@@ -171,10 +208,22 @@ class Engine:
             else:
                 times = executor.decode_span_s(plan, k)
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
-                cut = bisect_left(ends, stop)
+                cut = bisect_left(ends, stop if self.feed is None else self._horizon)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
-                yield env.timeout(ends[-1] - now)
+                if self.feed is None or not cuttable:
+                    yield env.timeout(ends[-1] - now)
+                else:
+                    self._wakeable = "span"
+                    try:
+                        yield env.timeout(ends[-1] - now)
+                    except simpy.Interrupt as wake:  # a push: end at the first step ending at or after it
+                        self._wakeable = None
+                        cut = bisect_left(ends, wake.cause)
+                        ends, times = ends[:cut + 1], times[:cut + 1]
+                        if now + (ends[-1] - now) > env.now:
+                            yield env.timeout(now + (ends[-1] - now) - env.now)
+                    self._wakeable = None
                 self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
             done = sched.done
             if done:
@@ -184,6 +233,36 @@ class Engine:
             loops += 1
             if self.progress is not None and loops % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
+
+    # ---------------------------------------------------------------- fed by a router (sim.cluster)
+
+    def attach(self, env: simpy.Environment, feed) -> None:
+        """Serve, on a clock shared with other servers, the requests a router ``push``es at their arrival
+        (instead of the whole table). ``feed.closed``: no request will come any more;
+        ``feed.expected_next_s()``: when one may next come (how far a decode span is priced ahead; a push
+        cuts the span at the first step ending at or after it, as a known arrival would)."""
+        self.feed = feed
+        self._ids, self._arrivals, self._prompts, self._outputs = [], [math.inf], [], []
+        self._hashes = self.requests.prefix_hashes if self.kv.caching else None
+        self._next = 0
+        self._end_s = 0.0
+        self.process = env.process(self._serve(env))
+
+    def push(self, i: int, arrival_s: float) -> None:
+        """Request ``i`` arrives now (``arrival_s``, the clock's time): it joins at the next step."""
+        self._arrivals[-1] = arrival_s
+        self._arrivals.append(math.inf)
+        self._ids.append(i)
+        self._prompts.append(int(self.requests.prompt_tokens[i]))
+        self._outputs.append(int(self.requests.output_tokens[i]))
+        self.wake(arrival_s)
+
+    def wake(self, cause) -> None:
+        """Cut an idle wait or a cuttable span short: ``cause`` an arrival time, or None (arrivals ended:
+        only an idle wait ends)."""
+        if self._wakeable == "idle" or (self._wakeable and cause is not None):
+            self._wakeable = None
+            self.process.interrupt(cause)
 
     def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int,
                 ends: list[float] | None = None) -> None:

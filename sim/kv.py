@@ -437,9 +437,13 @@ class PagedKv:
         B = self.block_size
         tables, (free, fresh) = captured
         segs: list[tuple[int, int, int]] = []
+        seen: set[int] = set()  # a block shared by several sequences (prefix caching, forks) is drawn once
         for table, filled, max_kv in tables:
             cap = min(len(table) * B, max_kv)
             for i, b in enumerate(table):  # token positions [i*B, (i+1)*B) live in slots [b*B, (b+1)*B)
+                if b in seen:
+                    continue
+                seen.add(b)
                 lo = i * B
                 f = min(max(filled - lo, 0), B)
                 r = min(max(cap - lo, 0), B)

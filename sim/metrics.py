@@ -374,10 +374,13 @@ class Recorder:
     steps from ``start_s`` for ``duration_s``; the timeline's and the step table's memory columns are
     the same time-weighted token slots."""
 
-    def __init__(self, requests, capacity: int, *, timeline_bin_s: float = 1.0, record_steps: bool = True) -> None:
+    def __init__(self, requests, capacity: int, *, timeline_bin_s: float = 1.0, record_steps: bool = True,
+                 log: RequestLog | None = None) -> None:
         self.capacity = capacity
         self.record_steps = record_steps
-        self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
+        # ``log``: one request log shared by the replicas of a fleet (each request is served by one of them)
+        self.log = log if log is not None else RequestLog(requests.arrival_s, requests.prompt_tokens,
+                                                          requests.output_tokens)
         self.itl = ItlHistogram()  # the scheduler adds each gap between a request's output tokens
         self.timeline = Timeline(timeline_bin_s)
         self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
@@ -475,13 +478,14 @@ class Recorder:
         steps[counts] = steps[counts].astype(np.int64)
         return steps
 
-    def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
-        """(requests, steps, timeline, summary) of the finished run."""
+    def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None,
+                requests: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+        """(requests, steps, timeline, summary) of the finished run; ``requests``: the rows of a shared
+        log that this recorder's server handled (a fleet's replica), else the whole log."""
         lost = int((self.log.status == PENDING).sum())
         if lost:  # the accounting identity is a guarantee: never end a run without it
             raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
-        req = self.log.frame()
+        req = self.log.frame() if requests is None else requests
         timeline = self.timeline.frame(self.capacity, end_s)
         mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
         summary = summarize(req, self.itl, mem_slot_s, end_s - first_arrival_s, self.capacity,

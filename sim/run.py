@@ -94,7 +94,7 @@ class RunResult:
                 pools[name]["kv_groups"] = [{"kind": g.kind, "layers": g.layers, "window": g.window,
                                              "state_pages": g.state_pages} for g in lay.groups]
         scenario = {
-            **s.model_dump(mode="json"),
+            **s.model_dump(mode="json", exclude={"cluster"} if s.cluster is None else None),  # unchanged without a fleet
             "resolved": {
                 "model": {"name": m.name, "num_params": m.num_params, "num_layers": m.num_layers,
                           "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
@@ -110,6 +110,9 @@ class RunResult:
         out = {"scenario": scenario, "policies": {n: r.summary for n, r in self.policies.items()}}
         if self.decomposition is not None:
             out["decomposition"] = self.decomposition
+        fleet = {n: r.fleet for n, r in self.policies.items() if r.fleet is not None}
+        if fleet:
+            out["fleet"] = fleet
         return out
 
 
@@ -136,7 +139,21 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
         raise ScenarioError(f"{scenario.name}: the workload has no requests")
     result = RunResult(scenario, model, gpu, requests)
 
-    def one(policy: PolicyConfig, record_steps: bool) -> PolicyResult:
+    runs = [(p, None) for p in scenario.policies]
+    if scenario.cluster is not None:  # a fleet: replicas behind a router (sim.cluster)
+        from sim.cluster import fleet_runs, run_fleet
+
+        runs = fleet_runs(scenario)
+
+    def one(policy: PolicyConfig, record_steps: bool, router: str | None = None) -> PolicyResult:
+        if scenario.cluster is not None:
+            if progress:
+                progress(policy.name, 0, len(requests))
+            res = run_fleet(scenario, model, policy, router or scenario.cluster.routers[0], requests, executor,
+                            record_steps)
+            if progress:
+                progress(policy.name, len(requests), len(requests))
+            return res
         resolved = resolve_policy(scenario, model, gpu, policy)
         cb = (lambda done, total, _n=policy.name: progress(_n, done, total)) if progress else None
         engine = Engine(requests, resolved, executor(scenario, model, gpu, resolved, requests),
@@ -150,9 +167,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
             progress(policy.name, len(requests), len(requests))
         return res
 
-    for policy in scenario.policies:
-        result.policies[policy.name] = one(policy, scenario.record_steps)
-    if decompose and len(scenario.policies) > 1:
+    for policy, router in runs:
+        result.policies[policy.name] = one(policy, scenario.record_steps, router)
+    if decompose and len(scenario.policies) > 1 and len(runs) == len(scenario.policies):
         result.decomposition = decompose_policies(
             scenario.policies, {n: r.summary for n, r in result.policies.items()},
             lambda policy: one(policy, record_steps=False).summary)
@@ -168,12 +185,15 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
     # write, or a stale report, would be read as this run's)
-    for p in [*paths.values(), out / "report.html"]:
+    for p in [*paths.values(), out / "replicas.parquet", out / "report.html"]:
         p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
-    tables: dict[str, dict[str, pd.DataFrame]] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {}}
+    tables: dict[str, dict[str, pd.DataFrame]] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {},
+                                                  "replicas": {}}
     for name, res in result.policies.items():
         tables["timeline"][name], tables["requests"][name], tables["steps"][name] = res.timeline, res.requests, res.steps
+        if res.replicas is not None:  # a fleet's (sim.cluster)
+            tables["replicas"][name] = res.replicas
         snap = res.snapshot
         if snap is not None:
             seg = snap["segments"]
@@ -184,6 +204,7 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
     for key, by_policy in tables.items():
         if not by_policy:
             continue
+        paths.setdefault(key, out / f"{key}.parquet")
         df = pd.concat(list(by_policy.values()), ignore_index=True)
         df.insert(0 if key == "snapshots" else len(df.columns), "policy", _policy_column(by_policy))
         df.to_parquet(paths[key], index=False)
@@ -265,6 +286,17 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
 
+    if scenario.cluster is not None:  # every replica group's pool, and the fleet in one line
+        from sim.cluster.fleet import replica_policy, replica_scenarios
+
+        reps = replica_scenarios(scenario)
+        for gi, sc in dict(reps).items():
+            for policy in scenario.policies:
+                replica_policy(scenario, gi, sc, model, policy)
+        kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
+                          f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
+                          for g in scenario.cluster.groups)
+        lines.append(f"fleet: {len(reps)} replicas ({kinds}), router {', '.join(scenario.cluster.routers)}")
     same = len({kv(p) for p in pools.values()}) == 1  # one KV line for all: the policy lines stay short
     if same:
         lines.append(f"KV pool: {kv(next(iter(pools.values())))}, for every policy")

@@ -50,7 +50,7 @@ def resolved_mapping(scenario: Scenario) -> tuple[dict, list]:
     """The scenario as a mapping a worker anywhere can parse back to the same scenario: relative paths
     made absolute, a length preset kept by name (not also as its distributions), per-step records off
     (a sweep keeps summaries only). Also the stamps of the files it reads."""
-    data = scenario.model_dump(mode="json")
+    data = scenario.model_dump(mode="json", exclude={"cluster"} if scenario.cluster is None else None)  # keys as before fleets
     data["record_steps"] = False
     files = []
     w = data["workload"]

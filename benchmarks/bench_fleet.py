@@ -1,0 +1,102 @@
+"""Fleet speed: a fleet of replicas against the same requests simulated as independent servers.
+
+    python benchmarks/bench_fleet.py                       # 16 replicas, Azure conv at 16x its rate
+    python benchmarks/bench_fleet.py --copies 4 --replicas 4
+
+Workload: the Azure LLM inference 2023 conversation trace ($KVSIM_TRACES or ../shared/traces/), at
+``--copies`` times its rate over the same hour: that many copies of the trace laid over each other,
+copy k shifted by k/copies of the trace's span (wrapping around), so the request count and the rate
+both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each replica one A100-80GB,
+``vllm``. Runs (in this process, one after the other; pinned to one core when ``taskset`` exists):
+
+- fleet: ``--replicas`` replicas behind round-robin and behind least-outstanding;
+- independent: the same requests as ``--replicas`` single servers, server k taking requests k, k+N, ...
+  (what round-robin gives each replica), timed together.
+
+Prints CPU seconds (this process's: a loaded machine's other work does not count), simulated requests
+per second, and the fleet's cost over the independent servers'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim.config import parse_scenario  # noqa: E402
+from sim.run import run  # noqa: E402
+from sim.trace_paths import locate  # noqa: E402
+from sim.workload import load_requests  # noqa: E402
+
+
+def scenario(cluster: dict | None) -> dict:
+    d = {"name": "bench-fleet", "model": "llama-3-8b", "gpu": "a100-80gb", "policies": ["vllm"],
+         "record_steps": False, "decompose": False,
+         "workload": {"kind": "trace", "path": str(locate("azure_2023/AzureLLMInferenceTrace_conv.csv")),
+                      "cap_lengths": "truncate"}}
+    if cluster:
+        d["cluster"] = cluster
+    return d
+
+
+def tiled(requests, copies: int):
+    """``copies`` copies of the trace over its own span, copy k shifted by k/copies of it (wrapping)."""
+    t0, span = requests.arrival_s[0], requests.arrival_s[-1] - requests.arrival_s[0]
+    arr = np.concatenate([(requests.arrival_s - t0 + k * span / copies) % span for k in range(copies)])
+    order = np.argsort(arr, kind="stable")
+    rep = lambda a: np.tile(a, copies)[order]  # noqa: E731
+    return requests.replace(arrival_s=arr[order], prompt_tokens=rep(requests.prompt_tokens),
+                            output_tokens=rep(requests.output_tokens), prefix_hashes=None, session_id=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--copies", type=int, default=16)
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--routers", nargs="+", default=["round-robin", "least-outstanding"])
+    ap.add_argument("--no-independent", action="store_true")
+    a = ap.parse_args()
+    if shutil.which("taskset") and "KVSIM_PINNED" not in os.environ:
+        os.environ["KVSIM_PINNED"] = "1"
+        os.execvp("taskset", ["taskset", "-c", "0", sys.executable, *sys.argv])
+    base = parse_scenario(scenario(None))
+    requests = tiled(load_requests(base), a.copies)
+    n = len(requests)
+    rows = []
+    for router in a.routers:
+        s = parse_scenario(scenario({"replicas": a.replicas, "router": router}))
+        t = time.process_time()
+        res = run(s, requests=requests).policies["vllm"]
+        wall = time.process_time() - t
+        rows.append({"run": f"fleet {a.replicas} x {router}", "wall_s": wall, "requests": n,
+                     "finished": res.summary["num_finished"], "p99_ttft_ms": res.summary["p99_ttft_ms"],
+                     "load_imbalance_kv": res.fleet["load_imbalance_kv"]})
+    if not a.no_independent:
+        wall, finished = 0.0, 0
+        for k in range(a.replicas):
+            part = requests.take(np.arange(k, n, a.replicas), "other_server")
+            t = time.process_time()
+            res = run(base, requests=part).policies["vllm"]
+            wall += time.process_time() - t
+            finished += res.summary["num_finished"]
+        rows.append({"run": f"independent {a.replicas} servers", "wall_s": wall, "requests": n, "finished": finished})
+    ind = rows[-1]["wall_s"] if not a.no_independent else None
+    print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each")
+    for r in rows:
+        extra = f"  {r['wall_s'] / ind - 1:+.0%} vs independent" if ind and not r["run"].startswith("indep") else ""
+        print(f"{r['run']:<34} {r['wall_s']:7.1f} s CPU  {r['requests'] / r['wall_s']:9,.0f} req/s  "
+              f"finished {r['finished']:,}{extra}")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

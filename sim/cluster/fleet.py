@@ -1,0 +1,253 @@
+"""A fleet: replicas of today's server (each an ``Engine``: same scheduler, allocator and step-time
+model) on one SimPy clock, behind a router that sends each request to a replica at its arrival.
+
+    arrivals ─► router (live replica state) ─► Engine.push ─► replica's steps ─► shared request log
+
+The fleet's summary has the single server's metrics (the same names, over all requests; time shares
+such as ``busy_fraction`` are means over replicas; ``kv_capacity_tokens`` is the fleet's total),
+computed by the same ``summarize``; so a fleet of one replica gives exactly the single server's
+results. Per replica: ``replicas`` (one row each, every metric) and ``fleet`` (routing and
+load-imbalance figures).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import simpy
+from simpy.events import URGENT
+
+from sim.config import PolicyConfig, Scenario, ScenarioError
+from sim.engine import Engine, PolicyResult
+from sim.kv import MEMORY_CLASSES
+from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
+from sim.policy import rejection_reasons, resolve_policy
+from sim.cluster.router import Replicas, make_router
+
+
+def fleet_runs(scenario: Scenario) -> list[tuple[PolicyConfig, str]]:
+    """Each policy once per router: named ``policy/router`` when the scenario lists several routers."""
+    routers = scenario.cluster.routers
+    if len(routers) == 1:
+        return [(p, routers[0]) for p in scenario.policies]
+    return [(p.model_copy(update={"name": f"{p.name}/{r}"}), r) for p in scenario.policies for r in routers]
+
+
+def replica_scenarios(scenario: Scenario) -> list[tuple[int, Scenario]]:
+    """(group index, the scenario as that group's replicas run it: its GPU and tensor parallelism), one per replica."""
+    out = []
+    for gi, g in enumerate(scenario.cluster.groups):
+        update = {k: v for k, v in (("gpu", g.gpu), ("tensor_parallel", g.tensor_parallel)) if v is not None}
+        sc = scenario.model_copy(update=update) if update else scenario
+        out += [(gi, sc)] * g.count
+    return out
+
+
+def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: PolicyConfig):
+    """The policy as a replica of ``group`` runs it; a GPU that cannot hold the model names the group."""
+    try:
+        return resolve_policy(sc, model, sc.gpu_spec(), policy)
+    except ScenarioError as e:
+        if isinstance(scenario.cluster.replicas, int):
+            raise
+        raise ScenarioError(f"cluster.replicas[{group}] ({sc.tensor_parallel} x {sc.gpu_spec().name}): {e}") from None
+
+
+class Fleet:
+    """One policy's fleet run. ``closed`` and ``expected_next_s`` are what a replica reads of the
+    arrivals (``Engine.attach``)."""
+
+    def __init__(self, scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
+                 record_steps: bool) -> None:
+        self.scenario, self.requests, self.router_name = scenario, requests, router
+        self.env = simpy.Environment()
+        self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
+        self.engines: list[Engine] = []
+        self.kinds: list[tuple[int, str, int]] = []  # (group, gpu, tensor_parallel) per replica
+        for gi, sc in replica_scenarios(scenario):
+            gpu = sc.gpu_spec()
+            resolved = replica_policy(scenario, gi, sc, model, policy)
+            self.engines.append(Engine(requests, resolved, executor(sc, model, gpu, resolved, requests),
+                                       horizon_s=sc.horizon_s, exact=sc.exact, record_steps=record_steps,
+                                       timeline_bin_s=sc.timeline_bin_s, sampling=sc.sampling,
+                                       startup_s=sc.startup_s, log=self.log))
+            self.kinds.append((gi, gpu.name, sc.tensor_parallel))
+        self.closed = False
+        self.router = make_router(router, Replicas(self.engines), requests, scenario.cluster.router_options)
+
+    def expected_next_s(self) -> float:
+        """When a replica may next get a request: the arrival as many ahead as there are replicas (a
+        replica gets about one in N; for one replica, exactly the next arrival)."""
+        return self._times[min(self._pos + len(self.engines) - 1, len(self._times) - 1)]
+
+    def run(self) -> PolicyResult:
+        r, n = self.requests, len(self.requests)
+        groups = [self.engines[[k[0] for k in self.kinds].index(g)] for g in sorted({k[0] for k in self.kinds})]
+        reasons = [rejection_reasons(e.resolved, e.kv, r.prompt_tokens, r.output_tokens) for e in groups]
+        ok = np.zeros(n, dtype=np.int64)  # bit g: group g can serve the request
+        for g, reason in enumerate(reasons):
+            ok |= (reason == 0).astype(np.int64) << g
+        rejected = ok == 0
+        self.log.status[rejected] = REJECTED
+        self.log.reason[rejected] = reasons[0][rejected]
+        horizon = math.inf if self.scenario.horizon_s is None else self.scenario.horizon_s
+        routable = ~rejected & (r.arrival_s < horizon)
+        late = ~rejected & ~routable  # arriving at or after the horizon: never routed
+        self.log.status[late] = UNFINISHED
+        self.log.reason[late] = HORIZON
+        order = np.flatnonzero(routable)
+        self._order, self._times, self._pos = order.tolist(), r.arrival_s[order].tolist() + [math.inf], 0
+        self.assigned = np.full(n, -1, dtype=np.int16)
+        every = (1 << len(groups)) - 1
+        cands = {every: tuple(range(len(self.engines)))}
+        for mask in np.unique(ok[routable]).tolist():
+            cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
+        self._cands, self._ok = cands, ok
+        env = self.env
+        env.process(self._route(env))  # first: at t = 0 it routes before any replica plans
+        for e in self.engines:
+            e.attach(env, self)
+        env.run()
+        return self._results()
+
+    def _route(self, env: simpy.Environment):
+        engines, route, times, ok, cands, assigned = (self.engines, self.router.route, self._times, self._ok,
+                                                      self._cands, self.assigned)
+        single = len(cands) == 1
+        whole = next(iter(cands.values()))
+        for pos, i in enumerate(self._order):
+            t = times[pos]
+            if t > env.now:
+                yield _at(env, t)
+            self._pos = pos + 1
+            k = route(i, whole if single else cands[int(ok[i])])
+            assigned[i] = k
+            engines[k].push(i, t)
+        self.closed = True
+        for e in engines:
+            e.wake(None)
+
+    # ------------------------------------------------------------------------------------- results
+
+    def _results(self) -> PolicyResult:
+        engines, r = self.engines, self.requests
+        for e in engines:
+            e._close_unfinished()
+        frame = self.log.frame()
+        per = []
+        for k, e in enumerate(engines):
+            per.append(e.results(frame.iloc[np.flatnonzero(self.assigned == k)]))
+        first = float(r.arrival_s[0]) if len(r) else 0.0
+        end = max(e._end_s for e in engines)
+        capacity = sum(e.kv.capacity for e in engines)
+        tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
+        mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
+        recs = [e.rec for e in engines]
+        summary = summarize(frame, merge_itl([x.itl for x in recs]), mem, end - first, capacity,
+                            float(tl.busy_s.sum()), sum(x.num_steps for x in recs), sum(x.seq_steps for x in recs),
+                            int(tl.num_preempted.sum()), decode_steps=sum(x.decode_steps for x in recs),
+                            decode_seq_steps=sum(x.decode_seq_steps for x in recs),
+                            running_request_s=math.fsum(x.running_request_s for x in recs),
+                            sharing=merge_sharing([e.sharing_counts() for e in engines]),
+                            shared_slot_s=float(tl.shared_slot_s.sum()))
+        if len(engines) > 1 and summary["busy_fraction"] is not None:
+            summary["busy_fraction"] /= len(engines)  # a mean over replicas, like the memory shares
+        if r.beyond_horizon:
+            summary["num_requests"] += r.beyond_horizon
+            summary["num_unfinished"] += r.beyond_horizon
+        requests = frame.assign(replica=self.assigned)
+        steps = pd.concat([p.steps.assign(replica=np.int16(k)) for k, p in enumerate(per)], ignore_index=True)
+        snaps = [(p.snapshot["num_waiting"], -k, p.snapshot) for k, p in enumerate(per) if p.snapshot is not None]
+        snapshot = max(snaps, key=lambda x: x[:2])[2] if snaps else None
+        duration = end - first
+        routed = np.bincount(self.assigned[self.assigned >= 0], minlength=len(engines))
+        used = []  # each replica's KV in use (token states, reservation, internal), time-averaged over the run
+        for p, e in zip(per, engines):
+            slot_s = sum(p.timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES[:3])
+            used.append(slot_s / (e.kv.capacity * duration) if duration > 0 and e.kv.capacity else 0.0)
+        rows = []
+        for k, (p, e) in enumerate(zip(per, engines)):
+            g, gpu, tp = self.kinds[k]
+            rows.append({"replica": k, "group": g, "gpu": gpu, "tensor_parallel": tp, "num_routed": int(routed[k]),
+                         "kv_in_use": used[k], **{m: v for m, v in p.summary.items()}})
+        replicas = pd.DataFrame(rows)
+        fleet = {"router": self.router_name, "num_replicas": len(engines),
+                 "load_imbalance_requests": _imbalance(routed), "load_imbalance_kv": _imbalance(np.array(used)),
+                 "prefix_hit_rate_tokens": summary.get("prefix_hit_rate_tokens")}
+        if hasattr(self.router, "num_capped"):
+            fleet.update(num_prefix_affine=self.router.num_affine, num_load_capped=self.router.num_capped)
+        pool = engines[0].pool
+        return PolicyResult(per[0].policy, pool, requests, steps, summary, snapshot, tl, replicas, fleet)
+
+
+def _imbalance(x: np.ndarray) -> float | None:
+    """max / mean (1: perfectly balanced); None when the mean is 0."""
+    m = float(np.mean(x)) if len(x) else 0.0
+    return float(np.max(x)) / m if m > 0 else None
+
+
+def _at(env: simpy.Environment, t: float) -> simpy.Event:
+    """An urgent event at exactly time ``t`` (``now + (t - now)`` can miss ``t`` by a rounding): the
+    router acts at an arrival before any replica event of the same time."""
+    d = t - env.now
+    while env.now + d < t:
+        d = math.nextafter(d, math.inf)
+    while d > 0 and env.now + d > t:
+        d = math.nextafter(d, -math.inf)
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, None
+    env.schedule(ev, URGENT, d)
+    return ev
+
+
+def merge_itl(hists: list[ItlHistogram]) -> ItlHistogram:
+    if len(hists) == 1:
+        return hists[0]
+    out = ItlHistogram()
+    for h in hists:
+        h._flush()
+        out.counts += h.counts
+        out.count += h.count
+    out.total = math.fsum(h.total for h in hists)
+    return out
+
+
+def merge_timelines(timelines: list[Timeline]) -> Timeline:
+    """The fleet's bins: every replica's at the widest replica's bin width (widths are the same base
+    doubled, so a wide bin is whole narrow ones), summed."""
+    if len(timelines) == 1:
+        return timelines[0]
+    for t in timelines:
+        t._flush()
+    w = max(t.bin_s for t in timelines)
+    parts = []
+    for t in timelines:
+        f = round(w / t.bin_s)
+        d = t.data[: t.n]
+        if len(d) % f:
+            d = np.vstack([d, np.zeros((f - len(d) % f, d.shape[1]))])
+        parts.append(d.reshape(-1, f, d.shape[1]).sum(axis=1))
+    n = max(len(p) for p in parts)
+    out = Timeline(w, timelines[0].max_bins)
+    out.data = np.zeros((max(n, 1), parts[0].shape[1]))
+    for p in parts:
+        out.data[: len(p)] += p
+    out.n = n
+    return out
+
+
+def merge_sharing(counts: list[SharingCounts | None]) -> SharingCounts | None:
+    if counts[0] is None or len(counts) == 1:
+        return counts[0]
+    c = counts[0]
+    return SharingCounts(c.paged, c.caching, c.block_size, sum(x.prefill_tokens_saved for x in counts),
+                         sum(x.num_cow_copies for x in counts), sum(x.num_evicted_blocks for x in counts),
+                         sum(x.num_slab_copies for x in counts))
+
+
+def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
+              record_steps: bool) -> PolicyResult:
+    """One policy of a ``cluster:`` scenario, run as a whole fleet on the scenario's requests."""
+    return Fleet(scenario, model, policy, router, requests, executor, record_steps).run()

@@ -1,0 +1,178 @@
+"""Routers: which replica of a fleet takes a request, decided at its arrival from live replica state.
+
+Every router reads the same state (``Replicas``): each replica's outstanding requests (routed, not yet
+finished) and its KV use (allocated slots / capacity, now). Ties go to the lowest replica index, so a
+run is deterministic; the random routers draw from their own seeded stream.
+
+``prefix-affinity`` keeps the router's own record of the prompt blocks (hash ids) it has sent to each
+replica, as a cache-aware router does (no eviction: it does not see a replica's cache evict), and sends
+a request to the replica holding its longest prefix unless that replica has more than ``load_cap`` times
+the mean outstanding requests (after this one): then to the least loaded. ``session-affinity`` sends a
+session's requests to the replica that took its first one (chosen as least-outstanding).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from sim.config import ScenarioError
+
+
+class Replicas:
+    """Live state of the fleet's replicas, as routers read it."""
+
+    def __init__(self, engines: list) -> None:
+        self.engines = engines
+        self.n = len(engines)
+
+    def outstanding(self, r: int) -> int:
+        e = self.engines[r]
+        return len(e._ids) - e.num_done
+
+    def kv_use(self, r: int) -> float:
+        kv = self.engines[r].kv
+        return (kv.alloc + kv.held + kv.rounding) / kv.capacity if kv.capacity else 1.0
+
+    def least_outstanding(self, cands) -> int:
+        return min(cands, key=self.outstanding)
+
+
+class Router:
+    name = ""
+
+    def __init__(self, replicas: Replicas, requests, options) -> None:
+        self.replicas = replicas
+        self.requests = requests
+        self.options = options
+
+    def route(self, i: int, cands: tuple[int, ...]) -> int:
+        raise NotImplementedError
+
+
+class RoundRobin(Router):
+    name = "round-robin"
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.k = 0
+
+    def route(self, i, cands):
+        r = cands[self.k % len(cands)]
+        self.k += 1
+        return r
+
+
+class Random(Router):
+    name = "random"
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.rng = random.Random(self.options.seed)
+
+    def route(self, i, cands):
+        return cands[self.rng.randrange(len(cands))]
+
+
+class LeastOutstanding(Router):
+    name = "least-outstanding"
+
+    def route(self, i, cands):
+        return self.replicas.least_outstanding(cands)
+
+
+class LeastKv(Router):
+    name = "least-kv"
+    # NOTE: KV allocated as the replica's scheduler last left it: inside a decode span taken at once,
+    # the span's start (the blocks its steps add are counted when it ends), so exact stepping can route
+    # differently. Outstanding counts change only at pushes and finishes, which spans keep exact.
+
+    def route(self, i, cands):
+        s = self.replicas
+        return min(cands, key=lambda r: (s.kv_use(r), s.outstanding(r)))
+
+
+class PowerOfTwo(Router):
+    name = "power-of-two"
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.rng = random.Random(self.options.seed)
+
+    def route(self, i, cands):
+        if len(cands) == 1:
+            return cands[0]
+        a, b = self.rng.sample(cands, 2)
+        return a if self.replicas.outstanding(a) <= self.replicas.outstanding(b) else b
+
+
+class PrefixAffinity(Router):
+    name = "prefix-affinity"
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        if self.requests.prefix_hashes is None:
+            raise ScenarioError("cluster.router: prefix-affinity needs prompt prefix hashes: a trace with hash ids "
+                                "(Mooncake) or a synthetic workload with shared_prefixes")
+        self.hashes = self.requests.prefix_hashes
+        self.owners: dict[int, int] = {}  # block hash id -> bit mask of the replicas it was sent to
+        self.num_capped = 0  # requests whose affinity choice was over the load cap
+        self.num_affine = 0  # requests sent to a replica holding part of their prefix
+
+    def route(self, i, cands):
+        s, owners = self.replicas, self.owners
+        ids = self.hashes.of(i).tolist()
+        mask = 0
+        for r in cands:
+            mask |= 1 << r
+        best = 0
+        for h in ids:
+            m = owners.get(h, 0) & mask
+            if not m:
+                break
+            mask = best = m
+        r = None
+        if best:
+            held = [c for c in cands if best >> c & 1]
+            r = s.least_outstanding(held)
+            total = sum(s.outstanding(c) for c in cands) + 1
+            if s.outstanding(r) + 1 > self.options.load_cap * total / len(cands):
+                self.num_capped += 1
+                r = None
+            else:
+                self.num_affine += 1
+        if r is None:
+            r = s.least_outstanding(cands)
+        bit = 1 << r
+        for h in ids:
+            owners[h] = owners.get(h, 0) | bit
+        return r
+
+
+class SessionAffinity(Router):
+    name = "session-affinity"
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        if self.requests.session_id is None:
+            raise ScenarioError("cluster.router: session-affinity needs the trace's session ids (a session_id "
+                                "column); this workload has none")
+        self.sessions = np.asarray(self.requests.session_id)
+        self.home: dict = {}
+
+    def route(self, i, cands):
+        key = self.sessions[i].item() if hasattr(self.sessions[i], "item") else self.sessions[i]
+        r = self.home.get(key)
+        if r is None or r not in cands:
+            r = self.replicas.least_outstanding(cands)
+            self.home[key] = r
+        return r
+
+
+ROUTER_CLASSES = {c.name: c for c in (RoundRobin, Random, LeastOutstanding, LeastKv, PowerOfTwo, PrefixAffinity,
+                                      SessionAffinity)}
+
+
+def make_router(name: str, replicas: Replicas, requests, options) -> Router:
+    return ROUTER_CLASSES[name](replicas, requests, options)
