@@ -593,10 +593,10 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 def sequence_slots(seq: int, length: int, block_size: int, block_tables: torch.Tensor | None,
-                   slab_starts: torch.Tensor | None) -> torch.Tensor:
-    """Slots of a sequence's tokens 0 .. length-1 (int64, on the pool's device)."""
+                   slab_starts: torch.Tensor | None, first: int = 0) -> torch.Tensor:
+    """Slots of a sequence's tokens ``first`` .. length-1 (int64, on the pool's device)."""
     device = (block_tables if block_tables is not None else slab_starts).device
-    pos = torch.arange(length, device=device)
+    pos = torch.arange(first, length, device=device)
     if block_tables is not None:
         return block_tables[seq, pos // block_size].long() * block_size + pos % block_size
     return slab_starts[seq] + pos
@@ -628,7 +628,8 @@ def decode_attention_ref(q, k_cache, v_cache, seq_lens, query_loc, *, block_size
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
     cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (n, row) in enumerate(zip(seq_lens.tolist(), query_loc.tolist())):
-        slots = sequence_slots(s, n, block_size, block_tables, slab_starts)
+        lo = max(n - window, 0) if window else 0  # keys before the window are not gathered (tables may drop them)
+        slots = sequence_slots(s, n, block_size, block_tables, slab_starts, first=lo)
         out[row] = attend(cast(q[row:row + 1]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale, None, window)[0]
     return out
 
@@ -641,9 +642,10 @@ def prefill_attention_ref(q, k_cache, v_cache, query_start, num_new, seq_lens, *
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
     cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (start, n, length) in enumerate(zip(query_start.tolist(), num_new.tolist(), seq_lens.tolist())):
-        slots = sequence_slots(s, length, block_size, block_tables, slab_starts)
+        lo = max(length - n - window + 1, 0) if window else 0  # the first query's first visible key
+        slots = sequence_slots(s, length, block_size, block_tables, slab_starts, first=lo)
         out[start:start + n] = attend(cast(q[start:start + n]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale,
-                                      length - n, window)
+                                      length - n - lo, window)
     return out
 
 

@@ -25,7 +25,7 @@ import simpy
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
 from sim.kv import KvPool
-from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts
+from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
@@ -94,7 +94,7 @@ class Engine:
         sharing = None
         if self.resolved.sharing:
             sharing = SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
-                                    kv.pool.num_evicted)
+                                    kv.pool.num_evicted, offload=offload_counts(kv, self.pool.kv_bytes_per_token))
         elif self.sampling is not None:
             sharing = SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
         req, steps, timeline, summary = self.rec.results(float(r.arrival_s[0]) if len(r) else 0.0, self._end_s,

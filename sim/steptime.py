@@ -13,7 +13,8 @@ plus the all-reduces that join them, plus the host's work around it:
     LM head      a GEMM of the sampled rows; gpu_overhead_s per step
     host         an engine profile (``sim/engines.py``): serial host work adds to the GPU's, overlapped
                  host work hides behind it:  step = serial_host + max(gpu, overlapped_host)
-    swap         bytes over the host link + a fixed cost per block copy (per layer, K and V)
+    swap         bytes over the host link + a fixed cost per block copy (per layer, K and V); CPU-tier
+                 prefix-cache loads (``plan.host_loads``) are priced the same way
 
 GEMMs and elementwise ops use the coefficients fitted to measured operator profiles when the GPU's
 catalog entry has them (``sim/profiles.py``; a smooth transition between the weight-streaming and the
@@ -191,7 +192,7 @@ class RooflineStepTime:
         t = self._step_s(fixed, attn)
         if plan.copy_blocks or plan.copy_slots:
             t += self.copy_s(plan)
-        return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
+        return t + self.swap_s(plan.host_link_blocks, plan.block_size)
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         # NOTE: the same float operations as step_time_s, so a span reproduces stepping exactly
@@ -318,7 +319,7 @@ class ProfileStepTime:
 
     def step_time_s(self, plan: StepPlan) -> float:
         return float(self.predict(plan.num_prefill_tokens, plan.prefill_attention_pairs, plan.num_decode_tokens,
-                                  plan.decode_context_tokens, len(plan.swap_in) + len(plan.swap_out), plan.block_size))
+                                  plan.decode_context_tokens, plan.host_link_blocks, plan.block_size))
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         n = plan.num_seqs
