@@ -611,6 +611,9 @@ class ReplayExecutors:
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
                                 f"not {scenario.tensor_parallel}")
+        if policy.policy.kv_offload is not None:
+            raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
+                                "is simulator-only; the replay would read blocks it never loaded")
         if self._current is not None:
             self._current.release()
             if self.device.type == "cuda":
