@@ -19,6 +19,11 @@ smallest ``tl.dot``); prefill packs ``BLOCK_M`` rows as (query token, head in gr
 Softmax is online (running max and sum, rescaled per tile), in base 2 with the log2(e) folded into the
 scale. Split-K decode cuts a long context into ``PARTITION_SIZE``-token partitions (vLLM's "v2": 512),
 each program writing an unnormalised partial result with its max and sum; a second kernel merges them.
+
+Sliding window (``window`` W > 0, a layer's ``sliding_window``): the query at position p sees keys
+p - W + 1 .. p (W keys, itself included: Hugging Face's and vLLM's convention). Each key loop starts at
+the first block holding a visible key (earlier blocks are never read, so a window layer's block table
+may drop them) and masks the keys before the window inside that block. ``window = 0``: full attention.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ def _attend_tile(q, m_i, l_i, acc, slots, n_mask, visible, k_cache_ptr, v_cache_
 # ------------------------------------------------------------------------------------------ decode
 
 
-@triton.jit(do_not_specialize=["stride_bt", "stride_ps", "stride_ph", "stride_ms", "stride_mh"])
+@triton.jit(do_not_specialize=["window", "stride_bt", "stride_ps", "stride_ph", "stride_ms", "stride_mh"])
 def _decode_attention_kernel(
     q_ptr,  # [num_tokens, H, D]: the query of sequence s is row query_loc[s]
     k_cache_ptr,  # [num_slots, H_kv, D]
@@ -107,6 +112,7 @@ def _decode_attention_kernel(
     block_tables_ptr,  # [num_seqs, max_num_blocks] int32 (PAGED)
     slab_starts_ptr,  # [num_seqs] int64 (not PAGED)
     sm_scale,
+    window,  # keys visible to the query (sliding window), 0: all
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt,
     stride_ps, stride_ph, stride_ms, stride_mh,
     NUM_QUERIES_PER_KV: tl.constexpr,
@@ -125,12 +131,15 @@ def _decode_attention_kernel(
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    # first visible key (sliding window), and the loop's start: the first block holding it
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     if PARTITION_SIZE > 0:
         start = part * PARTITION_SIZE
         end = tl.minimum(start + PARTITION_SIZE, seq_len)
     else:
         start = 0
         end = seq_len
+    start = tl.maximum(start, (lo // BLOCK_SIZE) * BLOCK_SIZE)
     row = tl.load(query_loc_ptr + seq).to(tl.int64)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, BLOCK_D)
@@ -153,10 +162,10 @@ def _decode_attention_kernel(
     offs = start + tl.arange(0, BLOCK_N)
     ids = tl.zeros([BLOCK_N], dtype=tl.int32)
     if PAGED and PREFETCH:
-        ids = tl.load(block_table_row + offs // BLOCK_SIZE, mask=offs < end, other=0)
+        ids = tl.load(block_table_row + offs // BLOCK_SIZE, mask=(offs < end) & (offs >= lo), other=0)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs < end
+        n_mask = (offs < end) & (offs >= lo)
         if PAGED and PREFETCH:
             slots = ids.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
             nxt = offs + BLOCK_N
@@ -262,6 +271,12 @@ def _check_attention_args(name: str, q, k_cache, v_cache, out, seq_lens, query_l
     return num_heads, num_kv_heads
 
 
+def _check_window(name: str, window: int) -> int:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise ValueError(f"{name}: window must be a non-negative int (0: full attention), got {window!r}")
+    return window
+
+
 def _dot_args(dtype: torch.dtype) -> dict:
     """Dot-product options and, for fp32, one pipeline stage: fp32 tiles with Triton's default stages
     need up to 180 KB of shared memory (more than an A100's 164 KB); bf16 ones need at most 41 KB."""
@@ -286,14 +301,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor | None = None, slab_starts: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, sm_scale: float | None = None, split_k: bool | None = None,
                      block_n: int = 64, num_warps: int | None = None, num_stages: int | None = None,
-                     prefetch: bool = True) -> torch.Tensor:
+                     prefetch: bool = True, window: int = 0) -> torch.Tensor:
     """One query token per sequence (row ``query_loc[s]`` of ``q`` [num_tokens, H, D]) against its first
     ``seq_lens[s]`` cached tokens, read through ``block_tables`` (paged) or from ``slab_starts``
     (contiguous). Writes rows ``query_loc`` of ``out``; ``max_seq_len`` (a host int, at least every
     ``seq_lens[s]``) sizes the grid. ``block_n`` keys per tile, ``num_warps``, ``num_stages`` (software
     pipeline depth; Triton's default when None) and ``prefetch`` (paged: load the next tile's block ids
-    one iteration ahead) are launch choices the device check sweeps."""
+    one iteration ahead) are launch choices the device check sweeps. ``window`` > 0: a sliding-window
+    layer's (each query sees its last ``window`` keys; blocks wholly before them are never read)."""
     out = torch.empty_like(q) if out is None else out
+    window = _check_window("decode_attention", window)
     num_heads, num_kv_heads = _check_attention_args("decode_attention", q, k_cache, v_cache, out, seq_lens, query_loc)
     num_seqs = seq_lens.shape[0]
     if query_loc.shape != (num_seqs,):
@@ -318,7 +335,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         common["num_stages"] = num_stages
     if not split_k:
         _decode_attention_kernel[(num_seqs, num_kv_heads, 1)](
-            q, k_cache, v_cache, out, out, seq_lens, seq_lens, query_loc, seq_lens, tables, slabs, sm_scale,
+            q, k_cache, v_cache, out, out, seq_lens, seq_lens, query_loc, seq_lens, tables, slabs, sm_scale, window,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), stride_bt,
             0, 0, 0, 0, PARTITION_SIZE=0, **common)
         return out
@@ -327,7 +344,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_max = torch.empty((num_seqs, num_heads, num_parts), device=q.device, dtype=torch.float32)
     part_sum = torch.empty_like(part_max)
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, out, part_out, part_max, part_sum, query_loc, seq_lens, tables, slabs, sm_scale,
+        q, k_cache, v_cache, out, part_out, part_max, part_sum, query_loc, seq_lens, tables, slabs, sm_scale, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), stride_bt,
         part_out.stride(0) // block_d, part_out.stride(1) // block_d, part_max.stride(0), part_max.stride(1),
         PARTITION_SIZE=PARTITION_SIZE, **common)
@@ -343,7 +360,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # ------------------------------------------------------------------------------------------ prefill
 
 
-@triton.jit(do_not_specialize=["stride_bt", "part_size", "num_parts", "max_num_new"])
+@triton.jit(do_not_specialize=["window", "stride_bt", "part_size", "num_parts", "max_num_new"])
 def _prefill_attention_kernel(
     q_ptr,  # [num_tokens, H, D]: sequence s owns rows query_start[s] .. + num_new[s]
     k_cache_ptr,  # [num_slots, H_kv, D] (the new tokens' K/V already stored)
@@ -358,6 +375,7 @@ def _prefill_attention_kernel(
     block_tables_ptr,  # [num_seqs, max_num_blocks] int32 (PAGED)
     slab_starts_ptr,  # [num_seqs] int64 (not PAGED)
     sm_scale,
+    window,  # keys visible to each query (sliding window), 0: all
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt,
     part_size, num_parts, max_num_new,
     NUM_QUERIES_PER_KV: tl.constexpr,
@@ -411,14 +429,19 @@ def _prefill_attention_kernel(
     if SPLIT:
         kv_start = part * part_size
         kv_end = tl.minimum(kv_end, kv_start + part_size)
+    # sliding window: the tile's first query (position num_cached + q_block * BLOCK_Q) sees keys from
+    # lo_tile on; the loop starts at the block holding it, each row masks its own window below
+    lo_tile = tl.where(window > 0, tl.maximum(num_cached + q_block * BLOCK_Q - window + 1, 0), 0)
+    kv_start = tl.maximum(kv_start, (lo_tile // BLOCK_SIZE) * BLOCK_SIZE)
+    lo = tl.where(window > 0, pos - window + 1, -1)  # [BLOCK_M]: each row's first visible key
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs < kv_end
-        causal = n_mask[None, :] & (offs[None, :] <= pos[:, None])
+        n_mask = (offs < kv_end) & (offs >= lo_tile)
+        causal = n_mask[None, :] & (offs[None, :] <= pos[:, None]) & (offs[None, :] >= lo[:, None])
         slots = _token_slots(offs, block_table_row, slab_start, n_mask, BLOCK_SIZE, PAGED)
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, slots, n_mask, causal, k_cache_ptr, v_cache_ptr, kv_head, d,
                                      d_mask, stride_cs, stride_ch, qk_scale, UPCAST, PRECISION)
@@ -500,7 +523,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_tables: torch.Tensor | None = None, slab_starts: torch.Tensor | None = None,
                       out: torch.Tensor | None = None, sm_scale: float | None = None, block_m: int = 64,
                       block_n: int = 64, max_seq_len: int | None = None, split_k: bool | None = None,
-                      partition_size: int | None = None) -> torch.Tensor:
+                      partition_size: int | None = None, window: int = 0) -> torch.Tensor:
     """Causal attention of each sequence's ``num_new[s]`` new tokens (rows ``query_start[s]`` ..) over
     its ``seq_lens[s]`` cached tokens, the new ones included (they must already be stored).
 
@@ -508,8 +531,10 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     decides the split over keys; when None it is read from ``seq_lens`` (a device sync). ``split_k``:
     split each sequence's keys into partitions of ``partition_size`` keys (chosen by
     :func:`prefill_partitions` when None), merged by a second kernel: for a short chunk over a long
-    cached context, which otherwise gives the device a handful of programs each walking every key."""
+    cached context, which otherwise gives the device a handful of programs each walking every key.
+    ``window`` > 0: a sliding-window layer's (query at position p sees keys p - window + 1 .. p)."""
     out = torch.empty_like(q) if out is None else out
+    window = _check_window("prefill_attention", window)
     num_heads, num_kv_heads = _check_attention_args("prefill_attention", q, k_cache, v_cache, out, seq_lens,
                                                     query_start)
     num_seqs = seq_lens.shape[0]
@@ -552,8 +577,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (num_seqs, num_kv_heads, q_blocks * num_parts)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, *(parts if split else (dummy, dummy, dummy)), query_start, num_new, seq_lens, tables,
-        slabs, sm_scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        stride_bt, part_size, num_parts, max_num_new,
+        slabs, sm_scale, window, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        k_cache.stride(1), stride_bt, part_size, num_parts, max_num_new,
         NUM_QUERIES_PER_KV=group, NUM_HEADS=num_heads, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_SIZE=block_size, PAGED=paged, SPLIT=split, **_dot_args(q.dtype))
     if split:
@@ -568,69 +593,79 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 def sequence_slots(seq: int, length: int, block_size: int, block_tables: torch.Tensor | None,
-                   slab_starts: torch.Tensor | None) -> torch.Tensor:
-    """Slots of a sequence's tokens 0 .. length-1 (int64, on the pool's device)."""
+                   slab_starts: torch.Tensor | None, first: int = 0) -> torch.Tensor:
+    """Slots of a sequence's tokens ``first`` .. length-1 (int64, on the pool's device)."""
     device = (block_tables if block_tables is not None else slab_starts).device
-    pos = torch.arange(length, device=device)
+    pos = torch.arange(first, length, device=device)
     if block_tables is not None:
         return block_tables[seq, pos // block_size].long() * block_size + pos % block_size
     return slab_starts[seq] + pos
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, causal_offset: int | None):
-    """q [T, H, D] over k, v [S, H_kv, D]; query i sees keys 0 .. causal_offset + i (all when None)."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, causal_offset: int | None,
+           window: int = 0):
+    """q [T, H, D] over k, v [S, H_kv, D]; query i sees keys 0 .. causal_offset + i (all when None), and
+    with ``window`` > 0 only the last ``window`` of those (keys causal_offset + i - window + 1 ..)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     s = torch.einsum("thd,shd->hts", q, k) * sm_scale
+    last = (k.shape[0] - 1 if causal_offset is None else causal_offset) + torch.arange(q.shape[0], device=q.device)
+    j = torch.arange(k.shape[0], device=q.device)[None, :]
     if causal_offset is not None:
-        t = torch.arange(q.shape[0], device=q.device)[:, None]
-        j = torch.arange(k.shape[0], device=q.device)[None, :]
-        s = s.masked_fill(j > causal_offset + t, float("-inf"))
+        s = s.masked_fill(j > last[:, None], float("-inf"))
+    if window:
+        s = s.masked_fill(j <= last[:, None] - window, float("-inf"))
     return torch.einsum("hts,shd->thd", torch.softmax(s, dim=-1), v)
 
 
 def decode_attention_ref(q, k_cache, v_cache, seq_lens, query_loc, *, block_size: int, block_tables=None,
                          slab_starts=None, out=None, sm_scale: float | None = None,
-                         dtype: torch.dtype | None = None) -> torch.Tensor:
+                         dtype: torch.dtype | None = None, window: int = 0) -> torch.Tensor:
     """PyTorch reference of :func:`decode_attention`: gather each sequence's keys and attend (in ``dtype``
     when given: only the gathered keys are converted, so a huge pool is never copied whole)."""
     out = torch.empty_like(q if dtype is None else q.to(dtype)) if out is None else out
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
     cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (n, row) in enumerate(zip(seq_lens.tolist(), query_loc.tolist())):
-        slots = sequence_slots(s, n, block_size, block_tables, slab_starts)
-        out[row] = attend(cast(q[row:row + 1]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale, None)[0]
+        lo = max(n - window, 0) if window else 0  # keys before the window are not gathered (tables may drop them)
+        slots = sequence_slots(s, n, block_size, block_tables, slab_starts, first=lo)
+        out[row] = attend(cast(q[row:row + 1]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale, None, window)[0]
     return out
 
 
 def prefill_attention_ref(q, k_cache, v_cache, query_start, num_new, seq_lens, *, block_size: int,
                           block_tables=None, slab_starts=None, out=None, sm_scale: float | None = None,
-                          dtype: torch.dtype | None = None) -> torch.Tensor:
+                          dtype: torch.dtype | None = None, window: int = 0) -> torch.Tensor:
     """PyTorch reference of :func:`prefill_attention` (in ``dtype`` when given, as the decode reference)."""
     out = torch.empty_like(q if dtype is None else q.to(dtype)) if out is None else out
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
     cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
     for s, (start, n, length) in enumerate(zip(query_start.tolist(), num_new.tolist(), seq_lens.tolist())):
-        slots = sequence_slots(s, length, block_size, block_tables, slab_starts)
+        lo = max(length - n - window + 1, 0) if window else 0  # the first query's first visible key
+        slots = sequence_slots(s, length, block_size, block_tables, slab_starts, first=lo)
         out[start:start + n] = attend(cast(q[start:start + n]), cast(k_cache[slots]), cast(v_cache[slots]), sm_scale,
-                                      length - n)
+                                      length - n - lo, window)
     return out
 
 
 def decode_attention_torch(q, k_cache, v_cache, seq_lens, query_loc, *, max_seq_len: int, block_size: int,
-                           block_tables=None, slab_starts=None, out=None, sm_scale: float | None = None) -> torch.Tensor:
+                           block_tables=None, slab_starts=None, out=None, sm_scale: float | None = None,
+                           window: int = 0) -> torch.Tensor:
     """The same computation batched for speed (the CPU executor's decode path): every sequence's keys
-    gathered into a ``[num_seqs, max_seq_len]`` grid, padding masked. Pads read slot 0 of the sequence,
-    so no uninitialised memory enters the sums."""
+    gathered into a ``[num_seqs, max_seq_len]`` grid, padding masked. Pads (and keys before a sliding
+    ``window``) read the sequence's first visible key, so neither uninitialised memory nor a block a
+    window layer dropped enters the sums."""
     out = torch.empty_like(q) if out is None else out
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0:
         return out
     sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
     pos = torch.arange(max_seq_len, device=q.device)
-    valid = pos[None, :] < seq_lens[:, None].long()
-    pos = torch.where(valid, pos[None, :], 0)
+    lens = seq_lens[:, None].long()
+    first = (lens - window).clamp(min=0) if window else torch.zeros_like(lens)  # first visible key
+    valid = (pos[None, :] < lens) & (pos[None, :] >= first)
+    pos = torch.where(valid, pos[None, :], first)
     if block_tables is not None:
         slots = torch.gather(block_tables.long(), 1, pos // block_size) * block_size + pos % block_size
     else:

@@ -10,6 +10,11 @@ Per step::
             and the prefill batch (n > 1: first row, n, seq_len, block table | slab start)
     model forward: store K/V through slot_mapping, attention over the pool, greedy next tokens
 
+Sliding-window layers (``ModelShape.layer_windows``) attend with their window, paged through their own
+block tables (one per window, ``window_layouts``): the plan's tables with each block wholly before the
+step's window replaced by -1 (dropped, as vLLM's hybrid manager frees them), which the kernels never
+read. Decode graphs keep the full tables (the window mask alone skips those blocks).
+
 Timing (``step_time_s``): on a GPU, CUDA events around the step's launches (the GPU's time, idle gaps
 waiting for the host included) and the host's time to enqueue them, per step in ``step_log``; a step
 whose host time reaches 90 % of its GPU time is ``host_bound`` (the GPU waited for Python). Decode-only
@@ -26,7 +31,7 @@ tokens it had generated, exactly as the scheduler planned it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -58,6 +63,7 @@ class DecodeBatch:
     seq_lens: torch.Tensor  # [num_seqs] int32
     max_seq_len: int
     layout: Layout
+    window_layouts: dict[int, Layout] = field(default_factory=dict)  # window -> its layers' tables (paged)
 
 
 @dataclass
@@ -68,6 +74,7 @@ class PrefillBatch:
     max_num_new: int
     layout: Layout
     max_seq_len: int = 0
+    window_layouts: dict[int, Layout] = field(default_factory=dict)  # window -> its layers' tables (paged)
 
 
 @dataclass
@@ -84,15 +91,17 @@ class StepInputs:
 class PoolAttention:
     """The model's attention for one step: store the new K/V into the pool, then attend over it."""
 
-    def __init__(self, inputs: StepInputs, cache: KvCache, backend: str) -> None:
+    def __init__(self, inputs: StepInputs, cache: KvCache, backend: str, windows: tuple[int, ...] = ()) -> None:
         if backend not in ("triton", "torch"):
             raise ValueError(f"attention backend {backend!r}: expected triton or torch")
         self.inputs = inputs
         self.cache = cache
         self.triton = backend == "triton"
+        self.windows = windows  # per layer: its sliding window (0: full); () all full
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         x, bs = self.inputs, self.cache.block_size
+        w = self.windows[layer] if self.windows else 0
         k_cache, v_cache = self.cache.layer(layer)
         if self.triton:
             store_kv(k, v, k_cache, v_cache, x.slot_mapping)
@@ -102,14 +111,16 @@ class PoolAttention:
         if x.decode is not None:
             d = x.decode
             fn = decode_attention if self.triton else decode_attention_torch
+            lay = d.window_layouts.get(w, d.layout)
             fn(q, k_cache, v_cache, d.seq_lens, d.query_loc, max_seq_len=d.max_seq_len, block_size=bs,
-               block_tables=d.layout.block_tables, slab_starts=d.layout.slab_starts, out=out)
+               block_tables=lay.block_tables, slab_starts=lay.slab_starts, out=out, window=w)
         if x.prefill is not None:
             p = x.prefill
             kw = {"max_num_new": p.max_num_new, "max_seq_len": p.max_seq_len} if self.triton else {}
+            lay = p.window_layouts.get(w, p.layout)
             (prefill_attention if self.triton else prefill_attention_ref)(
                 q, k_cache, v_cache, p.query_start, p.num_new, p.seq_lens, block_size=bs,
-                block_tables=p.layout.block_tables, slab_starts=p.layout.slab_starts, out=out, **kw)
+                block_tables=lay.block_tables, slab_starts=lay.slab_starts, out=out, window=w, **kw)
         return out
 
 
@@ -189,7 +200,8 @@ class DecodeGraphs:
                 layout = Layout(None, packed[4 * B:5 * B])
             x = StepInputs(packed[:B], packed[B:2 * B], packed[2 * B:3 * B], DecodeBatch(loc, seq_lens, C, layout),
                            None, rows, [])
-            logits = self.model.forward(x.input_ids, x.positions, PoolAttention(x, self.cache, "triton"), rows)
+            logits = self.model.forward(x.input_ids, x.positions,
+                                        PoolAttention(x, self.cache, "triton", self.model.shape.layer_windows), rows)
             return logits.argmax(dim=-1)
 
         e["forward"] = forward
@@ -372,25 +384,41 @@ class TorchExecutor:
         dev = self.device
         i64, i32 = torch.int64, torch.int32
 
-        def layout(entries: list) -> Layout:
-            if not h["paged"]:
-                return Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))
+        def table(entries: list) -> np.ndarray:
             tables = [plan.block_tables[e[0]] for e in entries]
             arr = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
             for j, t in enumerate(tables):
                 arr[j, :len(t)] = t
-            return Layout(_to_device(torch.from_numpy(arr), dev), None)
+            return arr
 
+        def layout(entries: list) -> Layout:
+            if not h["paged"]:
+                return Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))
+            return Layout(_to_device(torch.from_numpy(table(entries)), dev), None)
+
+        def window_layouts(entries: list, first_query: list[int]) -> dict[int, Layout]:
+            """Per window, the tables without the blocks wholly before the window of the step's first query."""
+            if not h["paged"]:
+                return {}
+            out = {}
+            for w in sorted(set(self.model.shape.layer_windows) - {0}):
+                arr = table(entries)
+                for j, p in enumerate(first_query):
+                    arr[j, :max(p - w + 1, 0) // B] = -1
+                out[w] = Layout(_to_device(torch.from_numpy(arr), dev), None)
+            return out
+
+        B = plan.block_size
         dec, pre = h["dec"], h["pre"]
         decode = prefill = None
         if dec:
             lens = [e[2] for e in dec]
             decode = DecodeBatch(_int_tensor([e[1] for e in dec], i32, dev), _int_tensor(lens, i32, dev), max(lens),
-                                 layout(dec))
+                                 layout(dec), window_layouts(dec, [n - 1 for n in lens]))
         if pre:
             prefill = PrefillBatch(_int_tensor([e[1] for e in pre], i32, dev), _int_tensor([e[2] for e in pre], i32, dev),
                                    _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre),
-                                   max(e[3] for e in pre))
+                                   max(e[3] for e in pre), window_layouts(pre, [e[3] - e[2] for e in pre]))
         return StepInputs(_int_tensor(h["ids"], i64, dev), _int_tensor(h["positions"], i64, dev),
                           _int_tensor(h["slots"], i64, dev), decode, prefill,
                           _int_tensor(h["sample_rows"], i64, dev), h["sample_seq_ids"])
@@ -417,7 +445,8 @@ class TorchExecutor:
             nxt = self.graphs.launch(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], plan)
             return Launched(h["sample_seq_ids"], nxt, rows=h["sample_rows"], graph=key)
         x = self.device_inputs(h, plan)
-        logits = self.model.forward(x.input_ids, x.positions, PoolAttention(x, self.cache, self.attention),
+        logits = self.model.forward(x.input_ids, x.positions,
+                                    PoolAttention(x, self.cache, self.attention, self.model.shape.layer_windows),
                                     x.sample_rows)
         return Launched(x.sample_seq_ids, logits.argmax(dim=-1))
 
@@ -582,6 +611,9 @@ class ReplayExecutors:
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
                                 f"not {scenario.tensor_parallel}")
+        if policy.policy.kv_offload is not None:
+            raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
+                                "is simulator-only; the replay would read blocks it never loaded")
         if self._current is not None:
             self._current.release()
             if self.device.type == "cuda":

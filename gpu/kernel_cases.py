@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpu.attention import decode_attention, decode_attention_ref, prefill_attention, prefill_attention_ref
+from gpu.attention import (decode_attention, decode_attention_ref, prefill_attention, prefill_attention_ref,
+                           sequence_slots)
 from gpu.kv_cache import copy_blocks, copy_blocks_ref, store_kv
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-3}
@@ -194,6 +195,60 @@ def prefill_case(lens: list[int], num_new: list[int], shape: Shape, paged: bool,
     ref = prefill_attention_ref(q.double(), pool.k_cache, pool.v_cache, query_start, new, seq_lens,
                                 block_size=shape.block_size, **pool.layout(), dtype=torch.float64)
     return case_error(out, ref, [torch.arange(a, a + n, device=device) for a, n in zip(starts.tolist(), num_new)])
+
+
+def window_case(lens: list[int], num_new: list[int] | None, window: int, shape: Shape, paged: bool,
+                dtype: torch.dtype, device, *, seed: int = 0, launch_window: int | None = None,
+                **launch) -> CaseError:
+    """Error of a sliding-``window`` launch (decode when ``num_new`` is None, else prefill of the last
+    ``num_new[s]`` tokens) against the windowed reference on the intact pool, with every key no query of
+    its sequence may see **poisoned with NaN** before the launch, and (paged) each block wholly before
+    the window dropped from the table: its entry points at a spare NaN block. A kernel that reads any of
+    them returns NaN (error inf). ``launch_window``: give the kernel another window (a check that fails)."""
+    launch_window = window if launch_window is None else launch_window
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pool = make_pool(lens, shape, paged, dtype, device, gen)
+    B = shape.block_size
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    layout = pool.layout()
+    if num_new is None:
+        q, query_loc, _ = _decode_inputs(lens, shape, dtype, device, gen)
+        ref = decode_attention_ref(q.double(), pool.k_cache, pool.v_cache, seq_lens, query_loc, block_size=B,
+                                   **layout, dtype=torch.float64, window=window)
+        first_query = list(lens)  # the decode query sits at position len - 1: first visible key len - window
+        rows = [query_loc[s:s + 1].long() for s in range(len(lens))]
+    else:
+        q = torch.randn((sum(num_new), shape.num_heads, shape.head_dim), generator=gen, device=device).to(dtype)
+        starts = np.cumsum([0] + num_new[:-1])
+        query_start = torch.tensor(starts, dtype=torch.int32, device=device)
+        new = torch.tensor(num_new, dtype=torch.int32, device=device)
+        ref = prefill_attention_ref(q.double(), pool.k_cache, pool.v_cache, query_start, new, seq_lens,
+                                    block_size=B, **layout, dtype=torch.float64, window=window)
+        first_query = [n - k + 1 for n, k in zip(lens, num_new)]
+        rows = [torch.arange(a, a + n, device=device) for a, n in zip(starts.tolist(), num_new)]
+    tables = pool.block_tables.clone() if paged else None
+    used = set(tables.flatten().tolist()) if paged else set()
+    spare = next((b for b in range(pool.k_cache.shape[0] // B) if b not in used), None)
+    for s, n in enumerate(lens):
+        lo = max(first_query[s] - window, 0)  # keys 0 .. lo-1 are invisible to every query of s
+        if lo:
+            slots = sequence_slots(s, lo, B, pool.block_tables, pool.slab_starts)
+            pool.k_cache[slots] = float("nan")
+            pool.v_cache[slots] = float("nan")
+        if paged and lo // B:
+            tables[s, :lo // B] = spare
+    if paged:
+        pool.k_cache[spare * B:(spare + 1) * B] = float("nan")
+        pool.v_cache[spare * B:(spare + 1) * B] = float("nan")
+        layout = {"block_tables": tables, "slab_starts": None}
+    out = torch.full_like(q, float("nan"))
+    if num_new is None:
+        decode_attention(q, pool.k_cache, pool.v_cache, seq_lens, query_loc, max_seq_len=max(lens), block_size=B,
+                         out=out, window=launch_window, **layout, **launch)
+    else:
+        prefill_attention(q, pool.k_cache, pool.v_cache, query_start, new, seq_lens, max_num_new=max(num_new),
+                          block_size=B, out=out, max_seq_len=max(lens), window=launch_window, **layout, **launch)
+    return case_error(out, ref, rows)
 
 
 def store_case(lens: list[int], shape: Shape, paged: bool, dtype: torch.dtype, device, *, seed: int = 0,

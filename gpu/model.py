@@ -9,6 +9,10 @@ step does the real work: the time measured is the time that model would take. At
 an ``attention`` callable, so one forward serves the KV-cached path (kernels over the pool, see
 ``gpu.executor``) and a plain full recomputation (``full_attention``, the test reference).
 
+Sliding-window layers (``layer_windows``, from the catalog's ``layer_kinds`` and ``sliding_window``)
+attend to their last W keys; the executor gives them block tables without the blocks that left the
+window. MLA, Mamba and chunked-local layers are simulator-only: ``from_spec`` refuses them.
+
 NOTE: models whose catalog entry has no gated MLP (OPT) get a two-matrix ReLU MLP of their FFN size,
 so the matrix shapes and FLOPs match; positions stay rotary (OPT's learned position table is left out).
 """
@@ -42,16 +46,32 @@ class ModelShape:
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    layer_windows: tuple[int, ...] = ()  # per layer: its sliding window W, 0 for full attention; () all full
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and (len(self.layer_windows) != self.num_layers or min(self.layer_windows) < 0):
+            raise ValueError(f"{self.name}: layer_windows needs {self.num_layers} non-negative entries, "
+                             f"got {self.layer_windows}")
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, num_layers: int | None = None) -> "ModelShape":
-        """The catalog model's shape, optionally with fewer layers."""
-        return cls(spec.name, num_layers or spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
-                   spec.head_dim, spec.ffn_size, spec.vocab_size, spec.max_model_len, spec.gated_mlp,
-                   spec.tie_embeddings)
+        """The catalog model's shape, optionally with fewer layers (the first ``num_layers``: their kinds)."""
+        n = num_layers or spec.num_layers
+        kinds = tuple(getattr(spec, "layer_kinds", ()) or ())
+        if set(kinds) - {"full", "sliding"}:
+            raise ValueError(f"{spec.name}: layers of kind {sorted(set(kinds) - {'full', 'sliding'})} are "
+                             "simulator-only; the GPU backend runs full and sliding-window attention")
+        window = getattr(spec, "sliding_window", 0)
+        windows = tuple(window if k == "sliding" else 0 for k in kinds[:n]) if "sliding" in kinds[:n] else ()
+        return cls(spec.name, n, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.ffn_size,
+                   spec.vocab_size, spec.max_model_len, spec.gated_mlp, spec.tie_embeddings, layer_windows=windows)
 
     def with_layers(self, num_layers: int) -> "ModelShape":
-        return replace(self, num_layers=num_layers)
+        return replace(self, num_layers=num_layers, layer_windows=self.layer_windows[:num_layers])
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (0: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
     def group_size(self) -> int:
@@ -164,8 +184,8 @@ class LlamaModel:
         ids = torch.tensor(token_ids, device=self.device)
         scale = self.shape.head_dim ** -0.5
 
-        def full_attention(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return attend(q, k, v, scale, causal_offset=0)
+        def full_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return attend(q, k, v, scale, causal_offset=0, window=self.shape.window(layer))
 
         last = torch.tensor([len(token_ids) - 1], device=self.device)
         return self.forward(ids, torch.arange(len(token_ids), device=self.device), full_attention, last)[0]

@@ -303,6 +303,14 @@ class ContiguousAllocatorConfig(Strict):
 AllocatorConfig = Annotated[Union[PagedAllocatorConfig, ContiguousAllocatorConfig], Field(discriminator="kind")]
 
 
+class KvOffloadConfig(Strict):
+    """A CPU tier for the prefix cache (``sim/offload.py``): evicted cached blocks move to ``cpu_gib`` of
+    host memory (LRU) and a hit there is a host -> device copy instead of a prefill."""
+
+    cpu_gib: Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e6)] = Field(
+        description="host memory for evicted prefix-cache blocks (GiB)")
+
+
 class PolicyConfig(Strict):
     """How one server schedules and places KV cache. Presets fill every field; any can be overridden."""
 
@@ -327,11 +335,17 @@ class PolicyConfig(Strict):
     hybrid_allocator: bool = Field(
         True, description="sliding-window, chunked and Mamba layers get their own KV groups (vLLM's hybrid KV "
         "cache manager); false: every layer kept as full attention (vLLM's fallback); see sim/layouts.py")
+    kv_offload: KvOffloadConfig | None = Field(None, description="a CPU tier for evicted prefix-cache blocks "
+                                               "(paged, with prefix_caching)")
 
     @model_validator(mode="after")
     def _coherent(self) -> "PolicyConfig":
         if self.prefix_caching and self.allocator.kind != "paged":
             raise ValueError("prefix_caching shares blocks: it needs the paged allocator")
+        if self.kv_offload is not None and self.allocator.kind != "paged":
+            raise ValueError("kv_offload moves evicted prefix-cache blocks to the CPU: it needs the paged allocator")
+        if self.kv_offload is not None and not self.prefix_caching:
+            raise ValueError("kv_offload keeps evicted prefix-cache blocks: it needs prefix_caching: true")
         if self.batching == "static" and self.allocator.kind != "contiguous":
             raise ValueError("static batching reserves memory per batch: it needs a contiguous allocator")
         if self.batching == "static" and self.prefill != "separate":

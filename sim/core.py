@@ -152,7 +152,8 @@ class StepPlan:
     Per-sequence fields are read from the live sequences on first use: they are valid until the step
     completes (an executor reads them while running the step). ``swap_out`` / ``swap_in`` are (source
     block, destination block) pairs copied before the step runs (GPU->CPU and CPU->GPU); then the
-    ``copy_blocks`` / ``copy_slots`` copies (forks, copy-on-write), all before the forward pass."""
+    ``copy_blocks`` / ``copy_slots`` copies (forks, copy-on-write), all before the forward pass.
+    ``host_loads``: GPU blocks filled from the prefix cache's CPU tier (``sim/offload.py``) before it."""
 
     num_seqs: int
     num_tokens: int
@@ -169,6 +170,7 @@ class StepPlan:
     copy_slots: tuple[tuple[int, int, int], ...] = ()  # (source slot, destination slot, slots): slab copies
     forks: tuple[tuple[int, int], ...] = ()  # (source, target) sequence ids: target's history is source's
     num_preempted: int = 0
+    host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
     _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
     _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
 
@@ -177,7 +179,7 @@ class StepPlan:
     def __init__(self, num_seqs: int, num_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
                  num_sampled: int, decode_context_tokens: int, prefill_attention_pairs: int, block_size: int,
                  paged: bool, swap_out=(), swap_in=(), copy_blocks=(), copy_slots=(), forks=(), num_preempted: int = 0,
-                 _decoding=(), _entries=(), extra: dict | None = None) -> None:
+                 _decoding=(), _entries=(), extra: dict | None = None, host_loads=()) -> None:
         # NOTE: one plan per step, so its fields are set in one go (the generated frozen __init__ sets
         # them one by one, at twice the cost); the plan stays frozen for everyone else.
         self.__dict__.update(
@@ -185,7 +187,7 @@ class StepPlan:
             num_decode_tokens=num_decode_tokens, num_sampled=num_sampled, decode_context_tokens=decode_context_tokens,
             prefill_attention_pairs=prefill_attention_pairs, block_size=block_size, paged=paged, swap_out=swap_out,
             swap_in=swap_in, copy_blocks=copy_blocks, copy_slots=copy_slots, forks=forks, num_preempted=num_preempted,
-            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra)
+            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra, host_loads=host_loads)
 
     @classmethod
     def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,
@@ -210,7 +212,12 @@ class StepPlan:
                                      self.block_size, block_tables=self.block_tables, slab_starts=self.slab_starts,
                                      swap_out=self.swap_out, swap_in=self.swap_in, copy_blocks=self.copy_blocks,
                                      copy_slots=self.copy_slots, forks=self.forks, num_preempted=self.num_preempted,
-                                     extra=dict(self.extra))
+                                     extra=dict(self.extra), host_loads=self.host_loads)
+
+    @property
+    def host_link_blocks(self) -> int:
+        """Blocks this step moves over the host link before its forward: swaps and CPU-tier loads."""
+        return len(self.swap_in) + len(self.swap_out) + len(self.host_loads)
 
     @property
     def is_decode_only(self) -> bool:

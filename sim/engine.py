@@ -25,7 +25,7 @@ import simpy
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
 from sim.kv import KvPool
-from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts
+from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
@@ -113,7 +113,7 @@ class Engine:
         kv = self.kv
         if self.resolved.sharing:
             return SharingCounts(True, kv.caching, kv.block_size, self.rec.prefill_tokens_saved, kv.num_copies,
-                                 kv.pool.num_evicted)
+                                 kv.pool.num_evicted, offload=offload_counts(kv, self.pool.kv_bytes_per_token))
         if self.sampling is not None:
             return SharingCounts(False, False, self.pool.block_size, num_slab_copies=self.rec.num_slab_copies)
         return None

@@ -313,7 +313,7 @@ class KvManager(Protocol):
     everything back. Counters, in token slots, as drawn above: ``alloc``, ``capped``, ``rounding``,
     ``held``; the filled slots are ``fill_rate`` x the scheduler's cached tokens - ``shared_filled``
     (sharing's correction; several KV groups' in sim/hybrid.py); ``shared_blocks``; ``copies``: the copy-on-write
-    block copies of the step being planned."""
+    block copies of the step being planned; ``loads``: its blocks loaded from the CPU tier."""
 
     kind: str  # "paged" | "contiguous"
     caching: bool  # a prefix cache answers match_prefix
@@ -326,6 +326,7 @@ class KvManager(Protocol):
     shared_filled: int
     shared_blocks: int
     copies: list | tuple
+    loads: list | tuple
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray: ...
     def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool: ...
@@ -376,6 +377,7 @@ class PagedKv:
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
+    loads: tuple = ()  # blocks loaded from the CPU tier for the step being planned (sharing.py only)
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
@@ -477,6 +479,7 @@ class ContiguousKv:
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()
+    loads: tuple = ()
 
     def __init__(self, allocator: BuddyAllocator | FirstFitAllocator, reservation: Reservation) -> None:
         self.allocator = allocator

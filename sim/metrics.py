@@ -185,6 +185,22 @@ class SharingCounts:
     num_cow_copies: int = 0
     num_evicted_blocks: int = 0
     num_slab_copies: int = 0
+    offload: dict | None = None  # the CPU tier's metrics (``offload_counts``), when the policy has one
+
+
+def offload_counts(kv, kv_bytes_per_token: int) -> dict | None:
+    """The CPU tier's metrics from a sharing KV manager (None without a tier): hit rates by tier over
+    every request's first admission, the prefill tokens its loads saved, and bytes moved each way."""
+    tier = getattr(kv, "tier", None)
+    if tier is None:
+        return None
+    block_bytes = kv.block_size * kv_bytes_per_token
+    admitted = kv.admitted_prompt_tokens
+    return {"prefix_hit_rate_gpu": kv.hit_tokens_gpu / admitted if admitted else None,
+            "prefix_hit_rate_cpu": kv.hit_tokens_cpu / admitted if admitted else None,
+            "prefill_tokens_saved_cpu": tier.num_loaded * kv.block_size,
+            "host_to_device_bytes": tier.num_loaded * block_bytes,
+            "device_to_host_bytes": tier.num_stored * block_bytes}
 
 
 def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
@@ -251,6 +267,8 @@ def _sharing_metrics(fin: pd.DataFrame, c: SharingCounts, used: float, shared: f
         out["prefix_hit_rate_tokens"] = float(hit.sum() / prompt.sum()) if prompt.sum() else None
         full = (prompt // B).sum()
         out["prefix_hit_rate_blocks"] = float((hit // B).sum() / full) if full else None
+    if c.offload is not None:
+        out.update(c.offload)
     return out
 
 

@@ -23,6 +23,7 @@ from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, Firs
                     PagedKv, Reservation, kv_pool)
 from sim.layouts import KvLayout, LayoutError, kv_layout
 from sim.metrics import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
+from sim.offload import HostTier
 from sim.sharing import SharedBlockPool, SharedPagedKv
 
 
@@ -110,8 +111,16 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
         return HybridContiguousKv(r.layout, alloc, Reservation(a.reserve, r.max_model_len))
     if a.kind == "paged":
         if r.sharing:
+            off = r.policy.kv_offload
+            tier = None
+            if off is not None:
+                block_bytes = pool.block_size * pool.kv_bytes_per_token
+                if int(off.cpu_gib * GIB) < block_bytes:
+                    raise ScenarioError(f"policy {r.policy.name}: kv_offload.cpu_gib {off.cpu_gib} holds no block "
+                                        f"({block_bytes:,} bytes each)")
+                tier = HostTier(int(off.cpu_gib * GIB) // block_bytes)
             return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks),
-                                 r.policy.prefix_caching)
+                                 r.policy.prefix_caching, tier)
         return PagedKv(BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))
     alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
     return ContiguousKv(alloc, Reservation(a.reserve, r.max_model_len))

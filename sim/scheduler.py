@@ -203,6 +203,8 @@ class Scheduler:
             self.first_admitted = []
         if self.kv.copies:
             self.kv.copies = []
+        if self.kv.loads:
+            self.kv.loads = []
         if self.static:
             self._schedule_static()
         else:
@@ -439,7 +441,8 @@ class Scheduler:
                         copy_blocks=tuple(self.kv.copies) if self.kv.copies else (),
                         copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
                         forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
-                        _decoding=self.clocked if n_clk else (), _entries=e)
+                        _decoding=self.clocked if n_clk else (), _entries=e,
+                        host_loads=tuple(self.kv.loads) if self.kv.loads else ())
 
     # ------------------------------------------------------------------------------------ complete
 

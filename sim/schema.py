@@ -90,6 +90,12 @@ METRICS: dict[str, Metric] = _declare(
     Metric("prefix_hit_rate_tokens", "share", "prefix hit rate (tokens)", "max"),
     Metric("prefix_hit_rate_blocks", "share", "prefix hit rate (blocks)", "max"),
     Metric("num_slab_copies", "copies", "slab copies (contiguous forks)", "min"),
+    # the prefix cache's CPU tier (kv_offload; sim/offload.py): hits over every request's first admission
+    Metric("prefix_hit_rate_gpu", "share", "prefix hits on the GPU (tokens)", "max"),
+    Metric("prefix_hit_rate_cpu", "share", "prefix hits on the CPU tier (tokens)", "max"),
+    Metric("prefill_tokens_saved_cpu", "tokens", "prefill tokens the CPU tier saved", "max"),
+    Metric("host_to_device_bytes", "bytes", "CPU tier loads (host to device)"),
+    Metric("device_to_host_bytes", "bytes", "CPU tier stores (device to host)"),
 )
 
 # ------------------------------------------------------------------------------------------ other columns

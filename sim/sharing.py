@@ -24,6 +24,7 @@ from collections import OrderedDict
 import numpy as np
 
 from sim.kv import BlockPool, PagedKv, blocks_for
+from sim.offload import HostTier
 
 
 def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, prompt_tokens: int) -> list[tuple]:
@@ -56,9 +57,10 @@ class SharedBlockPool:
     Guarantees: ``ref_cnt[b]`` equals the number of block tables holding ``b``; a block with no holder
     is in the free queue, least recently freed first, and a cached one (it has a key) stays findable
     there until allocation takes it (eviction). Freeing a table queues its blocks tail first, so a
-    chain's tail is evicted before its head."""
+    chain's tail is evicted before its head. With a CPU ``tier`` an evicted cached block moves there."""
 
-    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0,
+                 tier: HostTier | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
@@ -68,9 +70,10 @@ class SharedBlockPool:
         self.ref_cnt = _Counts()  # block -> holders (0 when absent)
         self._fresh = 0
         self.queue: OrderedDict[int, None] = OrderedDict()
-        self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block) while cached
+        self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block, parent hash) while cached
         self.cache: dict[int, int] = {}  # hash -> block
         self.num_evicted = 0
+        self.tier = tier
 
     @property
     def num_free(self) -> int:
@@ -108,6 +111,8 @@ class SharedBlockPool:
             if kb is not None:  # evict: the least recently freed cached block goes first
                 if self.cache.get(kb[0]) == b:
                     del self.cache[kb[0]]
+                    if self.tier is not None:
+                        self.tier.store(kb[0], kb[1], kb[3])
                 self.num_evicted += 1
             ref[b] = 1
             out.append(b)
@@ -132,13 +137,15 @@ class SharedBlockPool:
         b = self.cache.get(h)
         if b is None:
             return None
-        _, ident, par = self.key[b]
+        _, ident, par, _ = self.key[b]
         return b if ident == identity and par == parent else None  # a collision is a miss
 
-    def register(self, b: int, h: int, identity, parent: int | None) -> None:
+    def register(self, b: int, h: int, identity, parent: int | None, parent_hash: int | None = None) -> None:
         if b not in self.key and h not in self.cache:
-            self.key[b] = (h, identity, parent)
+            self.key[b] = (h, identity, parent, parent_hash)
             self.cache[h] = b
+            if self.tier is not None:
+                self.tier.discard(h)  # one tier holds a block at a time
 
 
 class SharedPagedKv(PagedKv):
@@ -149,9 +156,13 @@ class SharedPagedKv(PagedKv):
     with several holders is immutable (a holder that writes into it copies it first) and every holder
     counts the same slots for it."""
 
-    def __init__(self, pool: SharedBlockPool, caching: bool) -> None:
+    def __init__(self, pool: SharedBlockPool, caching: bool, tier: HostTier | None = None) -> None:
         super().__init__(pool)
         self.caching = caching
+        self.tier = pool.tier = tier  # the CPU tier of the prefix cache (sim/offload.py), or None
+        self.loads: list[int] = []  # blocks loaded from the tier for the step being planned
+        # first admissions (what the hit rates count): prompt tokens, and those found on the GPU / the CPU
+        self.admitted_prompt_tokens = self.hit_tokens_gpu = self.hit_tokens_cpu = 0
         self.shared_filled = 0
         self.shared_blocks = 0  # extra references: blocks the holders would need without sharing
         self._shared: dict[int, tuple[int, int]] = {}  # block -> (filled, capped) each extra holder counts
@@ -201,8 +212,9 @@ class SharedPagedKv(PagedKv):
     def _needed(self, seq, num_new: int) -> int:
         return super()._needed(seq, num_new) + self._needs_copy(seq, num_new)
 
-    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
-        revived = sum(1 for b in hits if self.pool.ref_cnt[b] == 0)  # cached blocks now in the free queue
+    def can_admit(self, seq, num_new: int, hits: list = ()) -> bool:
+        # cached blocks now in the free queue, and CPU-tier hits (a (hash, identity, parent hash) each): a block each
+        revived = sum(1 for b in hits if type(b) is tuple or self.pool.ref_cnt[b] == 0)
         # NOTE: a sequence swapped back in (or recomputed) brings its computed tokens: they need blocks too
         # (counting only the new tokens admitted it into a pool that could not hold it: "allocate(n) with m")
         held = max(seq.num_computed_tokens, len(hits) * self.block_size)
@@ -211,14 +223,37 @@ class SharedPagedKv(PagedKv):
             need += self._needs_copy(seq, num_new)
         return self.pool.can_allocate(need + revived, admission=True)
 
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+    def admit(self, seq, num_new: int, hits: list = ()) -> None:
+        gpu = hits
         if hits:
-            for i, b in enumerate(hits):
+            if self.tier is not None:  # GPU hits first, then the CPU tier's
+                gpu = [b for b in hits if type(b) is not tuple]
+            for i, b in enumerate(gpu):
                 seq.block_table.append(b)
                 seq.num_computed_tokens = (i + 1) * self.block_size  # so the holder counts the block full
                 self._hold(seq, b, i)
+            if len(gpu) < len(hits):
+                self._load(seq, hits[len(gpu):])
             self.capped += min(len(hits) * self.block_size, seq.max_kv_tokens)
+        if self.tier is not None and seq.prefix_hit_tokens is None:  # a request's first admission
+            self.admitted_prompt_tokens += seq.prompt_tokens
+            self.hit_tokens_gpu += len(gpu) * self.block_size
+            self.hit_tokens_cpu += (len(hits) - len(gpu)) * self.block_size
         self.grow(seq, num_new)
+
+    def _load(self, seq, found: list[tuple]) -> None:
+        """CPU-tier hits: each leaves the host pool for a fresh GPU block (one holder), cached on the GPU
+        again; the step copies them in before its forward (``loads``)."""
+        for h, _, _ in found:
+            self.tier.take(h)  # out of the host pool before allocating: an eviction cannot drop them
+        blocks = self.pool.allocate(len(found))
+        parent = seq.block_table[-1] if seq.block_table else None
+        for (h, ident, parent_hash), b in zip(found, blocks):
+            seq.block_table.append(b)
+            self.pool.register(b, h, ident, parent, parent_hash)
+            parent = b
+        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        self.loads.extend(blocks)
 
     def grow(self, seq, num_new: int) -> None:
         if self._needs_copy(seq, num_new):
@@ -317,12 +352,21 @@ class SharedPagedKv(PagedKv):
             return []
         hits, parent = [], None
         limit = (seq.prompt_tokens - 1) // self.block_size
-        for h, ident in self._hashes(seq)[:limit]:
+        hashes = self._hashes(seq)[:limit]
+        for h, ident in hashes:
             b = self.pool.lookup(h, ident, parent)
             if b is None:
                 break
             hits.append(b)
             parent = b
+        tier = self.tier
+        if tier is not None:  # the rest of the chain from the CPU tier: (hash, identity, parent hash) each
+            for i in range(len(hits), len(hashes)):
+                h, ident = hashes[i]
+                parent_hash = hashes[i - 1][0] if i else None
+                if not tier.find(h, ident, parent_hash):
+                    break
+                hits.append((h, ident, parent_hash))
         return hits
 
     def register(self, seq) -> None:
@@ -334,5 +378,5 @@ class SharedPagedKv(PagedKv):
         table = seq.block_table
         for i in range(seq.num_registered, done):
             h, ident = hashes[i]
-            self.pool.register(table[i], h, ident, table[i - 1] if i else None)
+            self.pool.register(table[i], h, ident, table[i - 1] if i else None, hashes[i - 1][0] if i else None)
         seq.num_registered = max(seq.num_registered, done)

@@ -13,7 +13,9 @@ plus the all-reduces that join them, plus the host's work around it:
     LM head      a GEMM of the sampled rows; gpu_overhead_s per step
     host         an engine profile (``sim/engines.py``): serial host work adds to the GPU's, overlapped
                  host work hides behind it:  step = serial_host + max(gpu, overlapped_host)
-    swap         bytes over the host link + a fixed cost per block copy (per layer, K and V)
+    swap         bytes over the host link + a fixed cost per block copy (per layer, K and V); CPU-tier
+                 prefix-cache loads (``plan.host_loads``): their bytes over the host link + one batched
+                 copy per layer, K and V (``load_s``)
 
 GEMMs and elementwise ops use the coefficients fitted to measured operator profiles when the GPU's
 catalog entry has them (``sim/profiles.py``; a smooth transition between the weight-streaming and the
@@ -321,6 +323,13 @@ class RooflineStepTime:
         return (num_blocks * block_size * self._kv_bytes_per_token / self._host
                 + num_blocks * self._block_copies * self.cfg.swap_copy_overhead_s)
 
+    def load_s(self, num_blocks: int, block_size: int) -> float:
+        """CPU-tier prefix-cache loads (``sim/offload.py``): the bytes over the host link, as one batched
+        copy per layer for K and for V (offloading connectors move a step's blocks together), where a
+        swap pays a copy per block."""
+        return (num_blocks * block_size * self._kv_bytes_per_token / self._host
+                + self._block_copies * self.cfg.swap_copy_overhead_s)
+
     def copy_s(self, plan: StepPlan) -> float:
         """Forks and copy-on-write: each copied slot read and written once in HBM, one launch."""
         slots = len(plan.copy_blocks) * plan.block_size + sum(n for _, _, n in plan.copy_slots)
@@ -344,6 +353,8 @@ class RooflineStepTime:
         t = self._step_s(fixed, attn)
         if plan.copy_blocks or plan.copy_slots:
             t += self.copy_s(plan)
+        if plan.host_loads:
+            t += self.load_s(len(plan.host_loads), plan.block_size)
         return t + self.swap_s(len(plan.swap_in) + len(plan.swap_out), plan.block_size)
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
@@ -468,7 +479,7 @@ class ProfileStepTime:
 
     def step_time_s(self, plan: StepPlan) -> float:
         return float(self.predict(plan.num_prefill_tokens, plan.prefill_attention_pairs, plan.num_decode_tokens,
-                                  plan.decode_context_tokens, len(plan.swap_in) + len(plan.swap_out), plan.block_size))
+                                  plan.decode_context_tokens, plan.host_link_blocks, plan.block_size))
 
     def decode_span_s(self, plan: StepPlan, k: int) -> list[float]:
         n = plan.num_seqs

@@ -12,7 +12,7 @@ from gpu.attention import decode_attention_ref, decode_attention_torch, prefill_
 from gpu.kernel_cases import (DECODE_LENS, GPU_ONLY_REASON, LONG_DECODE_LENS, LONG_PREFILL_LENS,  # noqa: E402
                               LONG_PREFILL_NEW, PREFILL_LENS, PREFILL_NEW, SPLIT_PARTITION, SPLIT_PREFILL_LENS,
                               SPLIT_PREFILL_NEW, TOLERANCE, Shape, batch_max_error, broken_case, case_error,
-                              decode_case, high_pool_cases, make_pool, prefill_case, store_case)
+                              decode_case, high_pool_cases, make_pool, prefill_case, store_case, window_case)
 
 DTYPES = [torch.float32, torch.bfloat16]
 LAYOUTS = [True, False]  # paged, contiguous
@@ -202,3 +202,77 @@ def test_long_contexts_on_a_gpu(paged):  # pragma: no cover - needs a GPU
 def test_block_ids_near_the_top_of_a_pool_over_2_31_elements():  # pragma: no cover - needs a GPU
     for name, err in high_pool_cases(torch.bfloat16, "cuda"):
         assert err.worst < 5e-3, (name, err)
+
+
+# Sliding window: W under a block (5), not a multiple of the block size (23), of a whole block (16), at
+# least every length (2000: the same as full attention). GQA 4 (the default shape) and MHA. Keys no
+# query may see are NaN and blocks wholly before the window are dropped from the table (pointing at a
+# NaN block): a finite output equal to the reference shows they were never read.
+WINDOW_DECODE_LENS = [1, 37, 16, 700]  # 700: two split-K partitions, the first wholly before small windows
+WINDOW_PREFILL_LENS, WINDOW_PREFILL_NEW = [1, 45, 100], [1, 25, 6]  # chunks over 20 and 94 cached tokens
+
+
+@pytest.mark.parametrize("window", [5, 23, 2000])
+@pytest.mark.parametrize("paged", LAYOUTS, ids=ids["paged"])
+def test_sliding_window_decode_never_reads_keys_before_the_window(paged, window):
+    for split_k in (False, True):
+        err = window_case(WINDOW_DECODE_LENS, None, window, Shape(), paged, torch.float32, kernel_device(),
+                          split_k=split_k, seed=20)
+        assert err.worst < TOLERANCE[torch.float32], (split_k, err)
+
+
+@pytest.mark.parametrize("window", [5, 23, 2000])
+@pytest.mark.parametrize("paged", LAYOUTS, ids=ids["paged"])
+def test_sliding_window_prefill_never_reads_keys_before_the_window(paged, window):
+    err = window_case(WINDOW_PREFILL_LENS, WINDOW_PREFILL_NEW, window, Shape(), paged, torch.float32, kernel_device(),
+                      seed=21)
+    assert err.worst < TOLERANCE[torch.float32], err
+
+
+@pytest.mark.parametrize("window", [5, 23])
+def test_sliding_window_prefill_split_over_keys(window):
+    """Partitions of 48 keys: some wholly before a row's window (max -1e30, sum 0 in the merge)."""
+    err = window_case([100], [6], window, Shape(), True, torch.float32, kernel_device(), seed=22, split_k=True,
+                      partition_size=SPLIT_PARTITION)
+    assert err.worst < TOLERANCE[torch.float32], err
+
+
+def test_sliding_window_bf16_mha_and_whole_block_window():
+    dev = kernel_device()
+    assert window_case([37, 130], None, 16, Shape(4, 4, 64), True, torch.bfloat16, dev, seed=23).worst < 5e-3
+    assert window_case([70, 130], [70, 9], 16, Shape(4, 4, 64), True, torch.bfloat16, dev, seed=24).worst < 5e-3
+
+
+def test_the_window_check_can_fail():
+    """The poisoned keys are there: a kernel launched without the window reads them (NaN: error inf),
+    and the windowed reference differs from full attention."""
+    dev = kernel_device()
+    assert window_case([37, 100], None, 23, Shape(), True, torch.float32, dev, launch_window=0).worst == float("inf")
+    assert window_case([75], [30], 23, Shape(), False, torch.float32, dev, launch_window=0).worst == float("inf")
+
+
+def test_window_must_be_a_non_negative_int():
+    from gpu.attention import decode_attention
+
+    k = torch.zeros((32, 2, 32))
+    with pytest.raises(ValueError, match="window must be a non-negative int"):
+        decode_attention(torch.zeros((1, 8, 32)), k, k, torch.ones(1, dtype=torch.int32),
+                         torch.zeros(1, dtype=torch.int32), max_seq_len=1, block_size=16,
+                         slab_starts=torch.zeros(1, dtype=torch.int64), window=-1)
+
+
+@pytest.mark.parametrize("paged", LAYOUTS, ids=ids["paged"])
+def test_batched_torch_decode_with_a_window_matches_reference(paged):
+    gen = torch.Generator().manual_seed(25)
+    shape, lens = Shape(), [1, 37, 16, 300]
+    pool = make_pool(lens, shape, paged, torch.float32, "cpu", gen)
+    q = torch.randn((len(lens), shape.num_heads, shape.head_dim), generator=gen)
+    seq_lens, loc = torch.tensor(lens, dtype=torch.int32), torch.arange(len(lens), dtype=torch.int32)
+    out = decode_attention_torch(q, pool.k_cache, pool.v_cache, seq_lens, loc, max_seq_len=max(lens),
+                                 block_size=shape.block_size, window=23, **pool.layout())
+    ref = decode_attention_ref(q.double(), pool.k_cache.double(), pool.v_cache.double(), seq_lens, loc,
+                               block_size=shape.block_size, window=23, **pool.layout())
+    full = decode_attention_ref(q.double(), pool.k_cache.double(), pool.v_cache.double(), seq_lens, loc,
+                                block_size=shape.block_size, **pool.layout())
+    assert ((out.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    assert (full - ref).abs().max() > 1e-2  # the window changed the answer

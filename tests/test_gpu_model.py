@@ -108,3 +108,60 @@ def test_warmup_leaves_no_token_state(paged):
                        attention="torch")
     ex.warmup(700)
     assert ex.tokens == {} and ex.prompt_tokens == {0: 5} and ex.num_steps == 5
+
+
+def windowed(model: LlamaModel, windows: tuple[int, ...]) -> LlamaModel:
+    """The same weights with other per-layer sliding windows."""
+    from dataclasses import replace
+    return LlamaModel(replace(model.shape, layer_windows=windows), model.embed, model.layers, model.final_norm,
+                      model.lm_head)
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_sliding_window_layers_generate_as_full_recomputation(attention):
+    """Layer 0 a sliding window of 6 keys (under two blocks of 4), layer 1 full; a 21-token prompt in two
+    chunks (the second over 13 cached tokens), then decodes. The cached steps (the window layer paged
+    through tables whose out-of-window blocks are dropped: -1) give the tokens of a plain windowed
+    recomputation, which differ from full attention's (the window is not vacuous)."""
+    model = windowed(tiny_model(), (6, 0))
+    B = 4
+    pool = KvPool(num_blocks=12, block_size=B, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
+                  activation_bytes=0)
+    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 21}, paged=True,
+                       attention=attention, seed=11)
+    table = np.random.default_rng(1).permutation(12)[:8].tolist()
+    for n, c in [(13, 0), (8, 13), (1, 21), (1, 22)]:
+        ex.run(StepPlan.from_entries((0,), (n,), (c,), 0, B, block_tables=(table,)))
+    want = reference_tokens(model, ex.prompt_ids(0), 3)
+    assert ex.generated(0) == want
+    assert want != reference_tokens(windowed(model, ()), ex.prompt_ids(0), 3)
+
+
+def test_window_layers_tables_drop_the_blocks_before_the_window():
+    model = windowed(tiny_model(), (6, 0))
+    pool = KvPool(num_blocks=40, block_size=4, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
+                  activation_bytes=0)
+    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 21, 1: 7}, paged=True,
+                       attention="torch")
+    table = list(range(10, 20))
+    plan = StepPlan.from_entries((0, 1), (8, 1), (13, 6), 0, 4, block_tables=(table, table[:2]))
+    x = ex.prepare(plan)
+    # prefill: first query at 13, window 6 -> keys 8.. visible: blocks 0, 1 dropped; decode at 6: keys 1..
+    assert x.prefill.window_layouts[6].block_tables[0].tolist()[:3] == [-1, -1, 12]
+    assert x.decode.window_layouts[6].block_tables[0].tolist() == [10, 11]
+    assert x.prefill.layout.block_tables[0].tolist()[:3] == [10, 11, 12]
+
+
+def test_simulator_only_layer_kinds_are_refused():
+    from types import SimpleNamespace
+
+    spec = MODELS["llama-3-8b"] if "llama-3-8b" in MODELS else next(iter(MODELS.values()))
+    fields = {k: getattr(spec, k) for k in ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                                             "head_dim", "ffn_size", "vocab_size", "max_model_len", "gated_mlp",
+                                             "tie_embeddings")}
+    kinds = ("sliding", "full") * (spec.num_layers // 2)
+    shape = ModelShape.from_spec(SimpleNamespace(**fields, layer_kinds=kinds, sliding_window=512))
+    assert shape.layer_windows[:2] == (512, 0) and ModelShape.from_spec(spec).layer_windows == ()
+    assert shape.with_layers(2).layer_windows == (512, 0)
+    with pytest.raises(ValueError, match="simulator-only"):
+        ModelShape.from_spec(SimpleNamespace(**fields, layer_kinds=("mla",) * spec.num_layers, sliding_window=0))
