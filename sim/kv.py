@@ -415,8 +415,9 @@ class PagedKv:
         self.grow(seq, num_new)
 
     def _check(self) -> None:
-        """Accounting: the slots the tables hold (``alloc``, counted here) are the blocks the pool lent
-        out (a block freed twice or lost shows here), and ``capped`` is within them."""
+        """Accounting, checked as a sequence gives its blocks back: the slots the tables hold (``alloc``,
+        counted here) are the blocks the pool lent out (a block freed twice or lost shows here), and
+        ``capped`` is within them."""
         pool = self.pool
         assert self.alloc == (pool.num_blocks - pool.num_free) * self.block_size and 0 <= self.capped <= self.alloc, (
             f"KV accounting: alloc {self.alloc}, capped {self.capped}, pool lent "
@@ -429,7 +430,6 @@ class PagedKv:
         new = len(seq.block_table) * B
         self.alloc += new - old
         self.capped += min(new, cap) - min(old, cap)
-        self._check()
 
     def free(self, seq) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
@@ -475,7 +475,6 @@ class PagedKv:
                 slack += over
         self.alloc += B * len(seqs)
         self.capped += B * len(seqs) - slack
-        self._check()
 
 
 class ContiguousKv:

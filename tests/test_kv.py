@@ -178,10 +178,14 @@ def test_paged_manager_catches_a_block_lost_or_freed_behind_its_back():
     kv = PagedKv(pool)
     seq = Sequence(0, 0.0, 10, 5)
     kv.admit(seq, 10)
-    seq.num_computed_tokens = 10
-    pool.free(seq.block_table[:1])  # the pool got a block back that a table still holds
+    pool.allocate(1)  # a block lent that no table holds
     with pytest.raises(AssertionError, match="KV accounting"):
-        kv.grow(seq, 3)  # its next block
+        kv.free(seq)
+    kv, seq = PagedKv(BlockPool(8, 4)), Sequence(1, 0.0, 10, 5)
+    kv.admit(seq, 10)
+    kv.pool.free(seq.block_table[:1])  # the pool got back a block that a table still holds
+    with pytest.raises(AssertionError, match="freed twice"):
+        kv.free(seq)
 
 
 def test_slab_freed_twice_fails():
