@@ -21,6 +21,9 @@ The invariant, stated once:
   ``_computed + t - 1``, which needs a new block when that slot is a multiple of ``block_size``. So the
   members needing a block at tick ``t`` are ``_cross[t % block_size]`` (in arrival order): a member sits
   in class ``(1 - _computed) % block_size`` for as long as it is on the clock.
+  A member takes its *final* block (the one holding its last computed slot, ``prompt + output - 2``)
+  at its **final-block tick**; ``_final[tick]`` lists the members doing so (stale entries skipped, as
+  above), so the slots that block will never fill are known without visiting the other movers.
 - **Inter-token gaps**: a member's first tick after joining is measured from its own last token
   (``_fresh``); every other member's from the previous tick (``_last_tick_s``).
 
@@ -66,6 +69,7 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
+        self._final: dict[int, list] = {}  # final-block tick -> members taking their final block then
 
     # ------------------------------------------------------------------------------------ members
 
@@ -86,6 +90,9 @@ class DecodeClock:
                 insert_by_arrival(cls, seq)
             else:
                 cls.append(seq)
+            tick = self._final_tick(seq)
+            if tick > t:
+                self._final.setdefault(tick, []).append(seq)
 
     def leave(self, seq) -> None:
         """Leave the group: the sequence's counters become plain values again."""
@@ -102,6 +109,21 @@ class DecodeClock:
         seq._output += t
 
     # ------------------------------------------------------------------------------------ queries
+
+    def _final_tick(self, seq) -> int:
+        """The tick at which a member computes the first slot of its final block."""
+        B = self.block_size
+        return (seq.prompt_tokens + seq.output_tokens - 2) // B * B + 1 - seq._computed
+
+    def final_slack(self, tick: int) -> int:
+        """Slots that the final blocks members take at ``tick`` will never fill (forgets ``tick``: ask
+        once per tick, whether or not its blocks are placed through the clock)."""
+        takers = self._final.pop(tick, None)
+        if not takers:
+            return 0
+        B = self.block_size
+        return sum(B - 1 - (s.prompt_tokens + s.output_tokens - 2) % B for s in dict.fromkeys(takers)
+                   if s.clock is self and self._final_tick(s) == tick)
 
     def crossers(self, tick: int) -> list:
         """Members that need a new block at ``tick``, in arrival order."""
@@ -145,8 +167,9 @@ class DecodeClock:
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
+            slack = self.final_slack(t0 + 1 + j)
             if movers:
-                add(movers)
+                add(movers, slack)
             alloc.append(kv.alloc)
             capped.append(kv.capped)
         return alloc, capped

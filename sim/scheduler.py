@@ -212,10 +212,11 @@ class Scheduler:
         n = len(self.clock.members)
         stragglers = [s for s in self.explicit if s.in_decode] if self.explicit else []
         if not stragglers and n <= budget:
-            cross = self.clock.crossers(self.clock.ticks + 1)
+            tick = self.clock.ticks + 1
+            cross, slack = self.clock.crossers(tick), self.clock.final_slack(tick)
             if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
                 if cross:
-                    self.kv.add_blocks(cross)
+                    self.kv.add_blocks(cross, slack)
                 self._tick = n > 0
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled

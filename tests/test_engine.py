@@ -91,6 +91,8 @@ def _check_invariants(sched: Scheduler) -> None:
             assert len(s.block_table) * kv.block_size >= s.num_computed_tokens
         for s in list(sched.waiting) + sched.swapped:
             assert s.block_table == []
+        if not kv.shared_blocks:  # the slots requests will fill, as the decode clock's final-block slack keeps it
+            assert kv.capped == sum(min(len(s.block_table) * kv.block_size, s.max_kv_tokens) for s in sched.running)
     else:
         spans = sorted((s.slab_start, s.slab_start + s.slab_rounded) for s in live)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "slabs overlap"
