@@ -41,6 +41,7 @@ class PolicyResult:
     summary: dict
     snapshot: dict | None = None  # the KV address space at the moment of most waiting requests
     timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
+    num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
 
 
 class Engine:
@@ -70,6 +71,7 @@ class Engine:
         self._snap_key: tuple = (0, 0)
         self._snap = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
+        self.num_events = 0
 
     # ------------------------------------------------------------------------------------ run
 
@@ -102,7 +104,7 @@ class Engine:
         if r.beyond_horizon:  # requests that would arrive at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
-        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
+        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline, self.num_events)
 
     def _admit_arrivals(self, now: float) -> None:
         arr, nxt = self._arrivals, self._next
@@ -126,7 +128,6 @@ class Engine:
 
     def _serve(self, env: simpy.Environment):
         sched, executor, log, arrivals = self.scheduler, self.executor, self.log, self._arrivals
-        loops = 0
         if self.startup_s > 0:
             yield env.timeout(min(self.startup_s, self._horizon))
         while True:
@@ -147,6 +148,7 @@ class Engine:
                 self.rec.idle(now, t - now, sched.memory(), num_waiting=len(sched.waiting),
                               num_running=sched.num_running, num_swapped=len(sched.swapped),
                               shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0)
+                self.num_events += 1
                 yield env.timeout(t - now)
                 continue
             if len(sched.waiting) + len(sched.swapped) > self._snap_waiting or self.kv.alloc > self._snap_alloc:
@@ -181,8 +183,8 @@ class Engine:
                 self.rec.finished(env.now, done)
                 self.num_done += len(done)
                 done.clear()
-            loops += 1
-            if self.progress is not None and loops % 512 == 0:
+            self.num_events += 1
+            if self.progress is not None and self.num_events % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
     def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int,
