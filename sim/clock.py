@@ -22,8 +22,8 @@ The invariant, stated once:
   members needing a block at tick ``t`` are ``_cross[t % block_size]`` (in arrival order): a member sits
   in class ``(1 - _computed) % block_size`` for as long as it is on the clock.
   A member takes its *final* block (the one holding its last computed slot, ``prompt + output - 2``)
-  at its **final-block tick**; ``_final[tick]`` lists the members doing so (stale entries skipped, as
-  above), so the slots that block will never fill are known without visiting the other movers.
+  at its **final-block tick**; ``_final[tick]`` lists exactly the members doing so at a tick still to
+  come, so the slots that block will never fill are known without visiting the other movers.
 - **Inter-token gaps**: a member's first tick after joining is measured from its own last token
   (``_fresh``); every other member's from the previous tick (``_last_tick_s``).
 
@@ -92,13 +92,20 @@ class DecodeClock:
                 cls.append(seq)
             tick = self._final_tick(seq)
             if tick > t:
-                self._final.setdefault(tick, []).append(seq)
+                takers = self._final.get(tick)
+                if takers is None:
+                    self._final[tick] = [seq]
+                else:
+                    takers.append(seq)
 
     def leave(self, seq) -> None:
         """Leave the group: the sequence's counters become plain values again."""
         assert seq.clock is self, f"{seq} leaves a clock it is not on"
         if self.paged:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
+            takers = self._final.get(self._final_tick(seq))
+            if takers:  # its final block still to come (the tick's list is gone once the tick is planned)
+                takers.remove(seq)
         self.offset_sum -= seq._computed
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
@@ -117,13 +124,12 @@ class DecodeClock:
 
     def final_slack(self, tick: int) -> int:
         """Slots that the final blocks members take at ``tick`` will never fill (forgets ``tick``: ask
-        once per tick, whether or not its blocks are placed through the clock)."""
+        once as the tick is planned, whether or not its blocks are placed through the clock)."""
         takers = self._final.pop(tick, None)
         if not takers:
             return 0
         B = self.block_size
-        return sum(B - 1 - (s.prompt_tokens + s.output_tokens - 2) % B for s in dict.fromkeys(takers)
-                   if s.clock is self and self._final_tick(s) == tick)
+        return sum([B - 1 - (s.prompt_tokens + s.output_tokens - 2) % B for s in takers])
 
     def crossers(self, tick: int) -> list:
         """Members that need a new block at ``tick``, in arrival order."""
@@ -167,9 +173,8 @@ class DecodeClock:
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
-            slack = self.final_slack(t0 + 1 + j)
-            if movers:
-                add(movers, slack)
+            if movers:  # (no movers: no member takes a final block then either)
+                add(movers, self.final_slack(t0 + 1 + j))
             alloc.append(kv.alloc)
             capped.append(kv.capped)
         return alloc, capped

@@ -211,9 +211,10 @@ class Scheduler:
         """Step 1: every decoding sequence computes one token. Returns the budget left."""
         n = len(self.clock.members)
         stragglers = [s for s in self.explicit if s.in_decode] if self.explicit else []
+        tick = self.clock.ticks + 1
+        slack = self.clock.final_slack(tick)  # asked on either path: the tick is planned now
         if not stragglers and n <= budget:
-            tick = self.clock.ticks + 1
-            cross, slack = self.clock.crossers(tick), self.clock.final_slack(tick)
+            cross = self.clock.crossers(tick)
             if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
                 if cross:
                     self.kv.add_blocks(cross, slack)
