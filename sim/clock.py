@@ -22,8 +22,8 @@ The invariant, stated once:
   members needing a block at tick ``t`` are ``_cross[t % block_size]`` (in arrival order): a member sits
   in class ``(1 - _computed) % block_size`` for as long as it is on the clock.
   A member takes its *final* block (the one holding its last computed slot, ``prompt + output - 2``)
-  at its **final-block tick**; ``_final[tick]`` lists exactly the members doing so at a tick still to
-  come, so the slots that block will never fill are known without visiting the other movers.
+  at its **final-block tick**; ``_final[tick]`` lists exactly the members doing so at a tick not yet
+  planned, so the slots that block will never fill are known without visiting the other movers.
 - **Inter-token gaps**: a member's first tick after joining is measured from its own last token
   (``_fresh``); every other member's from the previous tick (``_last_tick_s``).
 
