@@ -21,9 +21,6 @@ The invariant, stated once:
   ``_computed + t - 1``, which needs a new block when that slot is a multiple of ``block_size``. So the
   members needing a block at tick ``t`` are ``_cross[t % block_size]`` (in arrival order): a member sits
   in class ``(1 - _computed) % block_size`` for as long as it is on the clock.
-  A member takes its *final* block (the one holding its last computed slot, ``prompt + output - 2``)
-  at its **final-block tick**; ``_final[tick]`` lists exactly the members doing so at a tick not yet
-  planned, so the slots that block will never fill are known without visiting the other movers.
 - **Inter-token gaps**: a member's first tick after joining is measured from its own last token
   (``_fresh``); every other member's from the previous tick (``_last_tick_s``).
 
@@ -69,7 +66,6 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
-        self._final: dict[int, list] = {}  # final-block tick -> members taking their final block then
 
     # ------------------------------------------------------------------------------------ members
 
@@ -90,22 +86,12 @@ class DecodeClock:
                 insert_by_arrival(cls, seq)
             else:
                 cls.append(seq)
-            tick = self._final_tick(seq)
-            if tick > t:
-                takers = self._final.get(tick)
-                if takers is None:
-                    self._final[tick] = [seq]
-                else:
-                    takers.append(seq)
 
     def leave(self, seq) -> None:
         """Leave the group: the sequence's counters become plain values again."""
         assert seq.clock is self, f"{seq} leaves a clock it is not on"
         if self.paged:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
-            takers = self._final.get(self._final_tick(seq))
-            if takers:  # its final block still to come (the tick's list is gone once the tick is planned)
-                takers.remove(seq)
         self.offset_sum -= seq._computed
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
@@ -116,20 +102,6 @@ class DecodeClock:
         seq._output += t
 
     # ------------------------------------------------------------------------------------ queries
-
-    def _final_tick(self, seq) -> int:
-        """The tick at which a member computes the first slot of its final block."""
-        B = self.block_size
-        return (seq.prompt_tokens + seq.output_tokens - 2) // B * B + 1 - seq._computed
-
-    def final_slack(self, tick: int) -> int:
-        """Slots that the final blocks members take at ``tick`` will never fill (forgets ``tick``: ask
-        once as the tick is planned, whether or not its blocks are placed through the clock)."""
-        takers = self._final.pop(tick, None)
-        if not takers:
-            return 0
-        B = self.block_size
-        return sum([B - 1 - (s.prompt_tokens + s.output_tokens - 2) % B for s in takers])
 
     def crossers(self, tick: int) -> list:
         """Members that need a new block at ``tick``, in arrival order."""
@@ -173,8 +145,8 @@ class DecodeClock:
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
-            if movers:  # (no movers: no member takes a final block then either)
-                add(movers, self.final_slack(t0 + 1 + j))
+            if movers:
+                add(movers)
             alloc.append(kv.alloc)
             capped.append(kv.capped)
         return alloc, capped

@@ -462,15 +462,19 @@ class PagedKv:
         segs.append((fresh * B, (self.pool.num_blocks - fresh) * B, idle))  # never allocated: one run
         return _merge_segments(segs)
 
-    def add_blocks(self, seqs: list, slack: int) -> None:
+    def add_blocks(self, seqs: list) -> None:
         """One more block for each decoding sequence whose next token starts a new block, in order.
-        The hot path of decoding: the caller checked that enough blocks are free, and knows the
-        ``slack``: the slots of these blocks that their requests will never fill (final blocks)."""
+        The hot path of decoding: the caller checked that enough blocks are free."""
+        B = self.block_size
+        slack = 0  # capped grows by a whole block, but for a final block the request only partly fills
         for seq, b in zip(seqs, self.pool.allocate(len(seqs))):
-            seq.block_table.append(b)
-        n = self.block_size * len(seqs)
-        self.alloc += n
-        self.capped += n - slack
+            table = seq.block_table
+            table.append(b)
+            over = len(table) * B - seq.prompt_tokens - seq.output_tokens + 1
+            if over > 0:
+                slack += over
+        self.alloc += B * len(seqs)
+        self.capped += B * len(seqs) - slack
 
 
 class ContiguousKv:

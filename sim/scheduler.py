@@ -211,13 +211,11 @@ class Scheduler:
         """Step 1: every decoding sequence computes one token. Returns the budget left."""
         n = len(self.clock.members)
         stragglers = [s for s in self.explicit if s.in_decode] if self.explicit else []
-        tick = self.clock.ticks + 1
-        slack = self.clock.final_slack(tick)  # asked on either path: the tick is planned now
         if not stragglers and n <= budget:
-            cross = self.clock.crossers(tick)
+            cross = self.clock.crossers(self.clock.ticks + 1)
             if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
                 if cross:
-                    self.kv.add_blocks(cross, slack)
+                    self.kv.add_blocks(cross)
                 self._tick = n > 0
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled

@@ -247,8 +247,8 @@ class SharedPagedKv(PagedKv):
         self._release(seq, [old])  # this holder leaves the shared block for its own copy: its slots,
         table[i] = new  # which its own counts already include, now exist twice physically
 
-    def add_blocks(self, seqs: list, slack: int) -> None:
-        super().add_blocks(seqs, slack)
+    def add_blocks(self, seqs: list) -> None:
+        super().add_blocks(seqs)
         self._sync_alloc()
 
     def free(self, seq) -> None:
