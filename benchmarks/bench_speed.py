@@ -9,7 +9,9 @@ rate, read from $KVSIM_TRACES or ../shared/traces/ when present. (b) Generated w
 and Poisson arrivals at 5.5 requests/s, about the trace's own rate, which keeps every preset busy.
 Each (workload, preset) runs in a fresh process, pinned to one core when `taskset` exists, so its
 peak RSS is its own. Prints seconds, simulated requests per second, peak RSS, and the ratio of
-times between consecutive sizes (linear cost means ~10x per 10x requests).
+times between consecutive sizes (linear cost means ~10x per 10x requests); for the trace, the number of
+simulation events (steps, spans of steps, idle gaps) and the cost per event (CPU time of the whole
+``run`` -- loop, results and summary -- over events; issue 18's target is 14 us on the reference core).
 """
 
 from __future__ import annotations
@@ -55,9 +57,11 @@ def child(spec: dict) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     r = run(s, requests=requests)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    m = next(iter(r.policies.values())).summary
+    p = next(iter(r.policies.values()))
+    m = p.summary
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "requests": len(requests), "finished": m["num_finished"],
-                      "steps": m["num_steps"], "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "steps": m["num_steps"], "events": p.num_events,
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def measure(spec: dict) -> dict:
@@ -89,7 +93,8 @@ def main() -> None:
             for p in a.presets:
                 r = measure({"scenario": scenario({"kind": "trace", "path": str(AZURE)}, p, a.exact)})
                 print(f"  {p:<18} {r['wall_s']:7.2f} s (cpu {r['cpu_s']:5.2f} s) {r['requests'] / r['wall_s']:9,.0f} req/s  "
-                      f"peak RSS {r['peak_rss_mib']:6.0f} MiB  ({r['finished']:,} finished, {r['steps']:,} steps)")
+                      f"peak RSS {r['peak_rss_mib']:6.0f} MiB  ({r['finished']:,} finished, {r['steps']:,} steps, "
+                      f"{r['events']:,} events, {r['cpu_s'] / r['events'] * 1e6:5.1f} us/event)")
         else:
             print(f"\n(a) skipped: {AZURE} not found (real traces live outside the project: "
                   "sim trace fetch azure-2023-conv)")

@@ -6,14 +6,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 
-class Clock:
-    """Decode steps taken so far by the scheduler's *clocked* sequences (see ``Sequence``)."""
-
-    __slots__ = ("ticks",)
-
-    def __init__(self) -> None:
-        self.ticks = 0
-
+# Where a sequence is (``Sequence.state``): exactly one of the scheduler's queues, or done. The scheduler
+# asserts the state a sequence leaves whenever it moves one, so a sequence can never be in two queues.
+NEW, WAITING, RUNNING, SWAPPED, DONE = range(5)
 
 GROUP_SLOTS = 64  # order key = request id * GROUP_SLOTS + index in its group (groups of at most 63)
 
@@ -48,13 +43,13 @@ class Sequence:
     token is sampled but never computed, so at most ``prompt + output - 1`` slots are ever filled.
 
     NOTE: sequences in the decode phase advance in lockstep, so the scheduler puts them on a shared
-    ``Clock``: while ``clock`` is set, the stored counters are offsets and every clock tick adds one
+    ``clock.DecodeClock``: while ``clock`` is set, the stored counters are offsets and every clock tick adds one
     computed and one output token to all of them at once (O(1) per step, not O(batch)). The properties
     below always give the true values.
     """
 
     __slots__ = ("seq_id", "request_id", "order", "group", "arrival_s", "prompt_tokens", "output_tokens",
-                 "_computed", "_output", "clock",
+                 "_computed", "_output", "clock", "state",
                  "block_table", "cpu_blocks", "slab_start", "slab_tokens", "slab_rounded",
                  "first_token_s", "last_token_s", "num_preemptions",
                  "prefix_ids", "hash_block", "block_hashes", "num_registered", "prefix_hit_tokens")
@@ -70,7 +65,8 @@ class Sequence:
         self.output_tokens = output_tokens
         self._computed = 0
         self._output = 0
-        self.clock: Clock | None = None
+        self.clock = None  # the clock.DecodeClock it is on, if any
+        self.state = NEW
         self.block_table: list[int] = []  # paged: physical block ids, in token order
         self.cpu_blocks: list[int] = []  # paged, swapped out: CPU swap-space block ids
         self.slab_start: int | None = None  # contiguous: first token slot of the slab

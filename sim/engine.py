@@ -43,6 +43,7 @@ class PolicyResult:
     timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
     replicas: pd.DataFrame | None = None  # a fleet (sim.cluster): one row per replica
     fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
+    num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
 
 
 class Engine:
@@ -75,6 +76,7 @@ class Engine:
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
         self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
         self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
+        self.num_events = 0
 
     # ------------------------------------------------------------------------------------ run
 
@@ -106,7 +108,7 @@ class Engine:
         if r.beyond_horizon and requests is None:  # requests arriving at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
-        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
+        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline, self.num_events)
 
     def sharing_counts(self) -> SharingCounts | None:
         """What block sharing counted (None when the run neither shares nor copies blocks)."""
@@ -140,7 +142,6 @@ class Engine:
 
     def _serve(self, env: simpy.Environment):
         sched, executor, log, arrivals = self.scheduler, self.executor, self.log, self._arrivals
-        loops = 0
         if self.startup_s > 0:
             yield env.timeout(min(self.startup_s, self._horizon))
         while True:
@@ -179,6 +180,7 @@ class Engine:
                 self.rec.idle(now, t - now, sched.memory(), num_waiting=len(sched.waiting),
                               num_running=sched.num_running, num_swapped=len(sched.swapped),
                               shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0)
+                self.num_events += 1
                 if self.feed is None:
                     yield env.timeout(t - now)
                 continue
@@ -230,8 +232,8 @@ class Engine:
                 self.rec.finished(env.now, done)
                 self.num_done += len(done)
                 done.clear()
-            loops += 1
-            if self.progress is not None and loops % 512 == 0:
+            self.num_events += 1
+            if self.progress is not None and self.num_events % 512 == 0:
                 self.progress(self.num_done, len(self._ids))
 
     # ---------------------------------------------------------------- fed by a router (sim.cluster)

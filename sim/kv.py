@@ -145,6 +145,7 @@ class BlockPool:
             del self._queue[:self._head]
             self._head = 0
         self._queue.extend(block_ids)
+        assert len(self._queue) - self._head <= self._fresh, "more blocks free than ever lent: one freed twice"
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -203,6 +204,7 @@ class BuddyAllocator:
         for b, o in self.roots:
             self.free_lists[o].add(b)
         self.allocated: dict[int, int] = {}  # start -> order
+        self.used = 0  # slots in allocated blocks (rounded sizes)
         self._root_bases = [b for b, _ in self.roots]
 
     @staticmethod
@@ -229,11 +231,13 @@ class BuddyAllocator:
                     o -= 1
                     self.free_lists[o].add(start + (1 << o))
                 self.allocated[start] = want
+                self.used += 1 << want
                 return start
         return None
 
     def free(self, start: int) -> None:
-        o = self.allocated.pop(start)
+        o = self.allocated.pop(start)  # KeyError: not allocated (freed twice)
+        self.used -= 1 << o
         top = self._root_order(start)
         while o < top:
             buddy = start ^ (1 << o)
@@ -257,6 +261,7 @@ class FirstFitAllocator:
         self.starts: list[int] = [0] if capacity else []  # free runs, sorted by start
         self.ends: list[int] = [capacity] if capacity else []
         self.allocated: dict[int, int] = {}  # start -> size
+        self.used = 0  # slots in allocated slabs
 
     def rounded(self, n: int) -> int:
         return n
@@ -272,11 +277,14 @@ class FirstFitAllocator:
                 else:
                     self.starts[i] = s + n
                 self.allocated[s] = n
+                self.used += n
                 return s
         return None
 
     def free(self, start: int) -> None:
-        end = start + self.allocated.pop(start)
+        n = self.allocated.pop(start)  # KeyError: not allocated (freed twice)
+        self.used -= n
+        end = start + n
         i = bisect.bisect_left(self.starts, start)
         if i > 0 and self.ends[i - 1] == start:  # merge with the run before
             i -= 1
@@ -413,6 +421,15 @@ class PagedKv:
     def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
         self.grow(seq, num_new)
 
+    def _check(self) -> None:
+        """Accounting, checked as a sequence gives its blocks back: the slots the tables hold (``alloc``,
+        counted here) are the blocks the pool lent out (a block freed twice or lost shows here), and
+        ``capped`` is within them."""
+        pool = self.pool
+        assert self.alloc == (pool.num_blocks - pool.num_free) * self.block_size and 0 <= self.capped <= self.alloc, (
+            f"KV accounting: alloc {self.alloc}, capped {self.capped}, pool lent "
+            f"{(pool.num_blocks - pool.num_free) * self.block_size} slots")
+
     def _add_blocks(self, seq, block_ids: list[int]) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
         old = len(seq.block_table) * B
@@ -428,6 +445,7 @@ class PagedKv:
         self.capped -= min(old, cap)
         self.pool.free(seq.block_table)
         seq.block_table = []
+        self._check()
 
     def capture(self, seqs: list) -> tuple:
         """A cheap copy of who holds what, to draw the address space later (see ``segments``)."""
@@ -490,6 +508,12 @@ class ContiguousKv:
         self.rounding = 0
         self.held = 0
 
+    def _check(self) -> None:
+        """Accounting: the allocator's used slots are exactly the slabs counted here."""
+        assert self.allocator.used == self.alloc + self.rounding + self.held and 0 <= self.capped <= self.alloc, (
+            f"KV accounting: allocator uses {self.allocator.used} slots, alloc {self.alloc} + rounding "
+            f"{self.rounding} + held {self.held}, capped {self.capped}")
+
     def slab_for(self, seq) -> int:
         return self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
 
@@ -544,6 +568,7 @@ class ContiguousKv:
         seq.slab_rounded = self.allocator.rounded(seq.slab_tokens)
         if n > 1:  # the other samples' or beams' slabs, reserved now (their memory counts as reservation)
             seq.group.reserved = [self._take_slab(seq) for _ in range(n - 1)]
+        self._check()
 
     def fork(self, parent, child) -> tuple[int, int, int]:
         """``child`` takes a reserved slab; the parent's cached slots are copied into it."""
@@ -569,6 +594,7 @@ class ContiguousKv:
         self.rounding -= seq.slab_rounded - seq.slab_tokens
         self.allocator.free(seq.slab_start)
         seq.slab_start = None
+        self._check()
 
     def hold(self, seq) -> None:
         """A finished request of a static batch keeps its slab until the batch ends (internal waste)."""

@@ -24,41 +24,20 @@ Groups (parallel samples, beams; see ``core.Group``): the leader prefills the pr
 sample the others fork from it (``_fork``); beams are reselected after every step (``_reselect``). A
 group is admitted, preempted and swapped as a unit, and its request finishes when all its members have.
 
-NOTE (the decode clock): decoding sequences all advance one token per step, so they share a
-``Clock`` and the common case costs O(1) per step instead of O(batch): their counters move with the
-clock, finishes come off a heap keyed by the tick they finish at, and a sequence at computed-token
-count ``c`` needs a new block at the tick where ``c`` reaches a multiple of ``block_size`` -- so the
-sequences needing a block at tick ``t`` are exactly those of residue class ``t % block_size``. When a
-step needs more than that fast path gives (blocks run out, the budget is short), the general
-per-sequence path runs instead, with the same outcome.
+The decode clock (``sim/clock.py``): running sequences past their prefill decode in lockstep on one
+``DecodeClock``, O(1) per step instead of O(batch); the rest of running is ``explicit`` (prefilling,
+just admitted or swapped in, beams). When a step needs more than the clock's fast path gives (blocks run
+out, the budget is short), the general per-sequence path runs instead, with the same outcome.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 
-from sim.core import Clock, Sequence, StepPlan
+from sim.clock import DecodeClock, add_sorted, insert_by_arrival
+from sim.core import DONE, NEW, RUNNING, SWAPPED, WAITING, Sequence, StepPlan
 from sim.kv import KvManager, breakdown
 from sim.policy import Preemption, ResolvedPolicy
-
-
-def _insert_by_arrival(queue, seq: Sequence) -> None:
-    """Put ``seq`` before the first queued sequence that arrived after it."""
-    for i, s in enumerate(queue):  # preempted sequences are old: they land near the front
-        if s.order > seq.order:
-            queue.insert(i, seq)
-            return
-    queue.append(seq)
-
-
-def _add_sorted(d: dict, seq: Sequence) -> dict:
-    """Insert into an insertion-ordered dict kept in arrival order (rebuilt only for an old sequence)."""
-    if d and next(reversed(d)).order > seq.order:
-        items = sorted([*d, seq], key=lambda s: s.order)
-        return dict.fromkeys(items)
-    d[seq] = None
-    return d
 
 
 class Scheduler:
@@ -89,14 +68,7 @@ class Scheduler:
         self._grouped = False  # some request has samples or beams (then requests != sequences)
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
         self._pending_slot_copies: list[tuple[int, int, int]] = []
-        # the decode clock
-        self.clock = Clock()
-        self.clocked: dict[Sequence, None] = {}  # in arrival order
-        self._offset_sum = 0  # sum of clocked sequences' computed-token offsets
-        self._fresh: dict[Sequence, None] = {}  # clocked since the last tick: their next gap is their own
-        self._last_tick_s = 0.0
-        self._finish_at: list[tuple[int, int, Sequence]] = []  # (tick, seq id, seq) heap; stale entries skipped
-        self._cross: list[list[Sequence]] = [[] for _ in range(self.block_size)] if self.paged else []
+        self.clock = DecodeClock(self.block_size, self.paged, self.itl)  # the running sequences that decode
         # the step being planned
         self._entries: list[tuple[Sequence, int]] = []  # explicit sequences and their new tokens
         self._tick = False  # the clocked group decodes in this step
@@ -109,15 +81,17 @@ class Scheduler:
     @property
     def running(self) -> list[Sequence]:
         """All running sequences in arrival order (O(n): for inspection, not the hot path)."""
-        return sorted([*self.clocked, *self.explicit], key=lambda s: s.order)
+        return sorted([*self.clock.members, *self.explicit], key=lambda s: s.order)
 
     @property
     def num_running(self) -> int:
-        return len(self.clocked) + len(self.explicit)
+        return len(self.clock.members) + len(self.explicit)
 
     def add(self, seq: Sequence) -> None:
         if seq.group is not None:
             self._grouped = True
+        assert seq.state == NEW, f"{seq} added twice"
+        seq.state = WAITING
         self.waiting.append(seq)
 
     def num_requests_holding_kv(self) -> int:
@@ -126,13 +100,13 @@ class Scheduler:
         samples or beams count once; swapped and waiting requests hold none. O(1) without groups."""
         seqs = self.batch if self.static else None
         if not self._grouped:
-            return len(seqs) if seqs is not None else len(self.clocked) + len(self.explicit)
+            return len(seqs) if seqs is not None else len(self.clock.members) + len(self.explicit)
         if seqs is None:
-            seqs = [*self.clocked, *self.explicit]
+            seqs = [*self.clock.members, *self.explicit]
         return len({s.request_id for s in seqs})
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.clocked or self.explicit or self.swapped or self.batch)
+        return bool(self.waiting or self.clock.members or self.explicit or self.swapped or self.batch)
 
     def arrivals_matter(self) -> bool:
         """Could a request arriving now be admitted before something finishes? Not while requests
@@ -145,53 +119,6 @@ class Scheduler:
         kv = self.kv
         return breakdown(kv.capacity, self.filled * kv.fill_rate - kv.shared_filled, kv.alloc, kv.capped, kv.rounding,
                          kv.held, self.blocked)
-
-    # ------------------------------------------------------------------------------------ the clock
-
-    def _clock_in(self, seq: Sequence) -> None:
-        """A sequence entering (or resuming) the decode phase joins the clocked group."""
-        t = self.clock.ticks
-        seq._computed -= t
-        seq._output -= t
-        seq.clock = self.clock
-        self.clocked = _add_sorted(self.clocked, seq)
-        self._offset_sum += seq._computed
-        self._fresh[seq] = None
-        heapq.heappush(self._finish_at, (self._finish_tick(seq), seq.order, seq))
-        if self.paged:  # it needs a block at tick t when (offset + t - 1) % block_size == 0
-            cls = self._cross[(1 - seq._computed) % self.block_size]
-            if cls and cls[-1].order > seq.order:
-                _insert_by_arrival(cls, seq)
-            else:
-                cls.append(seq)
-
-    def _clock_out(self, seq: Sequence) -> None:
-        """Leave the group: the sequence's counters become plain values again."""
-        if self.paged:
-            self._cross[(1 - seq._computed) % self.block_size].remove(seq)
-        self._offset_sum -= seq._computed
-        del self.clocked[seq]
-        if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
-            seq.last_token_s = self._last_tick_s
-        t = self.clock.ticks
-        seq.clock = None
-        seq._computed += t
-        seq._output += t
-
-    @staticmethod
-    def _finish_tick(seq: Sequence) -> int:
-        """The tick at which a clocked sequence samples its last token (fixed while it is clocked)."""
-        return seq.output_tokens - seq._output
-
-    def _next_finish_tick(self) -> int:
-        heap = self._finish_at
-        while heap[0][2].clock is not self.clock or heap[0][0] != self._finish_tick(heap[0][2]):
-            heapq.heappop(heap)  # stale: the sequence left the clock (and may have rejoined)
-        return heap[0][0]
-
-    def _crossers(self, tick: int) -> list[Sequence]:
-        """Clocked sequences that need a new block at ``tick``, in arrival order."""
-        return self._cross[tick % self.block_size] if self.paged else []
 
     # ------------------------------------------------------------------------------------ schedule
 
@@ -268,6 +195,8 @@ class Scheduler:
         return g.width if g is not None and len(g.members) == 1 else 1
 
     def _admit(self, seq: Sequence, n: int, hits=()) -> None:
+        assert seq.state == WAITING, f"{seq} admitted from state {seq.state}"
+        seq.state = RUNNING
         self.kv.admit(seq, n, hits)
         if hits:
             self.filled += seq.num_computed_tokens
@@ -277,30 +206,30 @@ class Scheduler:
             self.step_prompt_tokens += seq.prompt_tokens
             self.step_hit_tokens += seq.prefix_hit_tokens
             self.first_admitted.append(seq)
-        self.explicit = _add_sorted(self.explicit, seq)
+        self.explicit = add_sorted(self.explicit, seq)
         self._entries.append((seq, n))
 
     def _schedule_decodes(self, budget: int) -> int:
         """Step 1: every decoding sequence computes one token. Returns the budget left."""
-        n = len(self.clocked)
+        n = len(self.clock.members)
         stragglers = [s for s in self.explicit if s.in_decode] if self.explicit else []
         if not stragglers and n <= budget:
-            cross = self._crossers(self.clock.ticks + 1)
+            cross = self.clock.crossers(self.clock.ticks + 1)
             if not cross or self.kv.pool.can_allocate(len(cross)):  # the fast path
                 if cross:
                     self.kv.add_blocks(cross)
                 self._tick = n > 0
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled
-        order = sorted([*self.clocked, *stragglers], key=lambda s: s.order)
+        order = sorted([*self.clock.members, *stragglers], key=lambda s: s.order)
         scheduled: set[Sequence] = set()
         for seq in order:
-            if seq not in self.clocked and seq not in self.explicit:
+            if seq.state != RUNNING:
                 continue  # preempted meanwhile
             if budget < 1:
                 if seq.clock is not None:  # skipped this step; it rejoins the clock after its next decode
-                    self._clock_out(seq)
-                    self.explicit = _add_sorted(self.explicit, seq)
+                    self.clock.leave(seq)
+                    self.explicit = add_sorted(self.explicit, seq)
                 continue
             while not self.kv.can_grow(seq, 1):
                 victim = self._newest_unscheduled(scheduled)
@@ -313,7 +242,7 @@ class Scheduler:
                 budget -= 1
                 if seq.clock is None:
                     self._entries.append((seq, 1))
-        self._tick = bool(self.clocked)
+        self._tick = bool(self.clock.members)
         return budget
 
     def _newest_unscheduled(self, scheduled: set[Sequence]) -> Sequence | None:
@@ -326,7 +255,7 @@ class Scheduler:
         """Step 2: running sequences still prefilling get their next chunk (chunked mode)."""
         if not self.explicit:
             return budget
-        scheduled = set(self.clocked) | {s for s, _ in self._entries}
+        scheduled = set(self.clock.members) | {s for s, _ in self._entries}
         for seq in list(self.explicit):
             if seq in scheduled or seq not in self.explicit or budget <= 0:
                 continue
@@ -362,9 +291,11 @@ class Scheduler:
                 self.swapped.pop(0)
                 self._swap_in.extend(self.preemption.swap_in_group(self.kv, g.swapped))
                 for m in g.swapped:
+                    assert m.state == SWAPPED, f"{m} swapped in from state {m.state}"
+                    m.state = RUNNING
                     self.kv.grow(m, 1)
                     self.filled += m.num_computed_tokens
-                    self.explicit = _add_sorted(self.explicit, m)
+                    self.explicit = add_sorted(self.explicit, m)
                     self._entries.append((m, 1))
                 budget -= len(g.swapped)
                 g.swapped = []
@@ -376,17 +307,20 @@ class Scheduler:
                 self.blocked = True
                 break
             self.swapped.pop(0)
+            assert seq.state == SWAPPED, f"{seq} swapped in from state {seq.state}"
+            seq.state = RUNNING
             self._swap_in.extend(self.preemption.swap_in(self.kv, seq, n))
             self.filled += seq.num_computed_tokens
-            self.explicit = _add_sorted(self.explicit, seq)
+            self.explicit = add_sorted(self.explicit, seq)
             self._entries.append((seq, n))
             budget -= n
         return budget
 
     def _leave(self, seq: Sequence) -> None:
         """Take a running sequence out of running (and out of the step being planned)."""
+        assert seq.state == RUNNING, f"{seq} leaves running from state {seq.state}"
         if seq.clock is not None:
-            self._clock_out(seq)
+            self.clock.leave(seq)
         else:
             del self.explicit[seq]
             self._entries = [(s, n) for s, n in self._entries if s is not seq]
@@ -396,7 +330,7 @@ class Scheduler:
         ``self.preemption`` decides whether its cache is swapped out or freed (recompute)."""
         g = seq.group
         group = g is not None and len(g.members) > 1
-        live = [m for m in g.members if m in self.clocked or m in self.explicit] if group else [seq]
+        live = [m for m in g.members if m.state == RUNNING] if group else [seq]
         for m in live:
             self._leave(m)
             self.filled -= m.num_computed_tokens
@@ -407,18 +341,21 @@ class Scheduler:
         pairs = self.preemption.swap_out(self.kv, live, group)
         if pairs is not None:
             self._swap_out.extend(pairs)
+            for m in live:
+                m.state = SWAPPED
             if group:
                 g.swapped = live
-            _insert_by_arrival(self.swapped, live[0])
+            insert_by_arrival(self.swapped, live[0])
             return
         for m in live:
             self.kv.free(m)
             m.num_computed_tokens = 0
-            _insert_by_arrival(self.waiting, m)
+            m.state = WAITING
+            insert_by_arrival(self.waiting, m)
 
     def _plan(self) -> StepPlan:
         e = self._entries
-        n_clk = len(self.clocked) if self._tick else 0
+        n_clk = len(self.clock.members) if self._tick else 0
         prefill = decode = sampled = keys = pairs = 0
         for s, n in e:  # entries are never on the clock: plain counters
             c = s._computed
@@ -432,7 +369,7 @@ class Scheduler:
         if n_clk:
             decode += n_clk
             sampled += n_clk
-            keys += self._offset_sum + n_clk * (self.clock.ticks + 1)
+            keys += self.clock.decode_keys()
         return StepPlan(num_seqs=len(e) + n_clk, num_tokens=prefill + decode, num_prefill_tokens=prefill,
                         num_decode_tokens=decode, num_sampled=sampled, decode_context_tokens=keys,
                         prefill_attention_pairs=pairs, block_size=self.block_size, paged=self.paged,
@@ -441,7 +378,7 @@ class Scheduler:
                         copy_blocks=tuple(self.kv.copies) if self.kv.copies else (),
                         copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
                         forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
-                        _decoding=self.clocked if n_clk else (), _entries=e,
+                        _decoding=self.clock.members if n_clk else (), _entries=e,
                         host_loads=tuple(self.kv.loads) if self.kv.loads else ())
 
     # ------------------------------------------------------------------------------------ complete
@@ -466,8 +403,9 @@ class Scheduler:
                 seq.last_token_s = end_s
                 (finished if seq._output == seq.output_tokens else sampled).append(seq)
         if self._tick:
-            self._advance(1, [end_s])
-            finished += self._pop_finished()
+            self.filled += len(self.clock.members)
+            self.clock.advance(1, [end_s])
+            finished += self.clock.pop_finished()
         mem, shared = self.memory(), self.kv.shared_blocks
         self._finish(finished, end_s)
         beams = None
@@ -476,7 +414,7 @@ class Scheduler:
             if g is None or (g.kind == "parallel" and len(g.members) > 1):
                 if seq in self.explicit:  # now decoding: join the clock
                     del self.explicit[seq]
-                    self._clock_in(seq)
+                    self.clock.join(seq)
             elif len(g.members) == 1:
                 self._fork(seq, end_s)  # the leader's first sample: the other samples or beams start here
             else:
@@ -496,6 +434,7 @@ class Scheduler:
             child.num_computed_tokens = leader.num_computed_tokens
             child.num_output_tokens = leader.num_output_tokens
             child.first_token_s = child.last_token_s = end_s
+            child.state = RUNNING
             copy = self.kv.fork(leader, child)
             if copy is not None:
                 self._pending_slot_copies.append(copy)
@@ -503,7 +442,7 @@ class Scheduler:
             self._pending_forks.append((leader.seq_id, child.seq_id))
             g.members.append(child)
             self.filled += child.num_computed_tokens
-            self.explicit = _add_sorted(self.explicit, child)
+            self.explicit = add_sorted(self.explicit, child)
             if self.static:
                 self.batch.append(child)
 
@@ -536,22 +475,7 @@ class Scheduler:
         if (self._entries or not self._tick or self.explicit or self._num_preempted or self._swap_in
                 or self._swap_out):
             return 1
-        t = self.clock.ticks
-        k = self._next_finish_tick() - t
-        if not self.paged or k <= 1:
-            return k
-        # ticks t+2 .. t+k need blocks; every block_size consecutive ticks need one per sequence
-        n, B = len(self.clocked), self.block_size
-        free = self.kv.pool.num_free
-        full = free // n
-        m, free = full * B, free - full * n
-        while m < k - 1:
-            need = len(self._cross[(t + 2 + m) % B])
-            if need > free:
-                break
-            free -= need
-            m += 1
-        return min(k, 1 + m)
+        return self.clock.span(self.kv.pool.num_free if self.paged else 0)
 
     def complete_span(self, ends_s: list[float]) -> tuple:
         """``len(ends_s)`` decode steps of the clocked group ran (step j ended at ``ends_s[j]``).
@@ -561,57 +485,28 @@ class Scheduler:
         constant rounding, held and blocked; and the block references sharing saves (constant along a
         span: no fork, hit or copy happens in one)."""
         k = len(ends_s)
-        n = len(self.clocked)
+        n = len(self.clock.members)
         kv = self.kv
         rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
         sf0 = kv.shared_filled
         f0 = self.filled * rate - sf0  # physical slots
         filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
-        if self.paged and k > 1:  # place the blocks of steps 2..k, step by step, oldest first
-            t0, B, cross, add = self.clock.ticks, self.block_size, self._cross, kv.add_blocks
-            alloc, capped = [kv.alloc], [kv.capped]
-            for j in range(1, k):
-                movers = cross[(t0 + 1 + j) % B]
-                if movers:
-                    add(movers)
-                alloc.append(kv.alloc)
-                capped.append(kv.capped)
-                if rate != 1:  # several KV groups: window blocks freed at crossings so far leave the filled slots
-                    filled[j] -= kv.shared_filled - sf0
+        if self.paged and k > 1:
+            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if rate != 1 else None)
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         shared = kv.shared_blocks
-        self._advance(k, ends_s)
-        self._finish(self._pop_finished(), ends_s[-1])
-        return mem, shared
-
-    def _advance(self, k: int, ends_s: list[float]) -> None:
-        """The clocked group computed ``k`` tokens each; token j of them ended at ``ends_s[j]``."""
-        n = len(self.clocked)
-        first = ends_s[0]
-        for seq in self._fresh:  # their first decode: the gap since their own last token
-            self.itl.add(first - seq.last_token_s)
-        if n > len(self._fresh):
-            self.itl.add(first - self._last_tick_s, n - len(self._fresh))
-        if k > 1:
-            self.itl.add_each([b - a for a, b in zip(ends_s, ends_s[1:])], n)
-        self._fresh = {}
-        self._last_tick_s = ends_s[-1]
-        self.clock.ticks += k
         self.filled += n * k
-
-    def _pop_finished(self) -> list[Sequence]:
-        out, heap, t = {}, self._finish_at, self.clock.ticks
-        while heap and heap[0][0] <= t:
-            tick, _, seq = heapq.heappop(heap)
-            if seq.clock is self.clock and tick == self._finish_tick(seq):
-                out[seq] = None  # a sequence that left and rejoined may have two live entries
-        return list(out)
+        self.clock.advance(k, ends_s)
+        self._finish(self.clock.pop_finished(), ends_s[-1])
+        return mem, shared
 
     def _finish(self, finished: list[Sequence], end_s: float) -> None:
         for seq in finished:
+            assert seq.state == RUNNING, f"{seq} finishes from state {seq.state}"
+            seq.state = DONE
             if seq.clock is not None:
-                self._clock_out(seq)
+                self.clock.leave(seq)
             else:
                 del self.explicit[seq]
             seq.last_token_s = end_s
@@ -627,7 +522,7 @@ class Scheduler:
                 self.kv.free(seq)
                 if g is None or g.num_finished == g.width:  # a request is done when all its outputs are
                     self.done.append((g.members[0] if g else seq, end_s))
-        if self.static and self.batch and not self.clocked and not self.explicit:
+        if self.static and self.batch and not self.clock.members and not self.explicit:
             for seq in self.batch:  # the batch ends: all results return now
                 self.kv.release(seq)
                 if seq.group is None or seq is seq.group.members[0]:
@@ -640,7 +535,7 @@ class Scheduler:
         """A cheap copy of the address space's owners now; ``segments`` draws it later."""
         if self.paged:
             return self.kv.capture(self.running), self.blocked
-        live = set(self.clocked) | set(self.explicit)
+        live = set(self.clock.members) | set(self.explicit)
         return self.kv.capture([(s, s not in live) for s in self.batch or self.running]), self.blocked
 
     def segments(self, captured: tuple):

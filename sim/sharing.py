@@ -103,7 +103,7 @@ class SharedBlockPool:
         for b in out:
             ref[b] = 1
         if k == n:
-            return out
+            return out  # (fresh blocks never had a holder: the accounting below holds unchecked)
         q, key = self.queue, self.key
         for _ in range(n - k):
             b, _ = q.popitem(last=False)
@@ -114,6 +114,7 @@ class SharedBlockPool:
                     if self.tier is not None:
                         self.tier.store(kb[0], kb[1], kb[3])
                 self.num_evicted += 1
+            assert b not in ref, f"block {b} free and held"
             ref[b] = 1
             out.append(b)
         return out
@@ -122,11 +123,13 @@ class SharedBlockPool:
         ref, q = self.ref_cnt, self.queue
         for b in reversed(block_ids):
             c = ref[b] - 1
-            if c:
+            if c > 0:
                 ref[b] = c
             else:
+                assert c == 0, f"block {b} freed with no holder"
                 del ref[b]
                 q[b] = None
+        assert len(q) + len(ref) == self._fresh, "blocks ever lent != freed + held"
 
     def incref(self, b: int) -> None:
         if self.ref_cnt[b] == 0:
@@ -173,6 +176,12 @@ class SharedPagedKv(PagedKv):
 
     def _sync_alloc(self) -> None:
         self.alloc = (self.pool.num_blocks - self.pool.num_free) * self.block_size
+        assert self.shared_blocks >= 0 and self.shared_filled >= 0 and 0 <= self.capped <= self.alloc, (
+            f"shared KV accounting: shared blocks {self.shared_blocks}, shared filled {self.shared_filled}, "
+            f"capped {self.capped}, alloc {self.alloc}")
+
+    def _check(self) -> None:
+        pass  # alloc is the pool's own count here (see _sync_alloc)
 
     def _hold(self, seq, b: int, index: int) -> None:
         """``seq`` takes another reference to ``b``, its ``index``-th block."""

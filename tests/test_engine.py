@@ -9,6 +9,7 @@ import pytest
 
 from conftest import check_after_every_step
 from kvsim import run  # with the trace readers: some runs here read a table
+from sim.clock import DecodeClock
 from sim.kv import MEMORY_CLASSES
 from sim.scheduler import Scheduler
 
@@ -90,6 +91,8 @@ def _check_invariants(sched: Scheduler) -> None:
             assert len(s.block_table) * kv.block_size >= s.num_computed_tokens
         for s in list(sched.waiting) + sched.swapped:
             assert s.block_table == []
+        if not kv.shared_blocks:  # the slots requests will fill, as the decode clock's final-block slack keeps it
+            assert kv.capped == sum(min(len(s.block_table) * kv.block_size, s.max_kv_tokens) for s in sched.running)
     else:
         spans = sorted((s.slab_start, s.slab_start + s.slab_rounded) for s in live)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "slabs overlap"
@@ -250,11 +253,11 @@ def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
         gpu = {"name": "small", "memory_gib": 29.5, "hbm_gb_per_s": 1555, "tflops": 312}
     s = make_scenario(workload=wl, policies=pols, gpu=gpu)
     counts = {"skip": 0, "chunk_short": 0}
-    orig_out, orig_newest = Scheduler._clock_out, Scheduler._newest_unscheduled
+    orig_out, orig_newest = DecodeClock.leave, Scheduler._newest_unscheduled
 
     # The caller's name, one frame up: inspect.stack() would read every frame's source lines (seconds
     # per thousand calls), and these hooks run thousands of times.
-    def clock_out(self, seq):
+    def clock_out(self, seq):  # DecodeClock.leave
         if sys._getframe(1).f_code.co_name == "_schedule_decodes":
             counts["skip"] += 1
         return orig_out(self, seq)
@@ -264,7 +267,7 @@ def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
             counts["chunk_short"] += 1
         return orig_newest(self, scheduled)
 
-    monkeypatch.setattr(Scheduler, "_clock_out", clock_out)
+    monkeypatch.setattr(DecodeClock, "leave", clock_out)
     monkeypatch.setattr(Scheduler, "_newest_unscheduled", newest)
     exact = run(s.model_copy(update={"exact": True}))
     fast = run(s)

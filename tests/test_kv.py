@@ -46,6 +46,7 @@ def test_slab_allocator_invariants(cls, capacity, steps):
             alloc.free(start)
             del live[start]
         check_slabs(alloc, live)
+        assert alloc.used == sum(live.values())  # the allocator's own count, which ContiguousKv asserts on
     for start in list(live):
         alloc.free(start)
         del live[start]
@@ -156,3 +157,40 @@ def test_block_pool_is_compact_and_hands_out_blocks_in_queue_order(shared):
             del ref[:n]
         assert pool.free_blocks == ref and pool.num_free == len(ref)
         assert pool.can_allocate(len(ref)) and not pool.can_allocate(len(ref) + 1)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_block_freed_twice_fails_where_it_is_freed(shared):
+    """The runtime invariants (plain asserts, as vLLM's): a double free is caught at the free, not
+    steps later as a block with two owners. The shared pool counts holders per block; the plain pool
+    only knows how many it lent (PagedKv's check below catches the rest)."""
+    from sim.sharing import SharedBlockPool
+
+    pool = (SharedBlockPool if shared else BlockPool)(8, 16)
+    blocks = pool.allocate(3 if shared else 1)
+    pool.free(blocks[:1])
+    with pytest.raises(AssertionError):
+        pool.free(blocks[:1])
+
+
+def test_paged_manager_catches_a_block_lost_or_freed_behind_its_back():
+    pool = BlockPool(8, 4)
+    kv = PagedKv(pool)
+    seq = Sequence(0, 0.0, 10, 5)
+    kv.admit(seq, 10)
+    pool.allocate(1)  # a block lent that no table holds
+    with pytest.raises(AssertionError, match="KV accounting"):
+        kv.free(seq)
+    kv, seq = PagedKv(BlockPool(8, 4)), Sequence(1, 0.0, 10, 5)
+    kv.admit(seq, 10)
+    kv.pool.free(seq.block_table[:1])  # the pool got back a block that a table still holds
+    with pytest.raises(AssertionError, match="freed twice"):
+        kv.free(seq)
+
+
+def test_slab_freed_twice_fails():
+    alloc = BuddyAllocator(1024)
+    start = alloc.allocate(100)
+    alloc.free(start)
+    with pytest.raises(KeyError):
+        alloc.free(start)

@@ -148,3 +148,22 @@ def test_vllm_v0_prefill_step_pauses_decodes(preset):
     s.add(Sequence(1, 1, 7, 5))
     plan = s.schedule()
     assert plan.seq_ids == (1,) and plan.num_new_tokens == (7,)
+
+
+def test_queue_membership_is_asserted_where_a_sequence_moves():
+    """A sequence is in exactly one queue: adding one twice, or finishing one twice, fails at once
+    (a plain assert on its state), not as a corrupted count later."""
+    from sim.core import DONE, RUNNING, WAITING
+
+    s = make("vllm", num_blocks=64)
+    a = Sequence(0, 0, 10, 3)
+    s.add(a)
+    assert a.state == WAITING
+    with pytest.raises(AssertionError, match="added twice"):
+        s.add(a)
+    drive(s, 1)  # its prefill
+    assert a.state == RUNNING and a.clock is s.clock  # decoding: on the clock
+    drive(s, 10)
+    assert a.state == DONE and s.done
+    with pytest.raises(AssertionError, match="finishes from state"):
+        s._finish([a], 99.0)
