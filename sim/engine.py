@@ -108,7 +108,8 @@ class Engine:
         if r.beyond_horizon and requests is None:  # requests arriving at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
-        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline, self.num_events)
+        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline,
+                            num_events=self.num_events)
 
     def sharing_counts(self) -> SharingCounts | None:
         """What block sharing counted (None when the run neither shares nor copies blocks)."""

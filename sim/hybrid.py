@@ -59,6 +59,7 @@ class HybridPagedKv:
     caching = False
     shared_blocks = 0
     copies: tuple = ()
+    loads: tuple = ()  # no CPU tier for several KV groups (sim/offload.py serves sharing.SharedPagedKv)
 
     def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
         self.layout = layout

@@ -179,7 +179,8 @@ class Fleet:
         if hasattr(self.router, "num_capped"):
             fleet.update(num_prefix_affine=self.router.num_affine, num_load_capped=self.router.num_capped)
         pool = engines[0].pool
-        return PolicyResult(per[0].policy, pool, requests, steps, summary, snapshot, tl, replicas, fleet)
+        return PolicyResult(per[0].policy, pool, requests, steps, summary, snapshot, tl, replicas=replicas, fleet=fleet,
+                            num_events=sum(r.num_events for r in per))
 
 
 def _imbalance(x: np.ndarray) -> float | None:
