@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import Scenario, ScenarioError, Strict, format_validation_error, parse_scenario, read_yaml, \
@@ -52,7 +52,6 @@ from sim.sweep.tasks import make_task
 from sim.workload import TraceReader
 
 PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", "plan.json"
-PosInt = Field(gt=0, le=1_000_000)
 
 
 class ReplicaRange(Strict):
@@ -78,7 +77,8 @@ class PlanFile(Strict):
     rate_scales: list[float] | None = Field(None, min_length=1, description="workload.rate_scale values (traces)")
     slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
     gpus: list[str] = Field(min_length=1, description="catalog GPU names")
-    prices: dict[str, float] = Field(default_factory=dict, description="$/GPU-hour, over the catalog's")
+    prices: dict[str, float] = Field(default_factory=dict, validate_default=True,
+                                     description="$/GPU-hour, over the catalog's")
     tensor_parallel: list[int] = Field([1], min_length=1)
     replicas: ReplicaRange
     router: str = "least-outstanding"
@@ -112,6 +112,20 @@ class PlanFile(Strict):
             raise ValueError("a GPU is listed twice")
         return gpus
 
+    @field_validator("prices")
+    @classmethod
+    def _priced(cls, prices: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        gpus = info.data.get("gpus") or []
+        for g, price in prices.items():
+            if g not in gpus:
+                raise ValueError(f"{g}: not one of the plan's gpus ({', '.join(gpus)})")
+            if not price > 0:
+                raise ValueError(f"{g}: a price must be above 0 $/GPU-hour (got {price})")
+        for g in gpus:
+            if g not in prices and g not in GPU_PRICES:
+                raise ValueError(f"gpu {g!r} has no price in the catalog: give prices: {{{g}: <$/GPU-hour>}}")
+        return prices
+
     @field_validator("rates", "rate_scales")
     @classmethod
     def _positive(cls, v: list[float] | None) -> list[float] | None:
@@ -131,14 +145,6 @@ class PlanFile(Strict):
         if (self.rates is None) == (self.rate_scales is None):
             raise ValueError("give one of 'rates' (req/s of a generated workload) and 'rate_scales' (a trace's "
                              "rate multipliers)")
-        for g, price in self.prices.items():
-            if g not in self.gpus:
-                raise ValueError(f"prices.{g}: not one of the plan's gpus ({', '.join(self.gpus)})")
-            if not price > 0:
-                raise ValueError(f"prices.{g}: a price must be above 0 $/GPU-hour (got {price})")
-        for g in self.gpus:
-            if self.price(g) is None:
-                raise ValueError(f"gpu {g!r} has no price in the catalog: give prices: {{{g}: <$/GPU-hour>}}")
         return self
 
     def price(self, gpu: str) -> float | None:
