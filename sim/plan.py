@@ -20,8 +20,9 @@ A *shape* is one (gpu, tensor_parallel, policy, knobs); a *configuration* a shap
 Each simulation is a fleet scenario (``cluster: {replicas: n, router: ...}``) run by the sweep's
 executors and stored in the sweep's point store (``points/``), so a rerun into the same folder reuses it.
 
-Search: rates in ascending order; per rate, every shape's fewest passing replicas by bisection, all
-shapes' probes of a round run together (one wave). Two monotonicities prune the grid: more replicas of
+Search: rates in ascending order; per rate, every shape's fewest passing replicas: from the lowest
+count not yet ruled out, steps of 1, 2, 4, ... until a count passes, then bisection; all shapes' probes
+of a round run together (one wave). Two monotonicities prune the grid: more replicas of
 the same shape never hurt the SLO (so one run decides every count above a pass or below a failure), and
 a count that fails at a rate fails at every higher rate (so a shape's search at a rate starts at its
 fewest passing count of the rate before). Every configuration of the grid gets a row: run, or inferred
@@ -317,7 +318,9 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
             wave: dict[int, tuple[int, Any]] = {}
             for si, s in current.items():
                 if s.error is None and s.ok - s.fail > 1:
-                    n = (s.fail + s.ok) // 2
+                    # no pass yet: climb from the floor by doubling steps (1, 2, 4, ... above it), since
+                    # the answer is usually near the floor; then bisect between a failure and a pass
+                    n = (min(hi, s.fail + max(1, s.fail - s.inherited)) if s.ok > hi else (s.fail + s.ok) // 2)
                     wave[si] = (n, make_task(plan.scenario(rate, plan.shapes[si], n), 0))
             if not wave:
                 break
