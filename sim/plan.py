@@ -342,9 +342,8 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
     failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel} at "
                  f"{plan.rate_column} {plan.rate_values[ri]:g}", s.error)
                 for (ri, si), s in searches.items() if s.error and s.runs]
-    ran = {k: o for k, o in outcomes.items()}
-    return PlanResult(plan, table, best, sum(not o.reused for o in ran.values()),
-                      sum(o.reused for o in ran.values()), len(table), failures, time.perf_counter() - t0)
+    return PlanResult(plan, table, best, sum(not o.reused for o in outcomes.values()),
+                      sum(o.reused for o in outcomes.values()), len(table), failures, time.perf_counter() - t0)
 
 
 def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[str, Outcome]) -> pd.DataFrame:

@@ -57,7 +57,8 @@ def test_the_search_finds_the_brute_force_optimum_with_fewer_runs(searched):
     for rate in plan.rate_values:
         for shape in plan.shapes:
             for n in range(1, 5):
-                summary = run(plan.scenario(rate, shape, n).model_copy(update={"record_steps": False})).policies[shape.policy_name].summary
+                scenario = plan.scenario(rate, shape, n).model_copy(update={"record_steps": False})
+                summary = run(scenario).policies[shape.policy_name].summary
                 brute.append({"rate": rate, **shape.columns(), "replicas": n, "brute": plan.met(summary),
                               "cost": n * plan.spec.price(shape.gpu)})
     brute = pd.DataFrame(brute)
@@ -107,8 +108,8 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
 @pytest.mark.parametrize("replace, message", [
     ({"gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h10]"}, "gpus: unknown gpu 'h10' (did you mean "
                                                             "'h100'?)"),
-    ({"gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h100, l4]"}, "prices: gpu 'l4' has no price in the catalog: give prices: "
-                                                           "{l4: <$/GPU-hour>}"),
+    ({"gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h100, l4]"},
+     "prices: gpu 'l4' has no price in the catalog: give prices: {l4: <$/GPU-hour>}"),
     ({"prices: {h100: 9.5}": "prices: {h100: 0}"}, "prices: h100: a price must be above 0"),
     ({"{min: 1, max: 4}": "{min: 0, max: 4}"}, "replicas: min must be at least 1 replica (got 0)"),
     ({"{min: 1, max: 4}": "{min: 1, max: -2}"}, "replicas: max (-2) must be at least min (1)"),
