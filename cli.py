@@ -168,12 +168,20 @@ def plan(
         from sim.outputs import out_dir as checked_dir
 
         out_dir = checked_dir(out_dir) if out_dir is not None else None
+        import signal
+
+        def terminated(signum, frame):  # NOTE: SIGTERM ends a plan as Ctrl-C does (finished runs kept)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             result, paths = plan_to_dir(plan_file, out_dir, executor=executor, workers=workers, address=address,
                                         resume=resume, report=not no_report, console=err)
         except SweepInterrupted as e:
             err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     rate_col = result.plan.rate_column
     for _, r in result.best.iterrows():
         if r["met"]:

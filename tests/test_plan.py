@@ -130,3 +130,16 @@ def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
     res = runner.invoke(app, ["plan", str(path), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2, res.output
     assert message.split(":")[0] in res.output
+
+
+def test_a_shape_that_cannot_run_is_reported_and_the_others_are_searched(tmp_path):
+    path = plan_file(tmp_path, **{"model: opt-13b": "model: llama-2-70b", "gpus: [a100-40gb, h100]":
+                                  "gpus: [a100-40gb]\ntensor_parallel: [1, 4]", "prices: {h100: 9.5}\n": ""})
+    result = run_plan(load_plan(path), tmp_path / "o", SerialExecutor())
+    t = result.table
+    tp1, tp4 = t[t["tensor_parallel"] == 1], t[t["tensor_parallel"] == 4]
+    assert tp1["error"].str.contains("does not fit on a100-40gb").all() and tp1["passed"].isna().all()
+    assert tp1["ran"].sum() == 1  # one run shows the shape cannot run; its other rows say so
+    assert (tp1.loc[~tp1["ran"], "pruned_by"] == "this shape's run failed").all()
+    assert tp4["error"].isna().all() and tp4["ran"].any()
+    assert len(result.failures) == 1 and "vllm on a100-40gb tp1 at rate 4" in result.failures[0][0]
