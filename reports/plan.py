@@ -49,7 +49,7 @@ def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Scatter(x=front["usd_per_hour"], y=front["goodput_request_rate"], mode="lines",
                                  name="Pareto front", line={"color": "#264653", "shape": "hv"}))
     fig.update_layout(title=f"{rate_col} {rate:g}: cost vs goodput", xaxis_title="$ per hour",
-                      yaxis_title="goodput (req/s of configurations that meet the SLO)", height=420,
+                      yaxis_title="req/s served (goodput where the SLO is met)", height=420,
                       template="plotly_white")
     return fig
 
@@ -70,8 +70,9 @@ def render(folder: Path) -> str:
              f"{info['num_reused']:,} reused), the rest inferred by monotonicity; {info['wall_s']:.1f} s "
              f"({esc(info['executor'])}). Prices ($/GPU-hour): "
              + ", ".join(f"{esc(g)} {p:.2f}" for g, p in info["gpus"].items()) + ".</p>",
-             "<h2>Winners</h2>", best.to_html(index=False, na_rep="", float_format=lambda v: f"{v:,.3f}",
-                                              classes="best", border=0)]
+             "<h2>Winners</h2>", "<div style='overflow-x:auto'>"
+             + best.to_html(index=False, na_rep="", float_format=lambda v: f"{v:,.3f}", classes="best", border=0)
+             + "</div>"]
     first = True
     for rate, t in table.groupby(rate_col, sort=True):
         parts.append(f"<h2>{esc(rate_col)} {rate:g}</h2>")
