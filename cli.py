@@ -147,6 +147,59 @@ def sweep(
         raise typer.Exit(1)
 
 
+@app.command()
+def plan(
+    plan_file: Path = typer.Argument(..., metavar="PLAN.yaml", help="plan file: traffic, SLO, GPUs and prices, "
+                                     "replica range, policies"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="result folder (default runs/<plan name>)"),
+    executor: str = typer.Option("local", "--executor", "-e", help="local (a process pool) or ray"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to (default: start a "
+                                          "local Ray instance; 'auto': the one `ray start` runs here)"),
+    workers: Optional[int] = typer.Option(None, "--workers", "--max-workers", "-j", help="simulations at once "
+                                          "(default: every core; 1: in this process)"),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="reuse runs finished earlier in this folder"),
+    no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
+) -> None:
+    """The cheapest deployment that meets PLAN.yaml's SLO at each rate; write plan.parquet, best.csv, report.html."""
+    from kvsim import plan_to_dir
+    from sim.sweep import SweepInterrupted
+
+    with user_errors():
+        from sim.outputs import out_dir as checked_dir
+
+        out_dir = checked_dir(out_dir) if out_dir is not None else None
+        import signal
+
+        def terminated(signum, frame):  # NOTE: SIGTERM ends a plan as Ctrl-C does (finished runs kept)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminated)
+        try:
+            result, paths = plan_to_dir(plan_file, out_dir, executor=executor, workers=workers, address=address,
+                                        resume=resume, report=not no_report, console=err)
+        except SweepInterrupted as e:
+            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    rate_col = result.plan.rate_column
+    for _, r in result.best.iterrows():
+        if r["met"]:
+            out.print(f"{rate_col} {r[rate_col]:g}: {r['replicas']} x {r['gpu']} tp{r['tensor_parallel']} "
+                      f"{r['policy']}: {r['num_gpus']} GPUs, ${r['usd_per_hour']:,.2f}/h, "
+                      f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False)
+        else:
+            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False)
+    out.print(f"{result.plan.name}: {result.num_configurations:,} configurations, {result.num_runs:,} runs now, "
+              f"{result.num_reused:,} reused, the rest inferred; {result.wall_s:,.1f} s", highlight=False)
+    for key, p in paths.items():
+        out.print(f"{key:>8}: {p}", highlight=False)
+    for what, error in result.failures:
+        err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)
+    if result.failures:
+        raise typer.Exit(1)
+
+
 # ---------------------------------------------------------------------------------------------- sim trace
 
 trace_app = typer.Typer(no_args_is_help=True, help="Inspect and convert request traces (Azure, BurstGPT, Mooncake, "

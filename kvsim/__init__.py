@@ -79,3 +79,18 @@ def sweep_to_dir(sweep_path, out_dir=None, *, report: bool = True, **options):
     from sim.sweep import sweep_to_dir as sweep
 
     return sweep(sweep_path, out_dir, report=write_report if report else None, read_trace=read_trace, **options)
+
+
+def plan_to_dir(plan_path, out_dir=None, *, report: bool = True, **options):
+    """``sim plan``: ``sim.plan.plan_to_dir`` with the trace readers and (unless ``report`` is False) the
+    plan's report page (``options``: executor, workers, address, resume, console)."""
+    from sim.plan import plan_to_dir as plan
+
+    return plan(plan_path, out_dir, report=write_plan_report if report else None, read_trace=read_trace, **options)
+
+
+def write_plan_report(folder: Path) -> Path:
+    """``sim.outputs.ReportWriter`` for a plan folder (``reports.plan``)."""
+    from reports.plan import write_plan_report as write
+
+    return write(folder)

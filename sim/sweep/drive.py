@@ -81,7 +81,7 @@ class SweepInterrupted(Exception):
     """Stopped by the user; every finished task is stored."""
 
 
-def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep, store: PointStore, resume: bool,
+def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep | None, store: PointStore, resume: bool,
           progress: Progress | None = None, read_trace: TraceReader | None = None) -> dict[str, Outcome]:
     """Run every grid task and every capacity search on ``executor`` (``submit(payload)``, ``wait_one()
     -> outcome dict``, ``slots``), storing each outcome as it arrives; returns outcomes by task key.
@@ -89,8 +89,8 @@ def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep, sto
 
     Grid tasks go first, at most ``slots`` in flight. A search starts once the grid runs along its axis
     are done, keeps one probe in flight, and stops when :func:`next_probe` says so or a run fails (its
-    error is kept)."""
-    cap = sweep.capacity
+    error is kept). Without searches ``sweep`` may be None (``sim plan`` runs its waves of tasks here)."""
+    cap = sweep.capacity if sweep is not None else None
     progress = progress or Progress()
     outcomes: dict[str, Outcome] = {}
     in_flight: dict[str, Task] = {}

@@ -30,6 +30,18 @@ def summary_metric_names() -> list[str]:
     return list(METRICS)
 
 
+def known_slo_metrics(slo: dict) -> dict:
+    """``slo`` itself when every key is a summary metric; else a ValueError naming the first unknown one
+    (an SLO's keys, in a sweep's capacity search and in a plan)."""
+    names = summary_metric_names()
+    for metric in slo:
+        if metric not in names:
+            hint = difflib.get_close_matches(metric, names, 1)
+            raise ValueError(f"unknown metric {metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else
+                             f"; expected a summary metric such as {', '.join(names[8:14])}"))
+    return slo
+
+
 class Bound(Strict):
     """A limit on one summary metric: ``max`` (at most) and/or ``min`` (at least)."""
 
@@ -80,13 +92,7 @@ class CapacityConfig(Strict):
     @field_validator("slo")
     @classmethod
     def _known_metrics(cls, slo: dict[str, Bound]) -> dict[str, Bound]:
-        names = summary_metric_names()
-        for metric in slo:
-            if metric not in names:
-                hint = difflib.get_close_matches(metric, names, 1)
-                raise ValueError(f"unknown metric {metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else
-                                 f"; expected a summary metric such as {', '.join(names[8:14])}"))
-        return slo
+        return known_slo_metrics(slo)
 
     @model_validator(mode="after")
     def _range(self) -> "CapacityConfig":

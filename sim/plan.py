@@ -1,0 +1,452 @@
+"""``sim plan``: the cheapest colocated deployment (GPU, tensor parallelism, replicas, policy, knobs) that
+meets an SLO, for each request rate of a workload.
+
+A plan file::
+
+    name: plan-azure
+    base: ../azure_conv.yaml          # a scenario (file or mapping): model, workload, step time, ...
+    rate_scales: [1, 2, 4]            # or rates: [...] (workload.arrival.rate of a generated workload)
+    slo: {p99_ttft_ms: 2000, mean_tpot_ms: 100}     # as a sweep's capacity.slo
+    gpus: [a100-80gb, h100]           # catalog names; each needs a price ($/GPU-hour)
+    prices: {h100: 6.0}               # overrides sim.catalog.GPU_PRICES
+    tensor_parallel: [1, 2]
+    replicas: {min: 1, max: 16}
+    router: least-outstanding
+    policies: [vllm, orca-oracle]
+    max_num_seqs: [128, 256]          # optional knobs, crossed
+    block_size: [16, 32]
+
+A *shape* is one (gpu, tensor_parallel, policy, knobs); a *configuration* a shape with a replica count.
+Each simulation is a fleet scenario (``cluster: {replicas: n, router: ...}``) run by the sweep's
+executors and stored in the sweep's point store (``points/``), so a rerun into the same folder reuses it.
+
+Search: rates in ascending order; per rate, every shape's fewest passing replicas: from the lowest
+count not yet ruled out, steps of 1, 2, 4, ... until a count passes, then bisection; all shapes' probes
+of a round run together (one wave). Two monotonicities prune the grid: more replicas of
+the same shape never hurt the SLO (so one run decides every count above a pass or below a failure), and
+a count that fails at a rate fails at every higher rate (so a shape's search at a rate starts at its
+fewest passing count of the rate before). Every configuration of the grid gets a row: run, or inferred
+with the reason (``pruned_by``).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import pandas as pd
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from sim.catalog import GPU_PRICES, GPUS
+from sim.config import Scenario, ScenarioError, Strict, format_validation_error, parse_scenario, read_yaml, \
+    validate_mapping
+from sim.outputs import ReportWriter
+from sim.sweep.drive import Outcome, PointStore, Progress, drive
+from sim.sweep.spec import Axis, Bound, Sweep, _display, _line_of, _Under, axis_target, known_slo_metrics
+from sim.sweep.tables import _metric_row
+from sim.sweep.tasks import make_task
+from sim.workload import TraceReader
+
+PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", "plan.json"
+
+
+class ReplicaRange(Strict):
+    min: int = Field(1, description="fewest replicas tried")
+    max: int = Field(description="most replicas tried")
+
+    @model_validator(mode="after")
+    def _range(self) -> "ReplicaRange":
+        if self.min < 1:
+            raise ValueError(f"min must be at least 1 replica (got {self.min})")
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
+
+
+class PlanFile(Strict):
+    """What a plan file holds (see the module docstring)."""
+
+    name: str | None = Field(None, min_length=1, description="default: the file's name without .yaml")
+    description: str = ""
+    base: Union[str, dict[str, Any]] = Field(description="scenario file (relative to the plan) or mapping")
+    rates: list[float] | None = Field(None, min_length=1, description="workload.arrival.rate values (req/s)")
+    rate_scales: list[float] | None = Field(None, min_length=1, description="workload.rate_scale values (traces)")
+    slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
+    gpus: list[str] = Field(min_length=1, description="catalog GPU names")
+    prices: dict[str, float] = Field(default_factory=dict, validate_default=True,
+                                     description="$/GPU-hour, over the catalog's")
+    tensor_parallel: list[int] = Field([1], min_length=1)
+    replicas: ReplicaRange
+    router: str = "least-outstanding"
+    policies: list[Union[str, dict[str, Any]]] = Field(["vllm"], min_length=1)
+    max_num_seqs: list[int] | None = Field(None, min_length=1)
+    block_size: list[int] | None = Field(None, min_length=1)
+    split: str = Field("colocated", description="colocated (prefill and decode on the same replicas)")
+
+    @field_validator("slo")
+    @classmethod
+    def _known_metrics(cls, slo: dict[str, Bound]) -> dict[str, Bound]:
+        return known_slo_metrics(slo)
+
+    @field_validator("split")
+    @classmethod
+    def _colocated(cls, v: str) -> str:
+        if v != "colocated":
+            raise ValueError(f"only 'colocated' is planned (got {v!r}): prefill/decode disaggregation is not "
+                             "built yet")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _known_gpus(cls, gpus: list[str]) -> list[str]:
+        for g in gpus:
+            if g not in GPUS:
+                hint = difflib.get_close_matches(g, GPUS, 1)
+                raise ValueError(f"unknown gpu {g!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                                 + f"; expected catalog names: {', '.join(GPUS)}")
+        if len(set(gpus)) < len(gpus):
+            raise ValueError("a GPU is listed twice")
+        return gpus
+
+    @field_validator("prices")
+    @classmethod
+    def _priced(cls, prices: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        gpus = info.data.get("gpus") or []
+        for g, price in prices.items():
+            if g not in gpus:
+                raise ValueError(f"{g}: not one of the plan's gpus ({', '.join(gpus)})")
+            if not price > 0:
+                raise ValueError(f"{g}: a price must be above 0 $/GPU-hour (got {price})")
+        for g in gpus:
+            if g not in prices and g not in GPU_PRICES:
+                raise ValueError(f"gpu {g!r} has no price in the catalog: give prices: {{{g}: <$/GPU-hour>}}")
+        return prices
+
+    @field_validator("rates", "rate_scales")
+    @classmethod
+    def _positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(x <= 0 for x in v):
+            raise ValueError(f"every value must be above 0 (got {v})")
+        return None if v is None else sorted(set(v))
+
+    @field_validator("tensor_parallel", "max_num_seqs", "block_size")
+    @classmethod
+    def _positive_ints(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(x < 1 for x in v):
+            raise ValueError(f"every value must be at least 1 (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _checks(self) -> "PlanFile":
+        if (self.rates is None) == (self.rate_scales is None):
+            raise ValueError("give one of 'rates' (req/s of a generated workload) and 'rate_scales' (a trace's "
+                             "rate multipliers)")
+        return self
+
+    def price(self, gpu: str) -> float | None:
+        return self.prices.get(gpu, GPU_PRICES.get(gpu))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One deployment shape: everything but the replica count."""
+
+    gpu: str
+    tensor_parallel: int
+    policy: Any  # the plan's entry (a preset name or a policy mapping)
+    policy_name: str
+    knobs: tuple[tuple[str, int], ...]  # (("max_num_seqs", 128), ("block_size", 16)), those the plan varies
+
+    def columns(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "tensor_parallel": self.tensor_parallel, "policy": self.policy_name,
+                **dict(self.knobs)}
+
+
+@dataclass
+class Plan:
+    """A loaded plan: its spec, its shapes, and the sweep-like builder of each configuration's scenario."""
+
+    name: str
+    source: str
+    spec: PlanFile
+    shapes: list[Shape]
+    builder: Sweep = field(repr=False)  # its axes and base: point_scenario(values) for any configuration
+
+    @property
+    def rate_column(self) -> str:
+        return "rate" if self.spec.rates is not None else "rate_scale"
+
+    @property
+    def rate_values(self) -> list[float]:
+        return self.spec.rates if self.spec.rates is not None else self.spec.rate_scales
+
+    def scenario(self, rate: float, shape: Shape, replicas: int) -> Scenario:
+        values = {self.rate_column: rate, "gpu": shape.gpu, "tensor_parallel": shape.tensor_parallel,
+                  "policies": shape.policy, **dict(shape.knobs), "cluster.replicas": replicas,
+                  "cluster.router": self.spec.router}
+        return self.builder.point_scenario(values)
+
+    def met(self, summary: dict | None) -> bool:
+        return summary is not None and all(b.holds(summary.get(m)) for m, b in self.spec.slo.items())
+
+    def slo_text(self) -> str:
+        return " and ".join(b.text(m) for m, b in self.spec.slo.items())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file, check it, and check one scenario of every shape; each problem raises
+    :class:`ScenarioError` naming the file, the line and the key."""
+    path = Path(path)
+    data, lines = read_yaml(path, "plan")
+    source = str(path)
+    spec = validate_mapping(PlanFile, data, source, lines,
+                            keys="plan keys (base, rates or rate_scales, slo, gpus, replicas, ...)")
+    if isinstance(spec.base, str):
+        base_path = path.parent / spec.base
+        if not base_path.is_file():
+            raise ScenarioError(f"{source}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
+        base, base_lines = read_yaml(base_path, "base scenario")
+        base_source, base_dir = str(base_path), str(base_path.parent)
+    else:
+        base, base_lines, base_source, base_dir = copy.deepcopy(spec.base), None, source, str(path.parent)
+    if not isinstance(base, dict):
+        raise ScenarioError(f"{base_source}: expected a mapping of scenario keys")
+    base.setdefault("name", spec.name or path.stem)
+    base.setdefault("gpu", spec.gpus[0])
+    base.setdefault("policies", list(spec.policies))
+    base["decompose"] = False  # a plan keeps each configuration's own metrics only
+    if isinstance(spec.base, str):
+        parse_scenario(base, base_source, base_lines, base_dir)
+    else:
+        try:
+            Scenario.model_validate(base)
+        except Exception as e:
+            if hasattr(e, "errors"):
+                raise ScenarioError(format_validation_error(_Under("base", e), source, lines)) from None
+            raise
+    rate_path = "workload.arrival.rate" if spec.rates is not None else "workload.rate_scale"
+    axes = [Axis("rate" if spec.rates is not None else "rate_scale", axis_target(rate_path)[0], (),
+                 "rates" if spec.rates is not None else "rate_scales")]
+    for column, path_ in [("gpu", "gpu"), ("tensor_parallel", "tensor_parallel"), ("policies", "policies"),
+                          ("max_num_seqs", "max_num_seqs"), ("block_size", "block_size"),
+                          ("cluster.replicas", "cluster.replicas"), ("cluster.router", "cluster.router")]:
+        axes.append(Axis(column, axis_target(path_)[0], (), column))
+    builder = Sweep(name=spec.name or path.stem, description=spec.description, source=source, axes=axes,
+                    groups=[], points=[], capacity=None, base=base, base_dir=base_dir, base_source=base_source)
+    knob_lists = [(k, getattr(spec, k)) for k in ("max_num_seqs", "block_size") if getattr(spec, k) is not None]
+    shapes: list[Shape] = []
+    first = min(spec.rates if spec.rates is not None else spec.rate_scales)
+    plan = Plan(builder.name, source, spec, shapes, builder)
+    for gpu in spec.gpus:
+        for tp in spec.tensor_parallel:
+            for policy in spec.policies:
+                combos: list[tuple] = [()]
+                for k, vs in knob_lists:
+                    combos = [(*c, (k, v)) for c in combos for v in vs]
+                for knobs in combos:
+                    scenario = plan.scenario(first, Shape(gpu, tp, policy, "", knobs), spec.replicas.min)
+                    shapes.append(Shape(gpu, tp, policy, scenario.policies[0].name, knobs))
+    names = {}
+    for s in shapes:
+        key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name)
+        if key in names:
+            raise ScenarioError(f"{source}{_line_of(lines, 'policies')}: policies: two policies named "
+                                f"{s.policy_name!r}; give each a distinct name")
+        names[key] = s
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+# why a configuration was decided without running it
+MORE_THAN_PASSING = "more replicas than a passing run"
+FEWER_THAN_FAILING = "fewer replicas than a failing run"
+FAILED_AT_LOWER_RATE = "as many replicas failed at a lower rate"
+SHAPE_ERROR = "this shape's run failed"
+
+
+@dataclass
+class _Search:
+    """A shape's fewest passing replica count at one rate: every count <= ``fail`` fails, >= ``ok`` passes."""
+
+    fail: int  # highest count known to fail (min - 1: none)
+    ok: int  # lowest count known to pass (max + 1: none)
+    inherited: int  # counts <= this failed at a lower rate
+    runs: dict[int, str] = field(default_factory=dict)  # count -> task key
+    error: str | None = None
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    table: pd.DataFrame  # every configuration of the grid
+    best: pd.DataFrame  # the cheapest passing configuration per rate
+    num_runs: int
+    num_reused: int
+    num_configurations: int
+    failures: list[tuple[str, str]]
+    wall_s: float
+
+
+def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, progress: Progress | None = None,
+             read_trace: TraceReader | None = None) -> PlanResult:
+    """Search every rate of the plan (see the module docstring) on an executor of :mod:`sim.executors`,
+    storing each run under ``out_dir/points``; returns the tables (not yet written)."""
+    t0 = time.perf_counter()
+    store = PointStore(Path(out_dir))
+    spec = plan.spec
+    lo, hi = spec.replicas.min, spec.replicas.max
+    outcomes: dict[str, Outcome] = {}
+    searches: dict[tuple[int, int], _Search] = {}
+    progress = progress or Progress()
+    for ri, rate in enumerate(plan.rate_values):
+        current: dict[int, _Search] = {}
+        for si, shape in enumerate(plan.shapes):
+            before = searches.get((ri - 1, si))
+            if before is not None and before.error:
+                current[si] = _Search(hi, hi + 1, hi, error=before.error)
+                continue
+            floor = lo - 1 if before is None else min(before.ok - 1, hi)
+            current[si] = _Search(floor, hi + 1, floor)
+            searches[(ri, si)] = current[si]
+        while True:
+            wave: dict[int, tuple[int, Any]] = {}
+            for si, s in current.items():
+                if s.error is None and s.ok - s.fail > 1:
+                    # no pass yet: climb from the floor by doubling steps (1, 2, 4, ... above it), since
+                    # the answer is usually near the floor; then bisect between a failure and a pass
+                    n = (min(hi, s.fail + max(1, s.fail - s.inherited)) if s.ok > hi else (s.fail + s.ok) // 2)
+                    wave[si] = (n, make_task(plan.scenario(rate, plan.shapes[si], n), 0))
+            if not wave:
+                break
+            outcomes.update(drive(executor, [t for _, t in wave.values()], [], None, store, resume, progress,
+                                  read_trace))
+            for si, (n, task) in wave.items():
+                s, out = current[si], outcomes[task.key]
+                s.runs[n] = task.key
+                if out.error:
+                    s.error = out.error
+                elif plan.met(out.summary):
+                    s.ok = n
+                else:
+                    s.fail = n
+        for si, s in current.items():
+            searches[(ri, si)] = s
+    table = _table(plan, searches, outcomes)
+    best = _best(plan, table)
+    failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel} at "
+                 f"{plan.rate_column} {plan.rate_values[ri]:g}", s.error)
+                for (ri, si), s in searches.items() if s.error and s.runs]
+    return PlanResult(plan, table, best, sum(not o.reused for o in outcomes.values()),
+                      sum(o.reused for o in outcomes.values()), len(table), failures, time.perf_counter() - t0)
+
+
+def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[str, Outcome]) -> pd.DataFrame:
+    """One row per configuration of the grid (rate x shape x replica count), run or inferred."""
+    spec = plan.spec
+    rows = []
+    for ri, rate in enumerate(plan.rate_values):
+        for si, shape in enumerate(plan.shapes):
+            s = searches[(ri, si)]
+            price = spec.price(shape.gpu)
+            for n in range(spec.replicas.min, spec.replicas.max + 1):
+                key = s.runs.get(n)
+                out = outcomes.get(key) if key else None
+                if out is not None:
+                    passed, pruned, error = (None if out.error else plan.met(out.summary)), None, out.error
+                elif s.error:
+                    passed, pruned, error = None, SHAPE_ERROR, s.error
+                elif n >= s.ok:
+                    passed, pruned, error = True, MORE_THAN_PASSING, None
+                elif n <= s.inherited:
+                    passed, pruned, error = False, FAILED_AT_LOWER_RATE, None
+                else:
+                    passed, pruned, error = False, FEWER_THAN_FAILING, None
+                gpus = n * shape.tensor_parallel
+                metrics = _metric_row(out)
+                per_hour = gpus * price
+                tokens = metrics.get("total_token_throughput")
+                rows.append({plan.rate_column: rate, **shape.columns(), "replicas": n, "num_gpus": gpus,
+                             "usd_per_gpu_hour": price, "usd_per_hour": per_hour,
+                             "usd_per_million_tokens": (per_hour / (tokens * 3600 / 1e6)) if tokens else None,
+                             "goodput_request_rate": (metrics.get("request_throughput") if passed else 0.0)
+                             if out is not None and not out.error else None,
+                             "passed": passed, "ran": out is not None, "pruned_by": pruned, **metrics,
+                             "point_key": key, "error": error})
+    return pd.DataFrame(rows)
+
+
+def _best(plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
+    """The cheapest passing configuration per rate (by $/hour, then $/million tokens), with its rank
+    among every shape's cheapest passing one. A rate that nothing meets gets a row saying so."""
+    rows = []
+    keys = [c for c in ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size") if c in table]
+    for rate, t in table.groupby(plan.rate_column, sort=True):
+        ok = t[(t["passed"] == True) & t["ran"]]  # noqa: E712 (a column of True/False/None)
+        if ok.empty:
+            rows.append({plan.rate_column: rate, "met": False, "num_passing_shapes": 0})
+            continue
+        # each shape's cheapest passing count is the one it ran at its fewest passing replicas
+        firsts = ok.sort_values("replicas").groupby(keys, sort=False).head(1)
+        ranked = firsts.sort_values(["usd_per_hour", "usd_per_million_tokens", "num_gpus"]).reset_index(drop=True)
+        w = ranked.iloc[0]
+        rows.append({plan.rate_column: rate, "met": True, "num_passing_shapes": len(ranked),
+                     **{c: w[c] for c in (*keys, "replicas", "num_gpus", "usd_per_gpu_hour", "usd_per_hour",
+                                          "usd_per_million_tokens", "request_throughput", "offered_request_rate",
+                                          *plan.spec.slo)},
+                     "runner_up": (f"{ranked.iloc[1]['replicas']} x {ranked.iloc[1]['gpu']} tp"
+                                   f"{ranked.iloc[1]['tensor_parallel']} {ranked.iloc[1]['policy']} "
+                                   f"${ranked.iloc[1]['usd_per_hour']:.2f}/h") if len(ranked) > 1 else None,
+                     "point_key": w["point_key"]})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def write_plan(result: PlanResult, out_dir: str | Path, executor_name: str, report: ReportWriter | None = None
+               ) -> dict[str, Path]:
+    """plan.parquet, best.csv, plan.json and report.html (by ``report``, when given)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"plan": out / PLAN_TABLE, "best": out / BEST_TABLE, "info": out / PLAN_INFO}
+    result.table.to_parquet(paths["plan"], index=False)
+    result.best.to_csv(paths["best"], index=False)
+    p, spec = result.plan, result.plan.spec
+    info = {"name": p.name, "description": spec.description, "source": p.source, "kind": "plan",
+            "rate_column": p.rate_column, "rates": p.rate_values, "slo": p.slo_text(),
+            "gpus": {g: spec.price(g) for g in spec.gpus}, "tensor_parallel": spec.tensor_parallel,
+            "replicas": [spec.replicas.min, spec.replicas.max], "router": spec.router,
+            "num_shapes": len(p.shapes), "num_configurations": result.num_configurations,
+            "executor": executor_name, "wall_s": result.wall_s, "num_runs": result.num_runs,
+            "num_reused": result.num_reused, "failures": [{"what": w, "error": e} for w, e in result.failures]}
+    paths["info"].write_text(json.dumps(info, indent=2, allow_nan=False))
+    if report:
+        paths["report"] = report(out)
+    return paths
+
+
+def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, executor: str = "local",
+                workers: int | None = None, address: str | None = None, resume: bool = True,
+                report: ReportWriter | None = None, read_trace: TraceReader | None = None,
+                console=None) -> tuple[PlanResult, dict[str, Path]]:
+    """``sim plan``: load, search with a progress bar, write the tables (and the report, by ``report``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+    from sim.executors import make_executor
+    from sim.run import slug
+    from sim.sweep.output import _BarProgress, folder_lock
+
+    plan = load_plan(plan_path)
+    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan")
+    with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
+            Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
+                TimeElapsedColumn(), console=console, transient=True) as bar:
+        task_id = bar.add_task(f"{plan.name} ({ex.name}, {ex.slots} workers)", total=0)
+        result = run_plan(plan, out, ex, resume=resume, progress=_BarProgress(bar, task_id), read_trace=read_trace)
+    return result, write_plan(result, out, executor, report=report)

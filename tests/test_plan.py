@@ -1,0 +1,145 @@
+"""``sim plan``: the search finds the brute-force optimum with fewer runs than the grid, resumes, writes its
+tables and page, and each mistake in a plan file is one clear error."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from sim.config import ScenarioError
+from sim.executors import SerialExecutor
+from sim.plan import FAILED_AT_LOWER_RATE, load_plan, run_plan
+from sim.run import run
+
+runner = CliRunner()
+
+PLAN = """\
+name: small
+base:
+  model: opt-13b
+  workload:
+    arrival: {kind: poisson, rate: 1}
+    lengths: sharegpt
+    num_requests: 40
+    seed: 1
+rates: [4, 16]
+slo: {mean_tpot_ms: 24.5}
+gpus: [a100-40gb, h100]
+prices: {h100: 9.5}
+replicas: {min: 1, max: 4}
+policies: [vllm]
+"""
+
+
+def plan_file(tmp_path, text: str = PLAN, **replace: str):
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    plan = load_plan(plan_file(out))
+    return plan, out, run_plan(plan, out, SerialExecutor())
+
+
+def test_the_search_finds_the_brute_force_optimum_with_fewer_runs(searched):
+    plan, _, result = searched
+    brute = []
+    for rate in plan.rate_values:
+        for shape in plan.shapes:
+            for n in range(1, 5):
+                scenario = plan.scenario(rate, shape, n).model_copy(update={"record_steps": False})
+                summary = run(scenario).policies[shape.policy_name].summary
+                brute.append({"rate": rate, **shape.columns(), "replicas": n, "brute": plan.met(summary),
+                              "cost": n * plan.spec.price(shape.gpu)})
+    brute = pd.DataFrame(brute)
+    table = result.table.merge(brute, on=["rate", "gpu", "tensor_parallel", "policy", "replicas"])
+    assert len(table) == len(brute) == 2 * 2 * 4
+    # every configuration's verdict, run or inferred, is the one a run gives (monotone on this workload)
+    assert (table["passed"] == table["brute"]).all(), table[table["passed"] != table["brute"]]
+    for rate, b in brute.groupby("rate"):
+        cheapest = b[b["brute"]].sort_values("cost").iloc[0]
+        best = result.best.set_index("rate").loc[rate]
+        assert best["met"]
+        assert best["usd_per_hour"] == pytest.approx(cheapest["cost"])
+        assert (best["gpu"], best["replicas"]) == (cheapest["gpu"], cheapest["replicas"])
+    # the higher rate starts above the lower rate's failures; one or two runs per shape and rate decide all four
+    assert result.num_runs == 6 < len(brute)
+    assert table["ran"].sum() == result.num_runs
+    assert table.loc[~table["ran"], "pruned_by"].notna().all()
+    assert table.loc[table["ran"], "pruned_by"].isna().all()
+    # both rates' verdicts were searched: the higher one starts from the lower one's answer
+    assert (table["pruned_by"] == FAILED_AT_LOWER_RATE).any()
+    assert result.failures == []
+
+
+def test_a_rerun_into_the_same_folder_reuses_every_run_and_gives_the_same_tables(searched):
+    plan, out, first = searched
+    again = run_plan(plan, out, SerialExecutor())
+    assert (again.num_runs, again.num_reused) == (0, first.num_runs)
+    pd.testing.assert_frame_equal(again.table, first.table)
+    pd.testing.assert_frame_equal(again.best, first.best)
+
+
+def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
+    _, out, first = searched
+    res = runner.invoke(app, ["plan", str(plan_file(tmp_path)), "--out", str(out), "-j", "1"])
+    assert res.exit_code == 0, res.output
+    assert "0 runs now" in res.output and "rate 4:" in res.output
+    table = pd.read_parquet(out / "plan.parquet")
+    assert len(table) == 16 and {"usd_per_hour", "usd_per_million_tokens", "passed", "pruned_by"} <= set(table)
+    best = pd.read_csv(out / "best.csv")
+    assert list(best["rate"]) == [4.0, 16.0] and best["met"].all()
+    # the cheapest GPU changes with the rate: two A100s at the lower one, one H100 at the higher
+    assert list(zip(best["gpu"], best["replicas"])) == [("a100-40gb", 2), ("h100", 1)]
+    page = (out / "report.html").read_text()
+    assert "Pareto front" in page and "Winner:" in page and "plotly" in page
+
+
+@pytest.mark.parametrize("replace, message", [
+    ({"gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h10]"}, "gpus: unknown gpu 'h10' (did you mean "
+                                                            "'h100'?)"),
+    ({"gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h100, l4]"},
+     "prices: gpu 'l4' has no price in the catalog: give prices: {l4: <$/GPU-hour>}"),
+    ({"prices: {h100: 9.5}": "prices: {h100: 0}"}, "prices: h100: a price must be above 0"),
+    ({"{min: 1, max: 4}": "{min: 0, max: 4}"}, "replicas: min must be at least 1 replica (got 0)"),
+    ({"{min: 1, max: 4}": "{min: 1, max: -2}"}, "replicas: max (-2) must be at least min (1)"),
+    ({"mean_tpot_ms: 24.5": "mean_tpot: 24.5"}, "slo: unknown metric 'mean_tpot' (did you mean "
+                                           "'mean_tpot_ms'?)"),
+    ({"policies: [vllm]": "split: disaggregated"}, "split: only 'colocated' is planned "
+                                                             "(got 'disaggregated'): prefill/decode disaggregation "
+                                                             "is not built yet"),
+    ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
+    ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),
+])
+def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
+    path = plan_file(tmp_path, **replace)
+    with pytest.raises(ScenarioError) as e:
+        load_plan(path)
+    assert message in str(e.value)
+    assert str(path) in str(e.value)
+    res = runner.invoke(app, ["plan", str(path), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert message.split(":")[0] in res.output
+
+
+def test_a_shape_that_cannot_run_is_reported_and_the_others_are_searched(tmp_path):
+    path = plan_file(tmp_path, **{"model: opt-13b": "model: llama-2-70b", "gpus: [a100-40gb, h100]":
+                                  "gpus: [a100-40gb]\ntensor_parallel: [1, 4]", "prices: {h100: 9.5}\n": ""})
+    result = run_plan(load_plan(path), tmp_path / "o", SerialExecutor())
+    t = result.table
+    tp1, tp4 = t[t["tensor_parallel"] == 1], t[t["tensor_parallel"] == 4]
+    assert tp1["error"].str.contains("does not fit on a100-40gb").all() and tp1["passed"].isna().all()
+    assert tp1["ran"].sum() == 1  # one run shows the shape cannot run; its other rows say so
+    assert (tp1.loc[~tp1["ran"], "pruned_by"] == "this shape's run failed").all()
+    assert tp4["error"].isna().all() and tp4["ran"].any()
+    assert len(result.failures) == 1 and "vllm on a100-40gb tp1 at rate 4" in result.failures[0][0]
