@@ -357,8 +357,8 @@ GPUS: dict[str, GpuSpec] = {
 
 
 # On-demand list prices in $/GPU-hour, for `sim plan` (a plan's `prices:` overrides them): AWS EC2 on-demand,
-# us-east-1, Linux, the 8-GPU instance's hourly price divided by 8 -- p4d.24xlarge (8x A100 40GB) $32.77,
-# p4de.24xlarge (8x A100 80GB) $40.97, p5.48xlarge (8x H100 80GB) $98.32; https://aws.amazon.com/ec2/pricing/on-demand/
+# us-east-1, Linux, as listed in 2024 (not re-checked here), the 8-GPU instance's hourly price divided by 8 --
+# p4d.24xlarge (8x A100 40GB) $32.77, p4de.24xlarge (8x A100 80GB) $40.97, p5.48xlarge (8x H100 80GB) $98.32; https://aws.amazon.com/ec2/pricing/on-demand/
 # (AWS cut the P4/P5 prices in June 2025, and other clouds charge less: give your own in the plan). The
 # other catalog GPUs have no default: a plan that uses one must price it.
 GPU_PRICES: dict[str, float] = {"a100-40gb": 32.77 / 8, "a100-80gb": 40.97 / 8, "h100": 98.32 / 8}
