@@ -73,6 +73,7 @@ class HybridPagedKv:
         self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
         self.fill_rate = sum(classes.values())  # attention groups
+        self._spec = [(g.kind == "sliding", g.window, n) for g, n in self.classes]  # add_blocks' view
         self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
         self.alloc = 0
@@ -168,32 +169,41 @@ class HybridPagedKv:
     def add_blocks(self, seqs: list) -> None:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
         the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
-        cached, which is what is passed."""
-        B, blocks, classes = self.block_size, self.blocks, self.classes
-        alloc = capped = 0
-        for seq in seqs:  # grow(seq, 1, end * B), unrolled: the hot path of decoding
+        cached, which is what is passed (``grow(seq, 1, end * B)``, unrolled: the hot path of decoding).
+
+        NOTE: the pages are taken in one call. The caller has checked that the pool holds a page per
+        attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
+        be the same ones: those at the head of the free queue, which the window pages freed meanwhile
+        (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
+        B, blocks, spec = self.block_size, self.blocks, self._spec
+        per = self.fill_rate
+        new = blocks.allocate(per * len(seqs))
+        alloc, capped, drops, p = per * len(seqs), 0, [], 0
+        for seq in seqs:
             st = self._st[seq]
             end0 = st[0]
             c, cap = end0 * B, seq.max_kv_tokens
             grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
-            firsts = st[1]
-            for i, (g, n) in enumerate(classes):
-                table = st[2][i]
-                if g.window:
+            firsts, tables = st[1], st[2]
+            for i, (sliding, window, n) in enumerate(spec):
+                table = tables[i]
+                if window:  # layouts.first_kept, inlined
+                    f = (c + 1 - window if c + 1 > window else 0) // B if sliding else c // window * window // B
                     f0 = firsts[i]
-                    f = first_kept(g, c, B)
                     if f > f0:
                         drop = n * (f - f0)
-                        blocks.free(table[:drop])
+                        drops.append(table[:drop])
                         del table[:drop]
                         alloc -= drop
-                        capped -= n * (min(f * B, cap) - min(f0 * B, cap))
+                        capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
                         self._first_sum += drop
                         firsts[i] = f
-                table.extend(blocks.allocate(n))
-                alloc += n
-                capped += n * grew
+                table.extend(new[p:p + n])
+                p += n
+            capped += per * grew
             st[0] = end0 + 1
+        for d in drops:
+            blocks.free(d)
         self.alloc += alloc * B
         self.capped += capped
 
@@ -309,11 +319,30 @@ class HybridContiguousKv(ContiguousKv):
         self._live[seq] = None
         super().release(seq)
 
+    def _contexts(self) -> np.ndarray:
+        return np.fromiter((s.num_computed_tokens for s in self._live), dtype=np.int64, count=len(self._live))
+
+    def _shared(self, c: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """``shared_filled`` once each live sequence (``c`` tokens cached, sorted) has ``j`` more, per
+        ``j``: the cached tokens minus the slots they fill (``_slots``), summed; integers throughout."""
+        n = len(c)
+        prefix = np.concatenate(([0], np.cumsum(c)))
+        logical = prefix[-1] + n * j
+        physical = self._full * logical + n * self._state
+        for w in self._windows:  # sum of min(c + j, w): those below w - j grow, the rest hold w
+            i = np.searchsorted(c, w - j, side="left")
+            physical = physical + prefix[i] + j * i + w * (n - i)
+        return logical - physical
+
     @property
     def shared_filled(self) -> int:
-        logical = physical = 0
-        for s in self._live:
-            c = s.num_computed_tokens
-            logical += c
-            physical += self._slots(c)
-        return logical - physical
+        if not self._live:
+            return 0
+        return int(self._shared(np.sort(self._contexts()), np.zeros(1, dtype=np.int64))[0])
+
+    def span_shared_filled(self, k: int) -> list[int]:
+        """``shared_filled`` after each of the next ``k`` decode steps of every live sequence (a decode
+        span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
+        if not self._live:
+            return [0] * k
+        return self._shared(np.sort(self._contexts()), np.arange(1, k + 1, dtype=np.int64)).tolist()

@@ -576,6 +576,9 @@ class Scheduler:
                 capped.append(kv.capped)
                 if rate != 1:  # several KV groups: window blocks freed at crossings so far leave the filled slots
                     filled[j] -= kv.shared_filled - sf0
+        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
+        if span_shared is not None:
+            filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         shared = kv.shared_blocks
         self._advance(k, ends_s)
