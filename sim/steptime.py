@@ -234,25 +234,26 @@ class RooflineStepTime:
         per_key, per_seq = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s
         a, prefix = self._decode_contexts(plan)
-        a, prefix = np.array(a, dtype=np.int64), np.array(prefix, dtype=np.int64)
-        j = np.arange(k, dtype=np.int64)
-        keys = []
-        for kind, window, _, _ in self._groups:
-            if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
-                idx = np.searchsorted(a, window - j, side="left")
-                keys.append(prefix[idx] + j * idx + window * (n - idx))
-            elif kind == "chunked":
-                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1))
-            else:
-                keys.append(int(prefix[-1]) + n * j)
-        # NOTE: elementwise float64 operations in step_time_s's order, so each step's figure is the same bits
-        t = np.zeros(k)
-        for g, (_, _, key_s, pair_s) in enumerate(self._groups):
-            t = t + (keys[g] * key_s * f + 0 * pair_s)
-        attn = t + n * self._mamba_seq_s + 0 * self._mamba_token_s + n * per_seq
+        total = prefix[-1]
+        rest = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
         gpu, serial, hidden = fixed
-        g = gpu + attn
-        return (serial + np.where(g >= hidden, g, hidden)).tolist()
+        out = []
+        # NOTE: plain floats in step_time_s's order (spans are short: numpy's overhead would dominate), so
+        # each step's figure is the same bits as stepping's
+        for j in range(k):
+            t = 0.0
+            for kind, window, key_s, pair_s in self._groups:
+                if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
+                    i = bisect_left(a, window - j)
+                    keys = prefix[i] + j * i + window * (n - i)
+                elif kind == "chunked":
+                    keys = sum((c - 1 + j) % window + 1 for c in a)
+                else:
+                    keys = total + n * j
+                t += keys * key_s * f + 0 * pair_s
+            g = gpu + (t + rest[0] + rest[1] + rest[2])
+            out.append(serial + (g if g >= hidden else hidden))
+        return out
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
