@@ -26,6 +26,7 @@ from sim.config import PolicyConfig
 from sim.core import Group, Sequence
 from sim.kv import KvPool
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts
+from sim.hybrid import GroupTimeline
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
@@ -41,6 +42,7 @@ class PolicyResult:
     summary: dict
     snapshot: dict | None = None  # the KV address space at the moment of most waiting requests
     timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
+    groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
 
 
 class Engine:
@@ -62,6 +64,8 @@ class Engine:
         self.width = resolved.width
         self.kv = make_kv(resolved)
         self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps)
+        if hasattr(self.kv, "group_slots"):  # several KV groups (sim/hybrid.py): the memory figure splits by group
+            self.rec.groups = GroupTimeline(self.kv)
         self.log = self.rec.log
         self.scheduler = Scheduler(resolved, self.kv, self.rec)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
@@ -102,7 +106,8 @@ class Engine:
         if r.beyond_horizon:  # requests that would arrive at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
-        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline)
+        groups = self.rec.groups.table(self.rec.timeline.bin_s) if self.rec.groups is not None else None
+        return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline, groups)
 
     def _admit_arrivals(self, now: float) -> None:
         arr, nxt = self._arrivals, self._next

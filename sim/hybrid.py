@@ -26,6 +26,8 @@ their state.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, BlockPool, ContiguousKv, _fill_runs, _merge_segments, blocks_for)
@@ -83,6 +85,7 @@ class HybridPagedKv:
         self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
+        self._pages = [0] * len(self.classes)  # pages each class holds (group_slots)
 
     # ------------------------------------------------------------------ the rule
 
@@ -146,22 +149,26 @@ class HybridPagedKv:
             st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
             self._states += 1
             self.capped += len(state) * B
-            for (_, n), f, table in zip(self.classes, firsts, st[2]):
+            for i, ((_, n), f, table) in enumerate(zip(self.classes, firsts, st[2])):
                 table.extend(blocks.allocate(n * (end - f)))
+                self._pages[i] += n * (end - f)
                 self.capped += n * (min(end * B, cap) - min(f * B, cap))
                 self._first_sum += n * f
             self.alloc += take * B  # the state's pages included
             return
         end0, firsts0, tables = st[0], st[1], st[2]
-        for (g, n), f, f0, table in zip(self.classes, firsts, firsts0, tables):
+        pages = self._pages
+        for i, ((g, n), f, f0, table) in enumerate(zip(self.classes, firsts, firsts0, tables)):
             if f > f0:  # blocks that left the window: freed
                 drop = n * (f - f0)
                 blocks.free(table[:drop])
                 del table[:drop]
                 self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
                 self._first_sum += drop
+                pages[i] -= drop
             start = f if f > end0 else end0
             table.extend(blocks.allocate(n * (end - start)))
+            pages[i] += n * (end - start)
             self.capped += n * (min(end * B, cap) - min(start * B, cap))
         self.alloc += (take - freed) * B
         st[0], st[1] = end, firsts
@@ -178,15 +185,15 @@ class HybridPagedKv:
         B, blocks, spec = self.block_size, self.blocks, self._spec
         per = self.fill_rate
         new = blocks.allocate(per * len(seqs))
-        alloc, capped, drops, p = per * len(seqs), 0, [], 0
+        alloc, capped, drops, p, pages = per * len(seqs), 0, [], 0, self._pages
         for seq in seqs:
             st = self._st[seq]
             end0 = st[0]
             c, cap = end0 * B, seq.max_kv_tokens
             grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
-            firsts, tables = st[1], st[2]
-            for i, (sliding, window, n) in enumerate(spec):
-                table = tables[i]
+            firsts, i = st[1], -1
+            for table, (sliding, window, n) in zip(st[2], spec):
+                i += 1
                 if window:  # layouts.first_kept, inlined
                     f = (c + 1 - window if c + 1 > window else 0) // B if sliding else c // window * window // B
                     f0 = firsts[i]
@@ -197,11 +204,14 @@ class HybridPagedKv:
                         alloc -= drop
                         capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
                         self._first_sum += drop
+                        pages[i] -= drop
                         firsts[i] = f
                 table.extend(new[p:p + n])
                 p += n
             capped += per * grew
             st[0] = end0 + 1
+        for i, (_, _, n) in enumerate(spec):
+            pages[i] += n * len(seqs)
         for d in drops:
             blocks.free(d)
         self.alloc += alloc * B
@@ -213,7 +223,8 @@ class HybridPagedKv:
             return
         B, cap = self.block_size, seq.max_kv_tokens
         end = st[0]
-        for (_, n), f, table in zip(self.classes, st[1], st[2]):
+        for i, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
+            self._pages[i] -= len(table)
             self.blocks.free(table)
             self.alloc -= len(table) * B
             self.capped -= n * (min(end * B, cap) - min(f * B, cap))
@@ -234,6 +245,18 @@ class HybridPagedKv:
         """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
         sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
         return self.block_size * (self._first_sum - self._states * self.state_pages)
+
+    def group_labels(self) -> list[tuple[str, int, int]]:
+        """(kind, window, groups) of each ``group_slots`` entry: the attention classes, then Mamba state."""
+        out = [(g.kind, g.window, n) for g, n in self.classes]
+        mamba = sum(1 for g in self.layout.groups if not g.attention)
+        return out + [("mamba", 0, mamba)] if mamba else out
+
+    def group_slots(self) -> list[int]:
+        """Slots each ``group_labels`` entry holds now (pages x block size; they add up to ``alloc``)."""
+        B = self.block_size
+        out = [p * B for p in self._pages]
+        return out + [self._states * self.state_pages * B] if self.state_pages else out
 
     # ------------------------------------------------------------------ pictures
 
@@ -273,6 +296,27 @@ class HybridContiguousKv(ContiguousKv):
         self._windows = [g.window for g in layout.groups if g.attention and g.window]
         self._state = sum(g.state_pages for g in layout.groups if not g.attention) * layout.block_size
         self._live: dict = {}
+        wins: dict[tuple[str, int], int] = {}
+        for g in layout.groups:
+            if g.attention and g.window:
+                wins[(g.kind, g.window)] = wins.get((g.kind, g.window), 0) + 1
+        self._labels = ([("full", 0, self._full)] if self._full else []) + [(k, w, n) for (k, w), n in wins.items()]
+        mamba = sum(1 for g in layout.groups if not g.attention)
+        if mamba:
+            self._labels.append(("mamba", 0, mamba))
+        self._held = [0] * len(self._labels)  # slots of the slabs taken, per label (group_slots)
+
+    def _split(self, seq) -> list[int]:
+        """A slab of ``seq``'s reservation per ``group_labels`` entry (they add up to ``slab_for``)."""
+        t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
+        return [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+
+    def group_labels(self) -> list[tuple[str, int, int]]:
+        return list(self._labels)
+
+    def group_slots(self) -> list[int]:
+        """Slots each ``group_labels`` entry's share of the slabs holds (before allocator rounding)."""
+        return list(self._held)
 
     def _slots(self, tokens: int) -> int:
         """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
@@ -300,6 +344,7 @@ class HybridContiguousKv(ContiguousKv):
         n = self.slab_for(seq)  # the parent counted min(n, max_kv); count what the request will fill instead
         self.capped += self._fill_cap(seq) - min(n, seq.max_kv_tokens)
         self._live[seq] = None
+        self._held = [a + b for a, b in zip(self._held, self._split(seq))]
         return start
 
     def free(self, seq) -> None:
@@ -307,6 +352,7 @@ class HybridContiguousKv(ContiguousKv):
             return
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
         self._live.pop(seq, None)
+        self._held = [a - b for a, b in zip(self._held, self._split(seq))]
         super().free(seq)
 
     def hold(self, seq) -> None:
@@ -346,3 +392,43 @@ class HybridContiguousKv(ContiguousKv):
         if not self._live:
             return [0] * k
         return self._shared(np.sort(self._contexts()), np.arange(1, k + 1, dtype=np.int64)).tolist()
+
+
+class GroupTimeline:
+    """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),
+    for the report's memory figure split by group (``kv_groups.parquet``). The engine's recorder adds the
+    current split after each step, span or idle gap with its duration; ``table`` bins them like the
+    timeline: per bin, the duration-weighted mean of the records starting in it (a span is counted at its
+    end state, in the bin where it starts)."""
+
+    def __init__(self, kv) -> None:
+        self.kv = kv
+        self.labels = kv.group_labels()
+        self._rows = array("d")
+
+    def add(self, start_s: float, duration_s: float) -> None:
+        self._rows.append(start_s)
+        self._rows.append(duration_s)
+        self._rows.extend(self.kv.group_slots())
+
+    def table(self, bin_s: float):
+        import pandas as pd
+
+        k = len(self.labels)
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
+        cols = {"time_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
+        if len(rows):
+            idx = (rows[:, 0] // bin_s).astype(np.int64)
+            dur = np.bincount(idx, weights=rows[:, 1])
+            keep = np.flatnonzero(dur > 0)
+            for j, (kind, window, n) in enumerate(self.labels):
+                mean = np.bincount(idx, weights=rows[:, 1] * rows[:, j + 2], minlength=len(dur))[keep] / dur[keep]
+                label = (f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
+                         else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
+                cols["time_s"].append(keep * bin_s)
+                cols["group"].append([label] * len(keep))
+                cols["kind"].append([kind] * len(keep))
+                cols["window"].append(np.full(len(keep), window, dtype=np.int64))
+                cols["groups"].append(np.full(len(keep), n, dtype=np.int64))
+                cols["slots"].append(mean)
+        return pd.DataFrame({c: np.concatenate(v) if v else [] for c, v in cols.items()})
