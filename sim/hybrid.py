@@ -416,7 +416,7 @@ class GroupTimeline:
 
         k = len(self.labels)
         rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
-        cols = {"time_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
+        cols = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
         if len(rows):
             idx = (rows[:, 0] // bin_s).astype(np.int64)
             dur = np.bincount(idx, weights=rows[:, 1])
@@ -425,7 +425,7 @@ class GroupTimeline:
                 mean = np.bincount(idx, weights=rows[:, 1] * rows[:, j + 2], minlength=len(dur))[keep] / dur[keep]
                 label = (f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
                          else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
-                cols["time_s"].append(keep * bin_s)
+                cols["bin_start_s"].append(keep * bin_s)
                 cols["group"].append([label] * len(keep))
                 cols["kind"].append([kind] * len(keep))
                 cols["window"].append(np.full(len(keep), window, dtype=np.int64))

@@ -193,6 +193,11 @@ def _check_paged(kv: HybridPagedKv, seqs):
         filled += len(state) * B
     logical = sum(s.num_computed_tokens for s in seqs)
     assert logical * kv.fill_rate - kv.shared_filled == filled
+    # the memory figure by layer group: each class's pages, then the Mamba states; they add up to alloc
+    per_class = [sum(len(kv._st[s][2][i]) for s in seqs) * B for i in range(len(kv.classes))]
+    states = [len(seqs) * kv.state_pages * B] if kv.state_pages else []
+    assert kv.group_slots() == per_class + states and len(kv.group_labels()) == len(kv.group_slots())
+    assert sum(kv.group_slots()) == kv.alloc
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
 
@@ -264,11 +269,53 @@ def test_hybrid_contiguous_accounting(reqs):
             assert s.slab_tokens == 2 * min(p + o, 40) + (p + o) + lay.groups[-1].state_pages * 8
     filled = sum(kv._slots(s.num_computed_tokens) for s in live)
     assert sum(s.num_computed_tokens for s in live) - kv.shared_filled == filled
+    assert sum(kv.group_slots()) == kv.alloc  # the memory figure by layer group: the slabs' shares
+    assert [k for k, _, _ in kv.group_labels()] == ["full", "sliding", "mamba"]
+    if live:  # a decode span: shared_filled after each of the next k steps, in closed form
+        span = kv.span_shared_filled(60)
+        for j in range(60):
+            for s in live:
+                s.num_computed_tokens += 1
+            assert span[j] == kv.shared_filled
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
     for s in live:
         kv.free(s)
-    assert kv.alloc == kv.capped == kv.rounding == 0
+    assert kv.alloc == kv.capped == kv.rounding == 0 and kv.group_slots() == [0, 0, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([("sliding", "sliding", "full", "mamba"), ("chunked", "full"), ("sliding", "full")]),
+       st.lists(st.tuples(st.integers(1, 120), st.integers(20, 300)), min_size=1, max_size=6),
+       st.integers(1, 400))
+def test_add_blocks_is_grow_at_crossings(kinds, reqs, blocks):
+    """The decode fast path (``add_blocks``: every crossing sequence's pages in one call) leaves the same
+    tables, counters and free queue as growing each sequence by one token at its crossing."""
+    pair = [_paged(kinds, window=24, blocks=blocks)[0] for _ in range(2)]
+    seqs = [[Sequence(i, 0.0, p, o) for i, (p, o) in enumerate(reqs)] for _ in range(2)]
+    for kv, ss in zip(pair, seqs):
+        for s in ss:
+            if kv.can_admit(s, s.prompt_tokens):
+                kv.admit(s, s.prompt_tokens)
+                s.num_computed_tokens = s.prompt_tokens
+    for _ in range(300):
+        cross = [[s for s in ss if s in kv._st and s.num_computed_tokens % kv.block_size == 0
+                  and s.num_computed_tokens < s.prompt_tokens + s.output_tokens - 1] for kv, ss in zip(pair, seqs)]
+        if not pair[0].pool.can_allocate(len(cross[0])):
+            break
+        if cross[0]:
+            pair[0].add_blocks(cross[0])
+        for s in cross[1]:
+            pair[1].grow(s, 1)
+        for kv, ss in zip(pair, seqs):
+            for s in ss:
+                if s in kv._st and s.num_computed_tokens < s.prompt_tokens + s.output_tokens - 1:
+                    s.num_computed_tokens += 1
+    a, b = pair
+    assert a._st.keys() == b._st.keys() or [s.seq_id for s in a._st] == [s.seq_id for s in b._st]
+    assert [a._st[s][:3] for s in a._st] == [b._st[t][:3] for t in b._st]
+    assert (a.alloc, a.capped, a._first_sum, a.group_slots()) == (b.alloc, b.capped, b._first_sum, b.group_slots())
+    assert a.blocks.free_blocks == b.blocks.free_blocks
 
 
 # ------------------------------------------------------------------------------------------ whole runs
