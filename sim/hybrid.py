@@ -61,6 +61,7 @@ class HybridPagedKv:
     caching = False
     shared_blocks = 0
     copies: tuple = ()
+    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (none: no prefix caching here)
 
     def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
         self.layout = layout
