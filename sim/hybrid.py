@@ -27,6 +27,8 @@ their state.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from itertools import accumulate
 
 import numpy as np
 
@@ -301,6 +303,7 @@ class HybridContiguousKv(ContiguousKv):
         for g in layout.groups:
             if g.attention and g.window:
                 wins[(g.kind, g.window)] = wins.get((g.kind, g.window), 0) + 1
+        self._window_counts = [(w, self._windows.count(w)) for w in sorted(set(self._windows))]
         self._labels = ([("full", 0, self._full)] if self._full else []) + [(k, w, n) for (k, w), n in wins.items()]
         mamba = sum(1 for g in layout.groups if not g.attention)
         if mamba:
@@ -366,34 +369,31 @@ class HybridContiguousKv(ContiguousKv):
         self._live[seq] = None
         super().release(seq)
 
-    def _contexts(self) -> np.ndarray:
-        return np.fromiter((s.num_computed_tokens for s in self._live), dtype=np.int64, count=len(self._live))
-
-    def _shared(self, c: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """``shared_filled`` once each live sequence (``c`` tokens cached, sorted) has ``j`` more, per
-        ``j``: the cached tokens minus the slots they fill (``_slots``), summed; integers throughout."""
-        n = len(c)
-        prefix = np.concatenate(([0], np.cumsum(c)))
-        logical = prefix[-1] + n * j
-        physical = self._full * logical + n * self._state
-        for w in self._windows:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-            i = np.searchsorted(c, w - j, side="left")
-            physical = physical + prefix[i] + j * i + w * (n - i)
-        return logical - physical
+    def _shared(self, k: int) -> list[int]:
+        """``shared_filled`` once each live sequence has ``j`` more tokens cached, for j = 0 .. k: the cached
+        tokens minus the slots they fill (``_slots``), summed over sorted contexts and prefix sums (window
+        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated)."""
+        c = sorted([s.num_computed_tokens for s in self._live])
+        prefix = [0, *accumulate(c)]
+        n, total, full, state, wins = len(c), prefix[-1], self._full, self._state, self._window_counts
+        out = []
+        for j in range(k + 1):
+            logical = total + n * j
+            physical = full * logical + n * state
+            for w, m in wins:  # sum of min(c + j, w): those below w - j grow, the rest hold w
+                i = bisect_left(c, w - j)
+                physical += m * (prefix[i] + j * i + w * (n - i))
+            out.append(logical - physical)
+        return out
 
     @property
     def shared_filled(self) -> int:
-        if not self._live:
-            return 0
-        return int(self._shared(np.sort(self._contexts()), np.zeros(1, dtype=np.int64))[0])
+        return self._shared(0)[0] if self._live else 0
 
     def span_shared_filled(self, k: int) -> list[int]:
         """``shared_filled`` after each of the next ``k`` decode steps of every live sequence (a decode
         span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
-        if not self._live:
-            return [0] * k
-        return self._shared(np.sort(self._contexts()), np.arange(1, k + 1, dtype=np.int64)).tolist()
-
+        return self._shared(k)[1:] if self._live else [0] * k
 
 class GroupTimeline:
     """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),
