@@ -79,6 +79,7 @@ class HybridPagedKv:
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
         self.fill_rate = sum(classes.values())  # attention groups
         self._spec = [(g.kind == "sliding", g.window, n) for g, n in self.classes]  # add_blocks' view
+        self._class_groups = [n for _, n in self.classes]
         self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
         self.alloc = 0
@@ -185,38 +186,38 @@ class HybridPagedKv:
         attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
         be the same ones: those at the head of the free queue, which the window pages freed meanwhile
         (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
-        B, blocks, spec = self.block_size, self.blocks, self._spec
-        per = self.fill_rate
-        new = blocks.allocate(per * len(seqs))
-        alloc, capped, drops, p, pages = per * len(seqs), 0, [], 0, self._pages
+        B, blocks, spec, st_of = self.block_size, self.blocks, self._spec, self._st
+        per, m = self.fill_rate, len(seqs)
+        new = blocks.allocate(per * m)
+        alloc, capped, dropped, p, pages, first_sum = per * m, 0, [], 0, self._pages, 0
         for seq in seqs:
-            st = self._st[seq]
+            st = st_of[seq]
             end0 = st[0]
             c, cap = end0 * B, seq.max_kv_tokens
-            grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
             firsts, i = st[1], -1
             for table, (sliding, window, n) in zip(st[2], spec):
                 i += 1
-                if window:  # layouts.first_kept, inlined
-                    f = (c + 1 - window if c + 1 > window else 0) // B if sliding else c // window * window // B
+                if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
+                    f = (c + 1 - window) // B if sliding else c // window * window // B
                     f0 = firsts[i]
                     if f > f0:
                         drop = n * (f - f0)
-                        drops.append(table[:drop])
+                        dropped += table[:drop]
                         del table[:drop]
                         alloc -= drop
                         capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
-                        self._first_sum += drop
+                        first_sum += drop
                         pages[i] -= drop
                         firsts[i] = f
-                table.extend(new[p:p + n])
+                table += new[p:p + n]
                 p += n
-            capped += per * grew
+            capped += per * ((c + B if c + B < cap else cap) - (c if c < cap else cap))
             st[0] = end0 + 1
-        for i, (_, _, n) in enumerate(spec):
-            pages[i] += n * len(seqs)
-        for d in drops:
-            blocks.free(d)
+        for i, n in enumerate(self._class_groups):
+            pages[i] += n * m
+        if dropped:
+            blocks.free(dropped)
+        self._first_sum += first_sum
         self.alloc += alloc * B
         self.capped += capped
 
