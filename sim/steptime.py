@@ -226,9 +226,8 @@ class RooflineStepTime:
     def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
         restart at each chunk boundary), so the keys of each step are summed over the sequences (sorted
-        contexts and prefix sums), then priced with the same float operations as ``step_time_s``."""
-        if k == 1:
-            return [self.step_time_s(plan)]
+        contexts and prefix sums), then priced with the same float operations as ``step_time_s`` (a span is
+        decode-only: no copies or swaps to add)."""
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
