@@ -7,7 +7,8 @@ managers. A sequence of ``c`` cached tokens fills ``c - first_g * block_size`` s
 group ``g`` (blocks before ``first_g`` were freed) and its Mamba state's pages whole (state counts as token
 states). The scheduler counts ``c`` once per sequence and multiplies by ``fill_rate`` (the attention groups);
 ``shared_filled`` is the correction (the hook prefix sharing uses): the freed window blocks' slots minus
-the Mamba states'. The contiguous manager computes it from its live sequences (no decode spans there).
+the Mamba states'. The contiguous manager computes it from its live sequences' sorted contexts, and for a
+decode span in closed form (``span_shared_filled``).
 
 Window slack: a window group's blocks between the window's start and its first kept block's start hold
 tokens no query reads any more (at most one block per group and sequence); they stay token states until

@@ -358,15 +358,16 @@ def _scenario(path, kind, exact=False, **over):
 @pytest.mark.parametrize("kind", list(TINY))
 def test_exact_and_fast_stepping_agree(tmp_path, monkeypatch, kind):
     """Window freeing, chunked freeing, Mamba state and MLA: stepping every iteration (exact) and skipping
-    quiet decode spans give the same answers (paged policies take spans; contiguous ones with several
-    groups step one at a time). For the window model, the scheduler's per-sequence path, forced at every
-    step, also gives what its fast decode path gives: pages leave a window at the same moment on both."""
+    quiet decode spans give the same answers (paged and contiguous policies take spans). For the window
+    model, the scheduler's per-sequence path, forced at every step, also gives what its fast decode path
+    gives: pages leave a window at the same moment on both."""
     from test_engine import assert_same_requests
 
     path = _tiny(tmp_path, **TINY[kind])
     fast = run(_scenario(path, kind))
     others = [run(_scenario(path, kind, exact=True))]
-    assert len(fast.policies["vllm-v1"].steps) < len(others[0].policies["vllm-v1"].steps)  # spans were taken
+    for name in ("vllm-v1", "orca-oracle"):  # spans were taken, paged and contiguous
+        assert len(fast.policies[name].steps) < len(others[0].policies[name].steps), name
     if kind == "window":
         monkeypatch.setattr(_CrossingPool, "can_allocate", lambda self, n, admission=False: n == 0)
         others.append(run(_scenario(path, kind)))
@@ -397,3 +398,26 @@ def test_hybrid_allocator_and_fp8_serve_more(tmp_path):
     assert m["hybrid"]["request_throughput"] > m["full"]["request_throughput"]
     assert m["hybrid"]["num_preemptions"] < m["full"]["num_preemptions"]
     assert r.policies["hybrid-fp8"].pool.num_blocks >= 2 * r.policies["hybrid"].pool.num_blocks - 1
+
+
+def test_memory_by_layer_group_table(tmp_path):
+    """kv_groups.parquet: one series per group class for the multi-group policies only (paged and contiguous),
+    labelled by kind and window, within the pool; a run of single-group policies writes no such file."""
+    import pandas as pd
+
+    from sim.run import write_results
+
+    path = _tiny(tmp_path, **TINY["window"])
+    r = run(_scenario(path, "window", policies=[
+        {"preset": "vllm", "name": "hybrid"}, {"preset": "orca-oracle", "name": "slabs"},
+        {"preset": "vllm", "name": "full", "hybrid_allocator": False}]))
+    write_results(r, tmp_path / "out")
+    g = pd.read_parquet(tmp_path / "out" / "kv_groups.parquet")
+    assert set(g["policy"].astype(str)) == {"hybrid", "slabs"}  # the single-group policy writes nothing here
+    assert set(g["group"]) == {"full (1 group)", "sliding W=64 (3 groups)"}
+    cap = r.policies["hybrid"].summary["kv_capacity_tokens"]
+    assert (g["slots"] >= 0).all() and (g["slots"] <= cap).all()
+    assert (g[g["policy"] == "hybrid"].groupby("bin_start_s")["slots"].sum() <= cap + 1e-6).all()
+    only_full = run(_scenario(path, "window", policies=[{"preset": "vllm", "name": "full", "hybrid_allocator": False}]))
+    write_results(only_full, tmp_path / "full")
+    assert not (tmp_path / "full" / "kv_groups.parquet").exists()
