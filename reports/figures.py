@@ -313,6 +313,39 @@ def memory_timeline(timeline: pd.DataFrame, colors: Mapping[str, str],
     return fig
 
 
+# one colour per group kind: full attention (and MLA) dark, windows lighter, Mamba state grey
+GROUP_COLORS = {"full": "#4c3d8f", "mla": "#4c3d8f", "sliding": "#8fb3e0", "chunked": "#b5a3d9", "mamba": "#9e9e9e"}
+
+
+def group_memory_timeline(groups: pd.DataFrame, colors: Mapping[str, str]) -> go.Figure:
+    """Per policy of several KV groups, a stacked area of the slots each group class holds over time
+    (kv_groups.parquet: ``bin_start_s``, ``group`` label with kind and window, ``kind``, ``slots``)."""
+    parts = _groups(groups, list(colors))
+    short = short_labels([n for n, _ in parts])
+    n = len(parts)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=min(0.08, 0.35 / max(n, 1)),
+                        subplot_titles=[f"{short[name]}: KV slots by layer group" for name, _ in parts])
+    shown: set[str] = set()
+    for i, (name, g) in enumerate(parts):
+        for label, d in g.groupby("group", sort=False, observed=True):
+            d = d.sort_values("bin_start_s")
+            kind = str(d["kind"].iloc[0])
+            # lighter shades for a kind's later classes (e.g. two window sizes)
+            fig.add_scatter(x=f32(d["bin_start_s"]), y=f32(d["slots"]), row=i + 1, col=1, name=text(label),
+                            meta=text(name), legendgroup=str(label), showlegend=label not in shown,
+                            stackgroup=f"g{i}", mode="lines", line=dict(width=0.5, color=GROUP_COLORS.get(kind)),
+                            hovertemplate="%{meta}, bin from %{x:,.1f} s<br>%{fullData.name}: %{y:,.0f} slots"
+                            "<extra></extra>")
+            shown.add(label)
+        fig.update_yaxes(title="token slots", rangemode="tozero", row=i + 1, col=1)
+    fig.update_xaxes(title="time since first arrival (s)", row=n, col=1)
+    fig.update_layout(hovermode="x")
+    _layout(fig, "KV memory by layer group over time", "stacked: each group class's held slots (mean per time bin)",
+            height_px=220 * n + 200, top_px=120)
+    fig.update_layout(legend=dict(title=dict(text="layer group")))
+    return fig
+
+
 def rolling_rate(d: pd.DataFrame, col: str, bins: int = ROLLING_BINS) -> np.ndarray:
     """``col`` per second over a centred window of ``bins`` time bins: the window's count over its width
     (at the ends, the bins there are)."""

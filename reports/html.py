@@ -269,6 +269,7 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
     requests = concat([r.requests for r in with_run])
     timeline = concat([r.timeline for r in with_run])
     snapshots = concat([r.snapshots for r in with_run])
+    kv_groups = concat([r.groups for r in with_run])
     esc = html.escape
     sections = [Section(
         "Memory waste per policy",
@@ -299,6 +300,18 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                 "the mean number of running requests (holding KV cache) and of waiting requests in each time bin "
                 "(timeline.parquet).",
                 figures.memory_timeline(timeline, colors) if timeline is not None else None, no_bins),
+    ]
+    if kv_groups is not None and len(kv_groups):
+        sections.append(Section(
+            "KV memory by layer group",
+            "Policies of several KV groups (sliding-window, chunked-local and Mamba layers beside full attention; "
+            "the README's 'Modern KV layouts'): the slots each group class holds over time, stacked, in token slots "
+            "of one group's page (a class's groups move alike and are drawn together; Mamba states are whole "
+            "pages). Paged policies hold the pages of the blocks each group still needs (window groups free theirs "
+            "as they leave the window); contiguous ones the slabs' share of each group. Each point is the mean over "
+            "a time bin of the state after each step or span starting in it (kv_groups.parquet).",
+            figures.group_memory_timeline(kv_groups, colors)))
+    sections += [
         Section("KV address space",
                 "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous "
                 "policies hold one slab per request (reservation and internal fragmentation inside it, holes between "

@@ -23,6 +23,7 @@ from reports import ResultsError  # noqa: F401 (declared where the command line 
 
 RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
+GROUPS_FILE = "kv_groups.parquet"  # policies of several KV groups (sim/hybrid.py): slots per group over time
 SWEEP_FILE = "sweep.parquet"
 CAPACITY_FILE = "capacity.parquet"
 SWEEP_INFO_FILE = "sweep.json"
@@ -47,6 +48,7 @@ class RunTables:
     sweep: pd.DataFrame | None
     capacity: pd.DataFrame | None
     sweep_info: dict | None = None  # sweep.json, when `sim sweep` wrote the folder
+    groups: pd.DataFrame | None = None  # kv_groups.parquet, when some policy has several KV groups
 
     @property
     def scenario(self) -> dict:
@@ -126,6 +128,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
             names += [str(p) for p in pd.unique(table["policy"].astype(str)) if str(p) not in names]
     labels = {n: (f"{label} / {n}" if label else n) for n in names}
     snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
+    groups = _read_parquet(d / GROUPS_FILE) if has_run and (d / GROUPS_FILE).exists() else None
     sweep_info = None
     if sweep is not None and (d / SWEEP_INFO_FILE).exists():
         try:
@@ -139,7 +142,8 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
         timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
         snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
-        sweep_info=sweep_info if isinstance(sweep_info, dict) else None)
+        sweep_info=sweep_info if isinstance(sweep_info, dict) else None,
+        groups=_relabel(groups, labels, d / GROUPS_FILE))
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:

@@ -25,6 +25,7 @@ import simpy
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
 from sim.kv import KvPool
+from sim.hybrid import GroupTimeline
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
@@ -44,6 +45,7 @@ class PolicyResult:
     replicas: pd.DataFrame | None = None  # a fleet (sim.cluster): one row per replica
     fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
     num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
+    groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
 
 
 class Engine:
@@ -66,6 +68,8 @@ class Engine:
         self.kv = make_kv(resolved)
         self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps,
                             log=log)
+        if hasattr(self.kv, "group_slots"):  # several KV groups (sim/hybrid.py): the memory figure splits by group
+            self.rec.groups = GroupTimeline(self.kv)
         self.log = self.rec.log
         self.scheduler = Scheduler(resolved, self.kv, self.rec)
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
@@ -108,8 +112,9 @@ class Engine:
         if r.beyond_horizon and requests is None:  # requests arriving at or after the horizon were never generated
             summary["num_requests"] += r.beyond_horizon
             summary["num_unfinished"] += r.beyond_horizon
+        groups = self.rec.groups.table(self.rec.timeline.bin_s) if self.rec.groups is not None else None
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline,
-                            num_events=self.num_events)
+                            num_events=self.num_events, groups=groups)
 
     def sharing_counts(self) -> SharingCounts | None:
         """What block sharing counted (None when the run neither shares nor copies blocks)."""

@@ -7,7 +7,8 @@ managers. A sequence of ``c`` cached tokens fills ``c - first_g * block_size`` s
 group ``g`` (blocks before ``first_g`` were freed) and its Mamba state's pages whole (state counts as token
 states). The scheduler counts ``c`` once per sequence and multiplies by ``fill_rate`` (the attention groups);
 ``shared_filled`` is the correction (the hook prefix sharing uses): the freed window blocks' slots minus
-the Mamba states'. The contiguous manager computes it from its live sequences (no decode spans there).
+the Mamba states'. The contiguous manager computes it from its live sequences' sorted contexts, and for a
+decode span in closed form (``span_shared_filled``).
 
 Window slack: a window group's blocks between the window's start and its first kept block's start hold
 tokens no query reads any more (at most one block per group and sequence); they stay token states until
@@ -25,6 +26,10 @@ their state.
 """
 
 from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from itertools import accumulate
 
 import numpy as np
 
@@ -59,7 +64,7 @@ class HybridPagedKv:
     caching = False
     shared_blocks = 0
     copies: tuple = ()
-    loads: tuple = ()  # no CPU tier for several KV groups (sim/offload.py serves sharing.SharedPagedKv)
+    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (none: no prefix caching here)
 
     def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
         self.layout = layout
@@ -74,6 +79,8 @@ class HybridPagedKv:
         self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
         self.fill_rate = sum(classes.values())  # attention groups
+        self._spec = [(g.kind == "sliding", g.window, n) for g, n in self.classes]  # add_blocks' view
+        self._class_groups = [n for _, n in self.classes]
         self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
         self.alloc = 0
@@ -83,6 +90,7 @@ class HybridPagedKv:
         self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
+        self._pages = [0] * len(self.classes)  # pages each class holds (group_slots)
 
     # ------------------------------------------------------------------ the rule
 
@@ -146,22 +154,26 @@ class HybridPagedKv:
             st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
             self._states += 1
             self.capped += len(state) * B
-            for (_, n), f, table in zip(self.classes, firsts, st[2]):
+            for i, ((_, n), f, table) in enumerate(zip(self.classes, firsts, st[2])):
                 table.extend(blocks.allocate(n * (end - f)))
+                self._pages[i] += n * (end - f)
                 self.capped += n * (min(end * B, cap) - min(f * B, cap))
                 self._first_sum += n * f
             self.alloc += take * B  # the state's pages included
             return
         end0, firsts0, tables = st[0], st[1], st[2]
-        for (g, n), f, f0, table in zip(self.classes, firsts, firsts0, tables):
+        pages = self._pages
+        for i, ((g, n), f, f0, table) in enumerate(zip(self.classes, firsts, firsts0, tables)):
             if f > f0:  # blocks that left the window: freed
                 drop = n * (f - f0)
                 blocks.free(table[:drop])
                 del table[:drop]
                 self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
                 self._first_sum += drop
+                pages[i] -= drop
             start = f if f > end0 else end0
             table.extend(blocks.allocate(n * (end - start)))
+            pages[i] += n * (end - start)
             self.capped += n * (min(end * B, cap) - min(start * B, cap))
         self.alloc += (take - freed) * B
         st[0], st[1] = end, firsts
@@ -169,32 +181,44 @@ class HybridPagedKv:
     def add_blocks(self, seqs: list) -> None:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
         the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
-        cached, which is what is passed."""
-        B, blocks, classes = self.block_size, self.blocks, self.classes
-        alloc = capped = 0
-        for seq in seqs:  # grow(seq, 1, end * B), unrolled: the hot path of decoding
-            st = self._st[seq]
+        cached, which is what is passed (``grow(seq, 1, end * B)``, unrolled: the hot path of decoding).
+
+        NOTE: the pages are taken in one call. The caller has checked that the pool holds a page per
+        attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
+        be the same ones: those at the head of the free queue, which the window pages freed meanwhile
+        (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
+        B, blocks, spec, st_of = self.block_size, self.blocks, self._spec, self._st
+        per, m = self.fill_rate, len(seqs)
+        new = blocks.allocate(per * m)
+        alloc, capped, dropped, p, pages, first_sum = per * m, 0, [], 0, self._pages, 0
+        for seq in seqs:
+            st = st_of[seq]
             end0 = st[0]
             c, cap = end0 * B, seq.max_kv_tokens
-            grew = (c + B if c + B < cap else cap) - (c if c < cap else cap)
-            firsts = st[1]
-            for i, (g, n) in enumerate(classes):
-                table = st[2][i]
-                if g.window:
+            firsts, i = st[1], -1
+            for table, (sliding, window, n) in zip(st[2], spec):
+                i += 1
+                if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
+                    f = (c + 1 - window) // B if sliding else c // window * window // B
                     f0 = firsts[i]
-                    f = first_kept(g, c, B)
                     if f > f0:
                         drop = n * (f - f0)
-                        blocks.free(table[:drop])
+                        dropped += table[:drop]
                         del table[:drop]
                         alloc -= drop
-                        capped -= n * (min(f * B, cap) - min(f0 * B, cap))
-                        self._first_sum += drop
+                        capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
+                        first_sum += drop
+                        pages[i] -= drop
                         firsts[i] = f
-                table.extend(blocks.allocate(n))
-                alloc += n
-                capped += n * grew
+                table += new[p:p + n]
+                p += n
+            capped += per * ((c + B if c + B < cap else cap) - (c if c < cap else cap))
             st[0] = end0 + 1
+        for i, n in enumerate(self._class_groups):
+            pages[i] += n * m
+        if dropped:
+            blocks.free(dropped)
+        self._first_sum += first_sum
         self.alloc += alloc * B
         self.capped += capped
 
@@ -204,7 +228,8 @@ class HybridPagedKv:
             return
         B, cap = self.block_size, seq.max_kv_tokens
         end = st[0]
-        for (_, n), f, table in zip(self.classes, st[1], st[2]):
+        for i, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
+            self._pages[i] -= len(table)
             self.blocks.free(table)
             self.alloc -= len(table) * B
             self.capped -= n * (min(end * B, cap) - min(f * B, cap))
@@ -225,6 +250,18 @@ class HybridPagedKv:
         """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
         sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
         return self.block_size * (self._first_sum - self._states * self.state_pages)
+
+    def group_labels(self) -> list[tuple[str, int, int]]:
+        """(kind, window, groups) of each ``group_slots`` entry: the attention classes, then Mamba state."""
+        out = [(g.kind, g.window, n) for g, n in self.classes]
+        mamba = sum(1 for g in self.layout.groups if not g.attention)
+        return out + [("mamba", 0, mamba)] if mamba else out
+
+    def group_slots(self) -> list[int]:
+        """Slots each ``group_labels`` entry holds now (pages x block size; they add up to ``alloc``)."""
+        B = self.block_size
+        out = [p * B for p in self._pages]
+        return out + [self._states * self.state_pages * B] if self.state_pages else out
 
     # ------------------------------------------------------------------ pictures
 
@@ -264,6 +301,28 @@ class HybridContiguousKv(ContiguousKv):
         self._windows = [g.window for g in layout.groups if g.attention and g.window]
         self._state = sum(g.state_pages for g in layout.groups if not g.attention) * layout.block_size
         self._live: dict = {}
+        wins: dict[tuple[str, int], int] = {}
+        for g in layout.groups:
+            if g.attention and g.window:
+                wins[(g.kind, g.window)] = wins.get((g.kind, g.window), 0) + 1
+        self._window_counts = [(w, self._windows.count(w)) for w in sorted(set(self._windows))]
+        self._labels = ([("full", 0, self._full)] if self._full else []) + [(k, w, n) for (k, w), n in wins.items()]
+        mamba = sum(1 for g in layout.groups if not g.attention)
+        if mamba:
+            self._labels.append(("mamba", 0, mamba))
+        self._held = [0] * len(self._labels)  # slots of the slabs taken, per label (group_slots)
+
+    def _split(self, seq) -> list[int]:
+        """A slab of ``seq``'s reservation per ``group_labels`` entry (they add up to ``slab_for``)."""
+        t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
+        return [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+
+    def group_labels(self) -> list[tuple[str, int, int]]:
+        return list(self._labels)
+
+    def group_slots(self) -> list[int]:
+        """Slots each ``group_labels`` entry's share of the slabs holds (before allocator rounding)."""
+        return list(self._held)
 
     def _slots(self, tokens: int) -> int:
         """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
@@ -291,6 +350,7 @@ class HybridContiguousKv(ContiguousKv):
         n = self.slab_for(seq)  # the parent counted min(n, max_kv); count what the request will fill instead
         self.capped += self._fill_cap(seq) - min(n, seq.max_kv_tokens)
         self._live[seq] = None
+        self._held = [a + b for a, b in zip(self._held, self._split(seq))]
         return start
 
     def free(self, seq) -> None:
@@ -298,6 +358,7 @@ class HybridContiguousKv(ContiguousKv):
             return
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
         self._live.pop(seq, None)
+        self._held = [a - b for a, b in zip(self._held, self._split(seq))]
         super().free(seq)
 
     def hold(self, seq) -> None:
@@ -310,11 +371,67 @@ class HybridContiguousKv(ContiguousKv):
         self._live[seq] = None
         super().release(seq)
 
+    def _shared(self, k: int) -> list[int]:
+        """``shared_filled`` once each live sequence has ``j`` more tokens cached, for j = 0 .. k: the cached
+        tokens minus the slots they fill (``_slots``), summed over sorted contexts and prefix sums (window
+        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated)."""
+        c = sorted([s.num_computed_tokens for s in self._live])
+        prefix = [0, *accumulate(c)]
+        n, total, full, state, wins = len(c), prefix[-1], self._full, self._state, self._window_counts
+        out = []
+        for j in range(k + 1):
+            logical = total + n * j
+            physical = full * logical + n * state
+            for w, m in wins:  # sum of min(c + j, w): those below w - j grow, the rest hold w
+                i = bisect_left(c, w - j)
+                physical += m * (prefix[i] + j * i + w * (n - i))
+            out.append(logical - physical)
+        return out
+
     @property
     def shared_filled(self) -> int:
-        logical = physical = 0
-        for s in self._live:
-            c = s.num_computed_tokens
-            logical += c
-            physical += self._slots(c)
-        return logical - physical
+        return self._shared(0)[0] if self._live else 0
+
+    def span_shared_filled(self, k: int) -> list[int]:
+        """``shared_filled`` after each of the next ``k`` decode steps of every live sequence (a decode
+        span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
+        return self._shared(k)[1:] if self._live else [0] * k
+
+class GroupTimeline:
+    """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),
+    for the report's memory figure split by group (``kv_groups.parquet``). The engine's recorder adds the
+    current split after each step, span or idle gap with its duration; ``table`` bins them like the
+    timeline: per bin, the duration-weighted mean of the records starting in it (a span is counted at its
+    end state, in the bin where it starts)."""
+
+    def __init__(self, kv) -> None:
+        self.kv = kv
+        self.labels = kv.group_labels()
+        self._rows = array("d")
+
+    def add(self, start_s: float, duration_s: float) -> None:
+        self._rows.append(start_s)
+        self._rows.append(duration_s)
+        self._rows.extend(self.kv.group_slots())
+
+    def table(self, bin_s: float):
+        import pandas as pd
+
+        k = len(self.labels)
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
+        cols = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
+        if len(rows):
+            idx = (rows[:, 0] // bin_s).astype(np.int64)
+            dur = np.bincount(idx, weights=rows[:, 1])
+            keep = np.flatnonzero(dur > 0)
+            for j, (kind, window, n) in enumerate(self.labels):
+                mean = np.bincount(idx, weights=rows[:, 1] * rows[:, j + 2], minlength=len(dur))[keep] / dur[keep]
+                label = (f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
+                         else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
+                cols["bin_start_s"].append(keep * bin_s)
+                cols["group"].append([label] * len(keep))
+                cols["kind"].append([kind] * len(keep))
+                cols["window"].append(np.full(len(keep), window, dtype=np.int64))
+                cols["groups"].append(np.full(len(keep), n, dtype=np.int64))
+                cols["slots"].append(mean)
+        return pd.DataFrame({c: np.concatenate(v) if v else [] for c, v in cols.items()})

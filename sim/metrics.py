@@ -410,12 +410,15 @@ class Recorder:
         # block sharing, counted by the scheduler
         self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
         self.num_slab_copies = 0  # contiguous: forks and beam moves copied between slabs
+        self.groups = None  # several KV groups: a hybrid.GroupTimeline the engine sets (kv_groups.parquet)
 
     def idle(self, start_s: float, duration_s: float, mem, *, num_waiting: int, num_running: int,
              num_swapped: int, shared_slots: int) -> None:
         """An idle gap: nothing runs; ``mem``: the five memory classes (token slots)."""
         slot_s = [m * duration_s for m in mem]
         waiting_s = num_waiting * duration_s
+        if self.groups is not None:
+            self.groups.add(start_s, duration_s)
         row = dict.fromkeys(TIMELINE_COLUMNS, 0.0)
         row.update({"waiting_s": waiting_s, "shared_slot_s": shared_slots * duration_s,
                     **{f"mem_{c}_slot_s": v for c, v in zip(MEMORY_CLASSES, slot_s)}})
@@ -449,6 +452,8 @@ class Recorder:
                 waiting_s += ends[-1] - ends[j - 1]
         n, capacity = plan.num_seqs, self.capacity
         shared = shared_slots
+        if self.groups is not None:
+            self.groups.add(start_s, total)
         # TIMELINE_COLUMNS, in order
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared * total, holding * total]

@@ -185,7 +185,10 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
     # write, or a stale report, would be read as this run's)
-    for p in [*paths.values(), out / "replicas.parquet", out / "report.html"]:
+    groups = {name: res.groups for name, res in result.policies.items() if getattr(res, "groups", None) is not None}
+    if groups:  # several KV groups (sim/hybrid.py): slots per group class over time
+        paths["groups"] = out / "kv_groups.parquet"
+    for p in [*paths.values(), out / "replicas.parquet", out / "kv_groups.parquet", out / "report.html"]:
         p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
     tables: dict[str, dict[str, pd.DataFrame]] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {},
@@ -201,6 +204,8 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
                 "time_s": snap["time_s"], "num_waiting": snap["num_waiting"],
                 "num_running": snap["num_running"], "start": seg[:, 0], "length": seg[:, 1],
                 "memory_class": pd.Categorical.from_codes(seg[:, 2], list(MEMORY_CLASSES))})
+    if groups:
+        tables["groups"] = groups
     for key, by_policy in tables.items():
         if not by_policy:
             continue

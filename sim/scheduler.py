@@ -494,6 +494,9 @@ class Scheduler:
         alloc, capped = kv.alloc, kv.capped
         if self.paged and k > 1:
             alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if rate != 1 else None)
+        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
+        if span_shared is not None:
+            filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         shared = kv.shared_blocks
         self.filled += n * k

@@ -32,6 +32,8 @@ closed form.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -139,6 +141,7 @@ class RooflineStepTime:
         self.model, self.gpu = model, gpu
         self.layout = layout
         self._groups = None  # several KV groups: attention priced per group (_groups_attention_s)
+        self._contexts = None  # (plan, sorted decode contexts, prefix sums): _decode_contexts
         if layout is not None:
             self._set_layout(layout)
 
@@ -176,14 +179,36 @@ class RooflineStepTime:
             return c % window + 1
         return c + 1
 
+    def _decode_contexts(self, plan: StepPlan) -> tuple[list[int], list[int]]:
+        """The clocked decodes' keys (cached context + the token), sorted, and their prefix sums; kept for
+        the plan (the engine prices a span's first step, then the span, from the same plan). Python lists:
+        batches are small, and numpy's per-call overhead dominated."""
+        got = self._contexts
+        if got is not None and got[0] is plan:
+            return got[1], got[2]
+        a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
+        prefix = [0, *accumulate(a)]
+        self._contexts = (plan, a, prefix)
+        return a, prefix
+
     def _groups_attention_s(self, plan: StepPlan) -> float:
-        """Attention of a step of a model with several KV groups: per sequence (O(batch))."""
-        seqs = [(s.num_computed_tokens, 1) for s in plan._decoding] + [(s.num_computed_tokens, n) for s, n in plan._entries]
+        """Attention of a step of a model with several KV groups: the clocked decodes' keys summed over
+        their sorted contexts (``_decode_contexts``), the other sequences one by one. Key and pair counts
+        are integers, so how they are summed does not change the figure."""
+        a, prefix = self._decode_contexts(plan)
+        seqs = [(s.num_computed_tokens, n) for s, n in plan._entries]
         per_key, _ = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s  # the paged kernel's block overhead, as for the classic layout
         t = 0.0
         for kind, window, key_s, pair_s in self._groups:
-            keys = pairs = 0
+            if kind == "sliding":
+                i = bisect_left(a, window)
+                keys = prefix[i] + window * (len(a) - i)
+            elif kind == "chunked":
+                keys = sum((c - 1) % window + 1 for c in a)
+            else:
+                keys = prefix[-1]
+            pairs = 0
             for c, n in seqs:
                 if n == 1:
                     keys += self._keys(kind, window, c)
@@ -196,43 +221,40 @@ class RooflineStepTime:
                 else:
                     pairs += n * c + n * (n + 1) // 2
             t += keys * key_s * f + pairs * pair_s
-        decodes = sum(1 for _, n in seqs if n == 1)
+        decodes = len(a) + sum(1 for _, n in seqs if n == 1)
         prefill = sum(n for _, n in seqs if n > 1)
         return t + decodes * self._mamba_seq_s + prefill * self._mamba_token_s
 
     def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
         restart at each chunk boundary), so the keys of each step are summed over the sequences (sorted
-        contexts and prefix sums), then priced with the same float operations as ``step_time_s``.
-        Contiguous policies step one at a time (their slab accounting has no closed form: None)."""
-        if not self.paged:
-            return None
-        if k == 1:
-            return [self.step_time_s(plan)]
+        contexts and prefix sums), then priced with the same float operations as ``step_time_s`` (a span is
+        decode-only: no copies or swaps to add)."""
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s
-        a = np.sort(np.fromiter((s.num_computed_tokens + 1 for s in plan._decoding), dtype=np.int64, count=n))
-        prefix = np.concatenate(([0], np.cumsum(a)))
-        j = np.arange(k, dtype=np.int64)
-        keys = []
-        for kind, window, _, _ in self._groups:
-            if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
-                idx = np.searchsorted(a, window - j, side="left")
-                keys.append(prefix[idx] + j * idx + window * (n - idx))
-            elif kind == "chunked":
-                keys.append((((a[None, :] - 1 + j[:, None]) % window) + 1).sum(axis=1))
-            else:
-                keys.append(int(prefix[-1]) + n * j)
-        # NOTE: elementwise float64 operations in step_time_s's order, so each step's figure is the same bits
-        t = np.zeros(k)
-        for g, (_, _, key_s, pair_s) in enumerate(self._groups):
-            t = t + (keys[g] * key_s * f + 0 * pair_s)
-        attn = t + n * self._mamba_seq_s + 0 * self._mamba_token_s + n * per_seq
+        a, prefix = self._decode_contexts(plan)
+        total = prefix[-1]
+        rest = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
         gpu, serial, hidden = fixed
-        g = gpu + attn
-        return (serial + np.where(g >= hidden, g, hidden)).tolist()
+        out = []
+        # NOTE: plain floats in step_time_s's order (spans are short: numpy's overhead would dominate), so
+        # each step's figure is the same bits as stepping's
+        for j in range(k):
+            t = 0.0
+            for kind, window, key_s, pair_s in self._groups:
+                if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
+                    i = bisect_left(a, window - j)
+                    keys = prefix[i] + j * i + window * (n - i)
+                elif kind == "chunked":
+                    keys = sum((c - 1 + j) % window + 1 for c in a)
+                else:
+                    keys = total + n * j
+                t += keys * key_s * f + 0 * pair_s
+            g = gpu + (t + rest[0] + rest[1] + rest[2])
+            out.append(serial + (g if g >= hidden else hidden))
+        return out
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens

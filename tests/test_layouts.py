@@ -193,6 +193,11 @@ def _check_paged(kv: HybridPagedKv, seqs):
         filled += len(state) * B
     logical = sum(s.num_computed_tokens for s in seqs)
     assert logical * kv.fill_rate - kv.shared_filled == filled
+    # the memory figure by layer group: each class's pages, then the Mamba states; they add up to alloc
+    per_class = [sum(len(kv._st[s][2][i]) for s in seqs) * B for i in range(len(kv.classes))]
+    states = [len(seqs) * kv.state_pages * B] if kv.state_pages else []
+    assert kv.group_slots() == per_class + states and len(kv.group_labels()) == len(kv.group_slots())
+    assert sum(kv.group_slots()) == kv.alloc
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
 
@@ -264,11 +269,53 @@ def test_hybrid_contiguous_accounting(reqs):
             assert s.slab_tokens == 2 * min(p + o, 40) + (p + o) + lay.groups[-1].state_pages * 8
     filled = sum(kv._slots(s.num_computed_tokens) for s in live)
     assert sum(s.num_computed_tokens for s in live) - kv.shared_filled == filled
+    assert sum(kv.group_slots()) == kv.alloc  # the memory figure by layer group: the slabs' shares
+    assert [k for k, _, _ in kv.group_labels()] == ["full", "sliding", "mamba"]
+    if live:  # a decode span: shared_filled after each of the next k steps, in closed form
+        span = kv.span_shared_filled(60)
+        for j in range(60):
+            for s in live:
+                s.num_computed_tokens += 1
+            assert span[j] == kv.shared_filled
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
     for s in live:
         kv.free(s)
-    assert kv.alloc == kv.capped == kv.rounding == 0
+    assert kv.alloc == kv.capped == kv.rounding == 0 and kv.group_slots() == [0, 0, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([("sliding", "sliding", "full", "mamba"), ("chunked", "full"), ("sliding", "full")]),
+       st.lists(st.tuples(st.integers(1, 120), st.integers(20, 300)), min_size=1, max_size=6),
+       st.integers(1, 400))
+def test_add_blocks_is_grow_at_crossings(kinds, reqs, blocks):
+    """The decode fast path (``add_blocks``: every crossing sequence's pages in one call) leaves the same
+    tables, counters and free queue as growing each sequence by one token at its crossing."""
+    pair = [_paged(kinds, window=24, blocks=blocks)[0] for _ in range(2)]
+    seqs = [[Sequence(i, 0.0, p, o) for i, (p, o) in enumerate(reqs)] for _ in range(2)]
+    for kv, ss in zip(pair, seqs):
+        for s in ss:
+            if kv.can_admit(s, s.prompt_tokens):
+                kv.admit(s, s.prompt_tokens)
+                s.num_computed_tokens = s.prompt_tokens
+    for _ in range(300):
+        cross = [[s for s in ss if s in kv._st and s.num_computed_tokens % kv.block_size == 0
+                  and s.num_computed_tokens < s.prompt_tokens + s.output_tokens - 1] for kv, ss in zip(pair, seqs)]
+        if not pair[0].pool.can_allocate(len(cross[0])):
+            break
+        if cross[0]:
+            pair[0].add_blocks(cross[0])
+        for s in cross[1]:
+            pair[1].grow(s, 1)
+        for kv, ss in zip(pair, seqs):
+            for s in ss:
+                if s in kv._st and s.num_computed_tokens < s.prompt_tokens + s.output_tokens - 1:
+                    s.num_computed_tokens += 1
+    a, b = pair
+    assert a._st.keys() == b._st.keys() or [s.seq_id for s in a._st] == [s.seq_id for s in b._st]
+    assert [a._st[s][:3] for s in a._st] == [b._st[t][:3] for t in b._st]
+    assert (a.alloc, a.capped, a._first_sum, a.group_slots()) == (b.alloc, b.capped, b._first_sum, b.group_slots())
+    assert a.blocks.free_blocks == b.blocks.free_blocks
 
 
 # ------------------------------------------------------------------------------------------ whole runs
@@ -311,15 +358,16 @@ def _scenario(path, kind, exact=False, **over):
 @pytest.mark.parametrize("kind", list(TINY))
 def test_exact_and_fast_stepping_agree(tmp_path, monkeypatch, kind):
     """Window freeing, chunked freeing, Mamba state and MLA: stepping every iteration (exact) and skipping
-    quiet decode spans give the same answers (paged policies take spans; contiguous ones with several
-    groups step one at a time). For the window model, the scheduler's per-sequence path, forced at every
-    step, also gives what its fast decode path gives: pages leave a window at the same moment on both."""
+    quiet decode spans give the same answers (paged and contiguous policies take spans). For the window
+    model, the scheduler's per-sequence path, forced at every step, also gives what its fast decode path
+    gives: pages leave a window at the same moment on both."""
     from test_engine import assert_same_requests
 
     path = _tiny(tmp_path, **TINY[kind])
     fast = run(_scenario(path, kind))
     others = [run(_scenario(path, kind, exact=True))]
-    assert len(fast.policies["vllm-v1"].steps) < len(others[0].policies["vllm-v1"].steps)  # spans were taken
+    for name in ("vllm-v1", "orca-oracle"):  # spans were taken, paged and contiguous
+        assert len(fast.policies[name].steps) < len(others[0].policies[name].steps), name
     if kind == "window":
         monkeypatch.setattr(_CrossingPool, "can_allocate", lambda self, n, admission=False: n == 0)
         others.append(run(_scenario(path, kind)))
@@ -350,3 +398,26 @@ def test_hybrid_allocator_and_fp8_serve_more(tmp_path):
     assert m["hybrid"]["request_throughput"] > m["full"]["request_throughput"]
     assert m["hybrid"]["num_preemptions"] < m["full"]["num_preemptions"]
     assert r.policies["hybrid-fp8"].pool.num_blocks >= 2 * r.policies["hybrid"].pool.num_blocks - 1
+
+
+def test_memory_by_layer_group_table(tmp_path):
+    """kv_groups.parquet: one series per group class for the multi-group policies only (paged and contiguous),
+    labelled by kind and window, within the pool; a run of single-group policies writes no such file."""
+    import pandas as pd
+
+    from sim.run import write_results
+
+    path = _tiny(tmp_path, **TINY["window"])
+    r = run(_scenario(path, "window", policies=[
+        {"preset": "vllm", "name": "hybrid"}, {"preset": "orca-oracle", "name": "slabs"},
+        {"preset": "vllm", "name": "full", "hybrid_allocator": False}]))
+    write_results(r, tmp_path / "out")
+    g = pd.read_parquet(tmp_path / "out" / "kv_groups.parquet")
+    assert set(g["policy"].astype(str)) == {"hybrid", "slabs"}  # the single-group policy writes nothing here
+    assert set(g["group"]) == {"full (1 group)", "sliding W=64 (3 groups)"}
+    cap = r.policies["hybrid"].summary["kv_capacity_tokens"]
+    assert (g["slots"] >= 0).all() and (g["slots"] <= cap).all()
+    assert (g[g["policy"] == "hybrid"].groupby("bin_start_s")["slots"].sum() <= cap + 1e-6).all()
+    only_full = run(_scenario(path, "window", policies=[{"preset": "vllm", "name": "full", "hybrid_allocator": False}]))
+    write_results(only_full, tmp_path / "full")
+    assert not (tmp_path / "full" / "kv_groups.parquet").exists()
