@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpu_helpers import require_backend
@@ -14,17 +15,17 @@ TINY_SCENARIO = str(ROOT / "scenarios" / "tiny-cpu.yaml")
 runner = CliRunner()
 
 
-def test_replay_calibrate_validate_commands(tmp_path):
+def test_replay_calibrate_validate_commands(tmp_path, tiny_replays):
     require_backend()
     from cli import app
 
-    r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cpu", "--out", str(tmp_path / "r"), "--no-report"])
+    r, out = tiny_replays["closed-loop"]  # `sim replay TINY --device cpu --out ... --no-report` (conftest)
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "r" / "summary.json").exists() and "replayed on cpu" in r.output
+    assert (out / "summary.json").exists() and "replayed on cpu" in r.output
 
-    r = runner.invoke(app, ["replay", TINY_SCENARIO, "--open-loop", "--out", str(tmp_path / "o"), "--no-report"])
+    r, out = tiny_replays["open-loop"]  # `sim replay TINY --open-loop --out ... --no-report`
     assert r.exit_code == 0, r.output
-    info = json.loads((tmp_path / "o" / "replay.json").read_text())
+    info = json.loads((out / "replay.json").read_text())
     assert info["mode"] == "open-loop" and set(info["open_loop"]) == {"orca-max", "vllm"}
     assert "per-step MAPE" in r.output
 
