@@ -118,24 +118,3 @@ def browser(_chromium):
     _chromium.get_log("browser")
     return _chromium
 
-
-@pytest.fixture(scope="session")
-def tiny_replays(tmp_path_factory) -> dict:
-    """``sim replay scenarios/tiny-cpu.yaml`` on the CPU through the command line, closed loop
-    (``--device cpu``) and open loop (``--open-loop``), each run once for the session: the CLI test checks
-    the commands, tests/test_gpu_replay.py the files they wrote (once per xdist worker that runs either).
-    ``{mode: (CliRunner result, out dir)}``."""
-    from gpu_helpers import require_backend
-
-    require_backend()
-    from typer.testing import CliRunner
-
-    from cli import app
-
-    d = tmp_path_factory.mktemp("tiny-replay")
-    runs = {}
-    for mode, args in (("closed-loop", ["--device", "cpu"]), ("open-loop", ["--open-loop"])):
-        r = CliRunner().invoke(app, ["replay", str(ROOT / "scenarios" / "tiny-cpu.yaml"), *args, "--out", str(d / mode),
-                                     "--no-report"])
-        runs[mode] = (r, d / mode)
-    return runs

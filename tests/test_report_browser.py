@@ -13,7 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 
 from reports.html import build_report
 from sim.config import parse_scenario

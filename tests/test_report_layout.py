@@ -8,7 +8,6 @@ selenium (the session's browser fixture, tests/conftest.py)."""
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 from test_report_browser import open_report
 
 from reports.html import build_report
