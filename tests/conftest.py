@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one xdist worker per core: torch's (OpenMP's) threads one per worker, not one per core in each worker,
+    # whose spinning waits burned CPU time (before torch is first imported: test modules import it later)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
