@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one xdist worker per core: torch's (OpenMP's) threads one per worker, not one per core in each worker,
+    # whose spinning waits burned CPU time (before torch is first imported: test modules import it later)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -78,3 +85,42 @@ def check_after_every_step(monkeypatch, check) -> dict:
     monkeypatch.setattr(Scheduler, "complete", complete)
     monkeypatch.setattr(Scheduler, "complete_span", complete_span)
     return calls
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+BROWSER_WINDOW = (1300, 1000)
+
+
+@pytest.fixture(scope="session")
+def _chromium(tmp_path_factory):
+    """One headless Chromium for the whole session (tests/test_report_browser.py, test_report_layout.py):
+    starting one costs seconds; each test gets it back at the default window size (``browser``)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium and chromedriver not installed "
+                    "(apt-get install -y chromium chromium-driver; .ci/run installs them)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[test]')")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 f"--window-size={BROWSER_WINDOW[0]},{BROWSER_WINDOW[1]}",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def browser(_chromium):
+    """The session's Chromium at its default window size, with the previous page's console log dropped."""
+    _chromium.set_window_size(*BROWSER_WINDOW)
+    _chromium.get("about:blank")
+    _chromium.get_log("browser")
+    return _chromium
+

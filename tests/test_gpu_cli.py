@@ -1,30 +1,50 @@
-"""sim replay / calibrate / validate from the command line, on the CPU."""
+"""sim replay / calibrate / validate from the command line, on the CPU; and what `sim replay` wrote."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from gpu_helpers import require_backend
+from sim.config import load_scenario
+from sim.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SCENARIO = str(ROOT / "scenarios" / "tiny-cpu.yaml")
 runner = CliRunner()
 
 
-def test_replay_calibrate_validate_commands(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_replays(tmp_path_factory) -> dict:
+    """``sim replay scenarios/tiny-cpu.yaml`` on the CPU, closed loop (``--device cpu``) and open loop
+    (``--open-loop``), each run once for this module: the command test checks the commands, the two tests
+    after it the files they wrote. ``{mode: (CliRunner result, out dir)}``."""
     require_backend()
     from cli import app
 
-    r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cpu", "--out", str(tmp_path / "r"), "--no-report"])
-    assert r.exit_code == 0, r.output
-    assert (tmp_path / "r" / "summary.json").exists() and "replayed on cpu" in r.output
+    d = tmp_path_factory.mktemp("tiny-replay")
+    runs = {}
+    for mode, args in (("closed-loop", ["--device", "cpu"]), ("open-loop", ["--open-loop"])):
+        r = runner.invoke(app, ["replay", TINY_SCENARIO, *args, "--out", str(d / mode), "--no-report"])
+        runs[mode] = (r, d / mode)
+    return runs
 
-    r = runner.invoke(app, ["replay", TINY_SCENARIO, "--open-loop", "--out", str(tmp_path / "o"), "--no-report"])
+
+def test_replay_calibrate_validate_commands(tmp_path, tiny_replays):
+    require_backend()
+    from cli import app
+
+    r, out = tiny_replays["closed-loop"]  # `sim replay TINY --device cpu --out ... --no-report`
     assert r.exit_code == 0, r.output
-    info = json.loads((tmp_path / "o" / "replay.json").read_text())
+    assert (out / "summary.json").exists() and "replayed on cpu" in r.output
+
+    r, out = tiny_replays["open-loop"]  # `sim replay TINY --open-loop --out ... --no-report`
+    assert r.exit_code == 0, r.output
+    info = json.loads((out / "replay.json").read_text())
     assert info["mode"] == "open-loop" and set(info["open_loop"]) == {"orca-max", "vllm"}
     assert "per-step MAPE" in r.output
 
@@ -38,6 +58,41 @@ def test_replay_calibrate_validate_commands(tmp_path):
     v = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert set(v["policies"]) == {"orca-max", "vllm"} and "request_throughput" in r.output
     assert (tmp_path / "v" / "validation.parquet").exists() and (tmp_path / "v" / "replay" / "report.html").exists()
+
+
+def test_closed_loop_replay_writes_the_files_of_sim_run(tiny_replays):
+    """What ``replay_to_dir`` (``sim replay TINY --device cpu``, the fixture's) wrote."""
+    r, out = tiny_replays["closed-loop"]
+    assert r.exit_code == 0, r.output
+    for f in ("summary.json", "requests.parquet", "steps.parquet", "replay.json"):
+        assert (out / f).is_file(), f
+    summary = json.loads((out / "summary.json").read_text())
+    sim = run(load_scenario(TINY_SCENARIO))
+    assert set(summary["policies"]) == set(sim.policies)
+    for name, m in summary["policies"].items():
+        assert m["num_finished"] == m["num_requests"] == 30
+        assert m["kv_capacity_tokens"] == sim.policies[name].summary["kv_capacity_tokens"]
+        assert m["request_throughput"] > 0
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert (steps[steps.num_steps > 0].num_steps == 1).all()  # measured one at a time, no spans
+    info = json.loads((out / "replay.json").read_text())
+    assert info["mode"] == "closed-loop" and info["device_type"] == "cpu" and info["attention"] == "torch"
+
+
+def test_open_loop_replays_the_recorded_plans(tiny_replays):
+    """``open_loop`` as ``sim replay TINY --open-loop`` ran it (the fixture): the simulation's
+    tables (summary.json, steps.parquet) against the replayed plans (open_loop.parquet)."""
+    r, out = tiny_replays["open-loop"]
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())["policies"]
+    sim_steps, steps = pd.read_parquet(out / "steps.parquet"), pd.read_parquet(out / "open_loop.parquet")
+    assert set(summary) == set(steps.policy.astype(str)) == {"orca-max", "vllm"}
+    for name, m in summary.items():
+        g, res_steps = steps[steps.policy == name], sim_steps[sim_steps.policy == name]
+        assert len(g) == m["num_steps"] > 0
+        assert g.predicted_s.sum() == pytest.approx(res_steps.duration_s[res_steps.num_steps > 0].sum(), rel=1e-9)
+        assert (g.measured_s > 0).all()
+        assert g.num_prefill_tokens.sum() == res_steps.num_prefill_tokens.mul(res_steps.num_steps).sum()
 
 
 def test_user_errors_exit_2(tmp_path):

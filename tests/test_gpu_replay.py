@@ -1,27 +1,24 @@
-"""Replay through the simulator's scheduler and allocator on the CPU: closed loop, open loop, tokens
-that do not depend on the policy, memory that agrees exactly with the simulation, calibration."""
+"""Replay through the simulator's scheduler and allocator on the CPU: tokens that do not depend on the
+policy, memory that agrees exactly with the simulation, calibration (closed and open loop as `sim replay`
+runs them: tests/test_gpu_cli.py)."""
 
 import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import pytest
 
 from gpu_helpers import require_backend
 
 torch = require_backend()
 
 from gpu.calibrate import Grid, calibrate, fit_nonnegative  # noqa: E402
-from gpu.replay import memory_gib_for_pool, open_loop, replay, replay_to_dir  # noqa: E402
+from gpu.replay import memory_gib_for_pool, replay  # noqa: E402
 from gpu.validate import validate  # noqa: E402
-from sim.config import load_scenario, parse_scenario  # noqa: E402
-from sim.run import run  # noqa: E402
+from sim.config import parse_scenario  # noqa: E402
 from sim.steptime import PROFILE_FORMAT, PROFILE_TERMS, load_profile, profile_features, profile_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "gpu" / "configs" / "tiny-llama.json"
-TINY_SCENARIO = ROOT / "scenarios" / "tiny-cpu.yaml"
 
 
 def tiny_scenario(kv_pool_tokens: int, policies: list, rate: float = 1e6, num_requests: int = 8, **over):
@@ -37,20 +34,6 @@ def tiny_scenario(kv_pool_tokens: int, policies: list, rate: float = 1e6, num_re
             "policies": policies}
     data.update(over)
     return parse_scenario(data)
-
-
-def test_closed_loop_replay_writes_the_files_of_sim_run(tmp_path):
-    summary, paths = replay_to_dir(TINY_SCENARIO, "cpu", tmp_path / "r", report=False)
-    assert {"summary", "requests", "steps", "replay"} <= set(paths)
-    sim = run(load_scenario(TINY_SCENARIO))
-    for name, m in summary["policies"].items():
-        assert m["num_finished"] == m["num_requests"] == 30
-        assert m["kv_capacity_tokens"] == sim.policies[name].summary["kv_capacity_tokens"]
-        assert m["request_throughput"] > 0
-    steps = pd.read_parquet(paths["steps"])
-    assert (steps[steps.num_steps > 0].num_steps == 1).all()  # measured one at a time, no spans
-    info = json.loads(paths["replay"].read_text())
-    assert info["mode"] == "closed-loop" and info["device_type"] == "cpu" and info["attention"] == "torch"
 
 
 def test_tokens_do_not_depend_on_policy_or_preemption():
@@ -106,17 +89,6 @@ def test_memory_check_can_fail(tmp_path):
     result, *_ = validate(s, "cpu", write_profile(tmp_path / "p.json", s.model_spec(), scale=10_000.0))
     assert not result["policies"]["vllm"]["identical_schedule"]
     assert result["policies"]["vllm"]["memory_max_abs_difference_slots"] is None
-
-
-def test_open_loop_replays_the_recorded_plans():
-    s = load_scenario(TINY_SCENARIO)
-    sim, steps, _ = open_loop(s, "cpu")
-    for name, res in sim.policies.items():
-        g = steps[steps.policy == name]
-        assert len(g) == res.summary["num_steps"]
-        assert g.predicted_s.sum() == pytest.approx(res.steps.duration_s[res.steps.num_steps > 0].sum(), rel=1e-9)
-        assert (g.measured_s > 0).all()
-        assert g.num_prefill_tokens.sum() == res.steps.num_prefill_tokens.mul(res.steps.num_steps).sum()
 
 
 def test_fit_recovers_known_coefficients():

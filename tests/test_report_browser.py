@@ -13,7 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 
 from reports.html import build_report
 from sim.config import parse_scenario
@@ -21,13 +20,8 @@ from kvsim import run_to_dir, sweep_to_dir, write_results
 from sim.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 SIZE_BOUND_BYTES = 10_000_000
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                                reason="chromium and chromedriver not installed "
-                                       "(apt-get install -y chromium chromium-driver; .ci/run installs them)")
 
 # Plotly must have drawn every figure: its layout exists, every trace has finite points, and marks are in the SVG.
 FIGURE_STATE_JS = """
@@ -44,24 +38,6 @@ return Array.from(document.querySelectorAll('div.figure')).map(gd => ({
   yticks: Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent).join('|'),
 }));
 """
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[test]')")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                 "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1300,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
 
 
 def open_report(driver, path: Path, screenshot: Path) -> list[dict]:

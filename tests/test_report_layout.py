@@ -3,13 +3,12 @@ HTML element sticks out of its container (tables too wide for the page scroll in
 except the summary tables, which must fit), and no text plotly draws (titles, tick and bar labels,
 legends, annotations) is clipped by its figure. Screenshots of every page and width go to the test's
 tmp dir (and $KVSIM_SCREENSHOT_DIR when set). Skips, saying why, without chromium, chromedriver or
-selenium (the browser fixture of test_report_browser)."""
+selenium (the session's browser fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
-import pytest
-from test_report_browser import browser, open_report  # noqa: F401 (browser: the shared fixture)
+from test_report_browser import open_report
 
 from reports.html import build_report
 from sim.config import parse_scenario
@@ -71,7 +70,7 @@ def check_widths(driver, page, tmp_path, stem: str) -> None:
         assert not problems, f"{stem} at {width} px:\n" + "\n".join(problems[:30])
 
 
-def test_run_report_fits_900_and_1400_px(browser, tmp_path):  # noqa: F811
+def test_run_report_fits_900_and_1400_px(browser, tmp_path):
     """The quickstart's policies and its Fig. 2 bars (published ones beside ours), on a small workload."""
     scenario = parse_scenario({
         "name": "quickstart", "description": "OPT-13B on 1x A100-40GB, ShareGPT-like lengths",
@@ -98,7 +97,7 @@ def assert_user_text_is_text(driver) -> None:
     assert LINK in texts, [t for t in texts if "big" in t]
 
 
-def test_sweep_report_fits_900_and_1400_px(browser, tmp_path):  # noqa: F811
+def test_sweep_report_fits_900_and_1400_px(browser, tmp_path):
     from tables import sweep_table
 
     d = tmp_path / "sweep"
@@ -110,7 +109,7 @@ def test_sweep_report_fits_900_and_1400_px(browser, tmp_path):  # noqa: F811
     assert_user_text_is_text(browser)
 
 
-def test_layout_check_sees_overflow_and_clipping(browser, tmp_path):  # noqa: F811
+def test_layout_check_sees_overflow_and_clipping(browser, tmp_path):
     """The check itself: a heading wider than the page, and a figure title longer than its figure."""
     from tables import sweep_table
 

@@ -28,10 +28,14 @@ def check_pool(kv: SharedPagedKv, seqs) -> None:
     free = pool.free_blocks
     assert len(free) == len(set(free)) == pool.num_free
     free = set(free)
-    for b in range(pool.num_blocks):
-        assert pool.ref_cnt[b] == h.get(b, 0), f"block {b}: ref {pool.ref_cnt[b]} vs {h.get(b, 0)} holders"
-        assert (b in free) == (h.get(b, 0) == 0)
-    assert set(pool.ref_cnt) == set(h), "the counts hold exactly the held blocks"
+    # every block: its count is its holders (0 for none), and it is free exactly when no one holds it;
+    # as whole-dict and whole-set comparisons (this runs after every step), per block only to say which
+    if dict(pool.ref_cnt) != h or free != set(range(pool.num_blocks)) - h.keys():
+        for b in range(pool.num_blocks):
+            assert pool.ref_cnt[b] == h.get(b, 0), f"block {b}: ref {pool.ref_cnt[b]} vs {h.get(b, 0)} holders"
+            assert (b in free) == (h.get(b, 0) == 0), f"block {b}: free {b in free}, {h.get(b, 0)} holders"
+        assert set(pool.ref_cnt) == set(h), "the counts hold exactly the held blocks"
+        assert free <= set(range(pool.num_blocks)), f"free ids outside the pool: {free - set(range(pool.num_blocks))}"
     for hsh, b in pool.cache.items():
         assert pool.key[b] is not None and pool.key[b][0] == hsh
     assert kv.alloc == len(h) * kv.block_size
