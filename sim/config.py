@@ -620,6 +620,9 @@ class Scenario(Strict):
 
 MAX_YAML_VALUES = 100_000  # values a document may expand to, aliases counted at every use
 MAX_YAML_DEPTH = 64
+# libyaml's parser where PyYAML was built with it (linear in the text; the pure-Python scanner is quadratic
+# in the nesting of flow collections, seconds for a hostile "[[[[...]]]]"), else PyYAML's safe loader
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _key_lines(root: yaml.Node) -> dict[tuple, int]:
@@ -758,13 +761,17 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     path = Path(path)
     text = read_text(path, f"{what} file", ScenarioError)
     try:
-        node = yaml.compose(text)
+        node = yaml.compose(text, Loader=_YAML_LOADER)
         lines = _key_lines(node) if node is not None else {}
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ScenarioError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        problem = getattr(e, "problem", None) or str(e)
+        if "nesting depth" in problem:  # libyaml's own limit on flow collections ([[[...]]])
+            raise ScenarioError(f"{where}: nested too deeply to read (more than {MAX_YAML_DEPTH} levels expected "
+                                f"at most)") from None
+        raise ScenarioError(f"{where}: not valid YAML ({problem})") from None
     except ValueError as e:
         raise ScenarioError(f"{path}: {e}") from None
     except RecursionError:
