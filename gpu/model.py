@@ -61,6 +61,9 @@ class ModelShape:
         if set(kinds) - {"full", "sliding"}:
             raise ValueError(f"{spec.name}: layers of kind {sorted(set(kinds) - {'full', 'sliding'})} are "
                              "simulator-only; the GPU backend runs full and sliding-window attention")
+        if getattr(spec, "num_experts", 0):
+            raise ValueError(f"{spec.name}: mixture-of-experts layers are simulator-only; the GPU backend runs "
+                             "dense (Llama-architecture) MLPs")
         window = getattr(spec, "sliding_window", 0)
         windows = tuple(window if k == "sliding" else 0 for k in kinds[:n]) if "sliding" in kinds[:n] else ()
         return cls(spec.name, n, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.ffn_size,
