@@ -49,6 +49,7 @@ class Sequence:
     """
 
     __slots__ = ("seq_id", "request_id", "order", "group", "arrival_s", "prompt_tokens", "output_tokens",
+                 "max_kv_tokens",
                  "_computed", "_output", "clock", "state",
                  "block_table", "cpu_blocks", "slab_start", "slab_tokens", "slab_rounded",
                  "first_token_s", "last_token_s", "num_preemptions",
@@ -63,6 +64,9 @@ class Sequence:
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
+        # slots this request will ever fill: everything but its last output token (a field, not a
+        # property: read for every block a decode adds; prompt and output lengths never change)
+        self.max_kv_tokens = prompt_tokens + output_tokens - 1
         self._computed = 0
         self._output = 0
         self.clock = None  # the clock.DecodeClock it is on, if any
@@ -114,11 +118,6 @@ class Sequence:
     def in_decode(self) -> bool:
         """Past its prefill: it has sampled a token and computes one token per step."""
         return self._output > 0 and self.num_uncomputed_tokens == 1 if self.clock is None else True
-
-    @property
-    def max_kv_tokens(self) -> int:
-        """Slots this request will ever fill: everything but its last output token."""
-        return self.prompt_tokens + self.output_tokens - 1
 
     @property
     def remaining_output_tokens(self) -> int:

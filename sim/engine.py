@@ -197,24 +197,23 @@ class Engine:
                 for seq in sched.first_admitted:
                     log.scheduled(seq.request_id, now)
             k = 1 if self.exact else sched.span_limit(plan)
-            cuttable = False
+            cuttable, times = False, None
             if k > 1:
-                first = executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
                 cuttable = sched.arrivals_matter()
                 stop = self._next_event_s() if cuttable else self._horizon
                 if cuttable and self.feed is not None:  # pushes are not known ahead: price up to when one may
                     stop = min(self.feed.expected_next_s(), self._horizon)  # come, cut when one does (below)
-                if first is None:
-                    k = 1
-                elif stop < math.inf:  # price only the steps that can start before it (step times only grow
+                if stop < math.inf:  # price only the steps that can start before it (step times only grow
                     # along a span; if a model's did not, the span would just end sooner: still exact)
-                    k = min(k, int((stop - now) / first[0]) + 2)
-            if k == 1:
+                    first = executor.decode_span_s(plan, 1)  # None: no closed form (a real executor)
+                    k = 1 if first is None else min(k, int((stop - now) / first[0]) + 2)
+                if k > 1:
+                    times = executor.decode_span_s(plan, k)  # None: no closed form; else step j's seconds
+            if times is None:
                 dt = executor.step_time_s(plan)
                 yield env.timeout(dt)
                 self._record(now, [dt], plan, *sched.complete(env.now))
             else:
-                times = executor.decode_span_s(plan, k)
                 ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
                 cut = bisect_left(ends, stop if self.feed is None else self._horizon)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival

@@ -476,16 +476,16 @@ class PagedKv:
     def add_blocks(self, seqs: list) -> None:
         """One more block for each decoding sequence whose next token starts a new block, in order.
         The hot path of decoding: the caller checked that enough blocks are free."""
-        B = self.block_size
+        B, n = self.block_size, len(seqs)
         slack = 0  # capped grows by a whole block, but for a final block the request only partly fills
-        for seq, b in zip(seqs, self.pool.allocate(len(seqs))):
+        for seq, b in zip(seqs, self.pool.allocate(n)):
             table = seq.block_table
             table.append(b)
-            over = len(table) * B - seq.prompt_tokens - seq.output_tokens + 1
+            over = len(table) * B - seq.max_kv_tokens
             if over > 0:
                 slack += over
-        self.alloc += B * len(seqs)
-        self.capped += B * len(seqs) - slack
+        self.alloc += B * n
+        self.capped += B * n - slack
 
 
 class ContiguousKv:

@@ -458,16 +458,18 @@ class Recorder:
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared * total, holding * total]
 
-        def per_step():  # only for a span across a bin edge
-            filled, alloc, capped, rounding, held, blocked = mem
-            for j, t in enumerate(times):
-                w = waiting + sum(1 for x in joins if x <= j)
-                cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
-                                capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
-                       holding * t]
+        per_step = None
+        if k > 1:
+            def per_step():  # only for a span across a bin edge
+                filled, alloc, capped, rounding, held, blocked = mem
+                for j, t in enumerate(times):
+                    w = waiting + sum(1 for x in joins if x <= j)
+                    cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
+                                    capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
+                           holding * t]
 
-        self.timeline.add(start_s, times, totals, per_step if k > 1 else None)
+        self.timeline.add(start_s, times, totals, per_step)
         self.num_steps += k
         self.seq_steps += k * n
         if plan.num_decode_tokens:

@@ -137,6 +137,7 @@ class RooflineStepTime:
         self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
         self._fixed: dict[tuple[int, int, int], tuple[float, float, float]] = {}  # see _fixed_parts
+        self._layers: dict[int, float] = {}  # num_tokens -> GPU seconds of all layers but attention
         self._paged_terms: dict[int, tuple[float, float]] = {}
         self.model, self.gpu = model, gpu
         self.layout = layout
@@ -304,11 +305,14 @@ class RooflineStepTime:
         key = (num_tokens, num_seqs, num_sampled)
         got = self._fixed.get(key)
         if got is None:
-            if self.model.modern:
-                gpu = self._modern_layers_s(num_tokens)
-            else:
-                layer = self.ops.layer_s(num_tokens)
-                gpu = self._num_layers * (layer["linear"] + layer["elementwise"] + layer["allreduce"])
+            gpu = self._layers.get(num_tokens)  # the costly part depends on the tokens only
+            if gpu is None:
+                if self.model.modern:
+                    gpu = self._modern_layers_s(num_tokens)
+                else:
+                    layer = self.ops.layer_s(num_tokens)
+                    gpu = self._num_layers * (layer["linear"] + layer["elementwise"] + layer["allreduce"])
+                self._layers[num_tokens] = gpu
             gpu += self.ops.lm_head_s(num_sampled) + self.cfg.gpu_overhead_s
             e = self.engine
             serial = e.serial_step_s + e.serial_per_seq_s * num_seqs + e.serial_per_token_s * num_sampled
@@ -316,6 +320,7 @@ class RooflineStepTime:
             got = self._fixed[key] = (float(gpu), serial, hidden)
             if len(self._fixed) > 65536:  # bounded: prefill steps of many sizes
                 self._fixed.clear()
+                self._layers.clear()
         return got
 
     def decode_key_terms(self, block_size: int) -> tuple[float, float]:
