@@ -46,6 +46,7 @@ class PolicyResult:
     fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
     num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
     groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
+    layout: object = None  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
 
 
 class Engine:
@@ -114,7 +115,7 @@ class Engine:
             summary["num_unfinished"] += r.beyond_horizon
         groups = self.rec.groups.table(self.rec.timeline.bin_s) if self.rec.groups is not None else None
         return PolicyResult(self.policy, self.pool, req, steps, summary, self.snapshot(), timeline,
-                            num_events=self.num_events, groups=groups)
+                            num_events=self.num_events, groups=groups, layout=self.resolved.layout)
 
     def sharing_counts(self) -> SharingCounts | None:
         """What block sharing counted (None when the run neither shares nor copies blocks)."""

@@ -65,6 +65,7 @@ class HybridPagedKv:
     shared_blocks = 0
     copies: tuple = ()
     loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (none: no prefix caching here)
+    slides = True  # window and chunked groups free pages at crossings, inside decode spans too
 
     def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
         self.layout = layout

@@ -326,6 +326,7 @@ class KvManager(Protocol):
     kind: str  # "paged" | "contiguous"
     caching: bool  # a prefix cache answers match_prefix
     fill_rate: int
+    slides: bool
     capacity: int
     alloc: int
     capped: int
@@ -382,6 +383,7 @@ class PagedKv:
     kind = "paged"
     caching = False  # see sharing.SharedPagedKv
     fill_rate = 1  # slots one cached token fills (hybrid.HybridPagedKv: one per attention group)
+    slides = False  # pages can leave a sequence while it decodes (hybrid.HybridPagedKv: window groups)
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
@@ -494,6 +496,7 @@ class ContiguousKv:
     kind = "contiguous"
     caching = False
     fill_rate = 1
+    slides = False
     shared_filled = 0
     shared_blocks = 0
     copies: tuple = ()

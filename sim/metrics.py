@@ -185,22 +185,31 @@ class SharingCounts:
     num_cow_copies: int = 0
     num_evicted_blocks: int = 0
     num_slab_copies: int = 0
-    offload: dict | None = None  # the CPU tier's metrics (``offload_counts``), when the policy has one
+    offload: dict | None = None  # the CPU tier's counts (``offload_counts``), when the policy has one
 
 
 def offload_counts(kv, kv_bytes_per_token: int) -> dict | None:
-    """The CPU tier's metrics from a sharing KV manager (None without a tier): hit rates by tier over
-    every request's first admission, the prefill tokens its loads saved, and bytes moved each way."""
+    """What the CPU tier of a sharing KV manager counted (None without a tier): prompt tokens admitted
+    for the first time and found on each tier, the prefill tokens its loads saved, and bytes moved each
+    way. Counts only, so a fleet's replicas add up (``offload_metrics`` makes the rates)."""
     tier = getattr(kv, "tier", None)
     if tier is None:
         return None
     block_bytes = kv.block_size * kv_bytes_per_token
-    admitted = kv.admitted_prompt_tokens
-    return {"prefix_hit_rate_gpu": kv.hit_tokens_gpu / admitted if admitted else None,
-            "prefix_hit_rate_cpu": kv.hit_tokens_cpu / admitted if admitted else None,
+    return {"admitted_prompt_tokens": kv.admitted_prompt_tokens, "hit_tokens_gpu": kv.hit_tokens_gpu,
+            "hit_tokens_cpu": kv.hit_tokens_cpu,
             "prefill_tokens_saved_cpu": tier.num_loaded * kv.block_size,
             "host_to_device_bytes": tier.num_loaded * block_bytes,
             "device_to_host_bytes": tier.num_stored * block_bytes}
+
+
+def offload_metrics(counts: dict) -> dict:
+    """The CPU tier's metrics (declared in ``METRICS``): hit rates by tier over every request's first
+    admission, the prefill tokens its loads saved, and bytes moved each way."""
+    admitted = counts["admitted_prompt_tokens"]
+    return {"prefix_hit_rate_gpu": counts["hit_tokens_gpu"] / admitted if admitted else None,
+            "prefix_hit_rate_cpu": counts["hit_tokens_cpu"] / admitted if admitted else None,
+            **{k: counts[k] for k in ("prefill_tokens_saved_cpu", "host_to_device_bytes", "device_to_host_bytes")}}
 
 
 def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
@@ -268,7 +277,7 @@ def _sharing_metrics(fin: pd.DataFrame, c: SharingCounts, used: float, shared: f
         full = (prompt // B).sum()
         out["prefix_hit_rate_blocks"] = float((hit // B).sum() / full) if full else None
     if c.offload is not None:
-        out.update(c.offload)
+        out.update(offload_metrics(c.offload))
     return out
 
 

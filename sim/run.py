@@ -89,7 +89,7 @@ class RunResult:
                            "weights_gib": p.weights_bytes / GIB, "activation_gib": p.activation_bytes / GIB,
                            "budget_gib": p.budget_bytes / GIB,
                            "max_num_batched_tokens": token_budget(res.policy, m)}
-            lay = resolve_policy(s, m, self.gpu, res.policy).layout
+            lay = res.layout
             if lay is not None and not lay.single:  # several KV groups (sim/layouts.py): a slot is one group's token
                 pools[name]["kv_groups"] = [{"kind": g.kind, "layers": g.layers, "window": g.window,
                                              "state_pages": g.state_pages} for g in lay.groups]
@@ -283,21 +283,26 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
         if any(counts.values()):
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
+    if scenario.cluster is None:
+        resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
+        for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)
+            model_executor(scenario, model, gpu, resolved[policy.name], requests)
+    else:  # every replica group's pool and step-time model; the first replica's pools are printed
+        from sim.cluster.fleet import replica_policy, replica_scenarios
+
+        reps = replica_scenarios(scenario)
+        resolved = {}
+        for gi, sc in dict(reps).items():
+            for policy in scenario.policies:
+                r = replica_policy(scenario, gi, sc, model, policy)
+                model_executor(sc, model, sc.gpu_spec(), r, requests)
+                resolved.setdefault(policy.name, r)
     pools = {name: r.pool for name, r in resolved.items()}
-    for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)
-        model_executor(scenario, model, gpu, resolved[policy.name], requests)
 
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
 
-    if scenario.cluster is not None:  # every replica group's pool, and the fleet in one line
-        from sim.cluster.fleet import replica_policy, replica_scenarios
-
-        reps = replica_scenarios(scenario)
-        for gi, sc in dict(reps).items():
-            for policy in scenario.policies:
-                replica_policy(scenario, gi, sc, model, policy)
+    if scenario.cluster is not None:  # the fleet in one line
         kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)

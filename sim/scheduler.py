@@ -493,7 +493,8 @@ class Scheduler:
         filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
         if self.paged and k > 1:
-            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if rate != 1 else None)
+            # a manager of KV groups (sim/hybrid.py) frees window pages at crossings, even with one group
+            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None)
         span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
         if span_shared is not None:
             filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]

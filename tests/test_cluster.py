@@ -266,3 +266,48 @@ def test_routing_reads_no_state_that_decode_spans_change(router):
         b = run(scenario(exact=True, **kw)).policies["vllm"]
     assert (a.requests.replica == b.requests.replica).all()
     np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
+
+
+def test_replica_groups_on_their_own_gpu_run_check_and_write(tmp_path):
+    """The scenario's top-level GPU cannot hold the model, the replicas' can: `check` and `run` both take
+    the replicas' GPU and tensor parallelism, and the summary is written (it was resolved on the top one)."""
+    from sim.run import check_scenario, write_results
+
+    d = {"name": "t", "model": "llama-2-13b", "gpu": "l4", "decompose": False,
+         "workload": {"arrival": {"kind": "poisson", "rate": 2}, "lengths": "sharegpt", "num_requests": 20},
+         "policies": ["vllm"], "cluster": {"replicas": [{"gpu": "h100", "count": 2}]}}
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(d))
+    assert any("fleet: 2 replicas" in line for line in check_scenario(path))
+    res = run(parse_scenario(d))
+    write_results(res, tmp_path / "out")
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["policies"]["vllm"]["num_finished"] == 20
+
+
+def test_a_fleet_adds_up_its_replicas_cpu_tier_and_kv_groups():
+    """The CPU tier's counts add up over replicas (rates from the sums), and a multi-group model's slots per
+    group class are the replicas' summed per bin."""
+    base = {"name": "t", "model": "mistral-7b", "gpu": "a100-40gb", "decompose": False,
+            "workload": {"arrival": {"kind": "poisson", "rate": 6}, "lengths": "sharegpt", "num_requests": 120,
+                         "shared_prefixes": {"lengths": [2048] * 12, "popularity": [1] * 12}, "seed": 2},
+            "gpu_memory_utilization": 0.45,
+            "policies": [{"preset": "vllm", "name": "tier", "prefix_caching": True, "kv_offload": {"cpu_gib": 1}}],
+            "cluster": {"replicas": 2, "router": "round-robin"}}
+    res = run(parse_scenario(base)).policies["tier"]
+    reps = res.replicas
+    assert res.summary["host_to_device_bytes"] == reps.host_to_device_bytes.sum()
+    assert res.summary["device_to_host_bytes"] == reps.device_to_host_bytes.sum()
+    assert res.summary["prefill_tokens_saved_cpu"] == reps.prefill_tokens_saved_cpu.sum()
+    assert res.summary["host_to_device_bytes"] > 0 and res.summary["prefix_hit_rate_cpu"] > 0  # the tier is used
+    # the fleet's rate is over the replicas' admitted tokens together: between theirs
+    assert min(reps.prefix_hit_rate_cpu) <= res.summary["prefix_hit_rate_cpu"] <= max(reps.prefix_hit_rate_cpu)
+
+    gemma = {"name": "g", "model": "gemma-3-27b", "gpu": "h100", "decompose": False,
+             "workload": {"arrival": {"kind": "poisson", "rate": 4}, "lengths": "sharegpt", "num_requests": 60},
+             "policies": ["vllm"], "cluster": {"replicas": 2, "router": "round-robin"}}
+    one = run(parse_scenario({**gemma, "cluster": {"replicas": 1}})).policies["vllm"]
+    two = run(parse_scenario(gemma)).policies["vllm"]
+    assert one.groups is not None and two.groups is not None
+    assert set(two.groups.group) == set(one.groups.group)
+    assert len(two.groups) and (two.groups.slots >= 0).all()

@@ -330,6 +330,7 @@ def _tiny(tmp_path, **over):
 
 
 TINY = {"window": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"], "sliding_window": 64},
+        "sliding_only": {"sliding_window": 64},  # one group, which frees pages as its window slides
         "chunked": {"attention_chunk_size": 128, "no_rope_layers": [1, 1, 1, 0]},
         "mamba": {"layer_types": ["mamba", "mamba", "mamba", "full_attention"], "mamba_d_state": 8,
                   "mamba_d_conv": 4, "mamba_expand": 2},

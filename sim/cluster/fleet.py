@@ -179,8 +179,13 @@ class Fleet:
         if hasattr(self.router, "num_capped"):
             fleet.update(num_prefix_affine=self.router.num_affine, num_load_capped=self.router.num_capped)
         pool = engines[0].pool
+        groups = None  # several KV groups (sim/hybrid.py): the fleet's slots per group class, summed over replicas
+        if any(r.groups is not None for r in per):
+            groups = (pd.concat([r.groups for r in per if r.groups is not None], ignore_index=True)
+                      .groupby(["bin_start_s", "group", "kind", "window", "groups"], sort=True, as_index=False)["slots"]
+                      .sum())
         return PolicyResult(per[0].policy, pool, requests, steps, summary, snapshot, tl, replicas=replicas, fleet=fleet,
-                            num_events=sum(r.num_events for r in per))
+                            num_events=sum(r.num_events for r in per), groups=groups, layout=per[0].layout)
 
 
 def _imbalance(x: np.ndarray) -> float | None:
@@ -243,9 +248,12 @@ def merge_sharing(counts: list[SharingCounts | None]) -> SharingCounts | None:
     if counts[0] is None or len(counts) == 1:
         return counts[0]
     c = counts[0]
+    offload = None
+    if c.offload is not None:  # the CPU tier's counts add up over replicas (the rates are made from the sums)
+        offload = {k: sum(x.offload[k] for x in counts) for k in c.offload}
     return SharingCounts(c.paged, c.caching, c.block_size, sum(x.prefill_tokens_saved for x in counts),
                          sum(x.num_cow_copies for x in counts), sum(x.num_evicted_blocks for x in counts),
-                         sum(x.num_slab_copies for x in counts))
+                         sum(x.num_slab_copies for x in counts), offload=offload)
 
 
 def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
