@@ -107,6 +107,31 @@ def report(
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
+def _until_interrupted(to_dir, spec_file: Path, out_dir: Optional[Path], **kw):
+    """A sweep or a plan (``to_dir``) into a checked folder; SIGTERM ends it as Ctrl-C does (its finished
+    runs kept, exit 130)."""
+    import signal
+
+    from sim.sweep import SweepInterrupted
+
+    with user_errors():
+        from sim.outputs import out_dir as checked_dir
+
+        out_dir = checked_dir(out_dir) if out_dir is not None else None
+
+        def terminated(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminated)
+        try:
+            return to_dir(spec_file, out_dir, console=err, **kw)
+        except SweepInterrupted as e:
+            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
 @app.command()
 def sweep(
     sweep_file: Path = typer.Argument(..., metavar="SWEEP.yaml", help="sweep file: a base scenario, axes, capacity"),
@@ -122,26 +147,9 @@ def sweep(
     """Run every point of SWEEP.yaml (and its capacity search); write sweep.parquet, capacity.parquet, report.html."""
     from kvsim import sweep_to_dir
     from reports.console import print_sweep
-    from sim.sweep import SweepInterrupted
 
-    with user_errors():
-        from sim.outputs import out_dir as checked_dir
-
-        out_dir = checked_dir(out_dir) if out_dir is not None else None
-        import signal
-
-        def terminated(signum, frame):  # NOTE: SIGTERM ends a sweep as Ctrl-C does (finished runs kept)
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, terminated)
-        try:
-            result, paths = sweep_to_dir(sweep_file, out_dir, executor=executor, workers=workers, address=address,
-                                         resume=resume, report=not no_report, console=err)
-        except SweepInterrupted as e:
-            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    result, paths = _until_interrupted(sweep_to_dir, sweep_file, out_dir, executor=executor, workers=workers,
+                                       address=address, resume=resume, report=not no_report)
     print_sweep(result, paths, console=out, err_console=err)
     if result.failures:
         raise typer.Exit(1)
@@ -162,26 +170,9 @@ def plan(
 ) -> None:
     """The cheapest deployment that meets PLAN.yaml's SLO at each rate; write plan.parquet, best.csv, report.html."""
     from kvsim import plan_to_dir
-    from sim.sweep import SweepInterrupted
 
-    with user_errors():
-        from sim.outputs import out_dir as checked_dir
-
-        out_dir = checked_dir(out_dir) if out_dir is not None else None
-        import signal
-
-        def terminated(signum, frame):  # NOTE: SIGTERM ends a plan as Ctrl-C does (finished runs kept)
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, terminated)
-        try:
-            result, paths = plan_to_dir(plan_file, out_dir, executor=executor, workers=workers, address=address,
-                                        resume=resume, report=not no_report, console=err)
-        except SweepInterrupted as e:
-            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    result, paths = _until_interrupted(plan_to_dir, plan_file, out_dir, executor=executor, workers=workers,
+                                       address=address, resume=resume, report=not no_report)
     rate_col = result.plan.rate_column
     for _, r in result.best.iterrows():
         if r["met"]:

@@ -31,7 +31,6 @@ with the reason (``pruned_by``).
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import time
@@ -47,7 +46,8 @@ from sim.config import Scenario, ScenarioError, Strict, format_validation_error,
     validate_mapping
 from sim.outputs import ReportWriter
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
-from sim.sweep.spec import Axis, Bound, Sweep, _display, _line_of, _Under, axis_target, known_slo_metrics
+from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
+                             read_base)
 from sim.sweep.tables import _metric_row
 from sim.sweep.tasks import make_task
 from sim.workload import TraceReader
@@ -206,14 +206,7 @@ def load_plan(path: str | Path) -> Plan:
     source = str(path)
     spec = validate_mapping(PlanFile, data, source, lines,
                             keys="plan keys (base, rates or rate_scales, slo, gpus, replicas, ...)")
-    if isinstance(spec.base, str):
-        base_path = path.parent / spec.base
-        if not base_path.is_file():
-            raise ScenarioError(f"{source}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
-        base, base_lines = read_yaml(base_path, "base scenario")
-        base_source, base_dir = str(base_path), str(base_path.parent)
-    else:
-        base, base_lines, base_source, base_dir = copy.deepcopy(spec.base), None, source, str(path.parent)
+    base, base_lines, base_source, base_dir = read_base(path, spec.base, lines)
     if not isinstance(base, dict):
         raise ScenarioError(f"{base_source}: expected a mapping of scenario keys")
     base.setdefault("name", spec.name or path.stem)

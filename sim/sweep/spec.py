@@ -354,6 +354,18 @@ class _Under:
         return [{**e, "loc": (self.key, *e["loc"])} for e in self.error.errors()]
 
 
+def read_base(path: Path, base: str | dict, lines: dict) -> tuple[Any, dict | None, str, str]:
+    """A sweep's or a plan's ``base``: (data, its key lines, its source, its folder). A path is read relative
+    to ``path``'s folder (a missing file names the ``base`` key's line); a mapping is copied."""
+    if isinstance(base, str):
+        base_path = path.parent / base
+        if not base_path.is_file():
+            raise ScenarioError(f"{path}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
+        data, base_lines = read_yaml(base_path, "base scenario")
+        return data, base_lines, str(base_path), str(base_path.parent)
+    return copy.deepcopy(base), None, str(path), str(path.parent)
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file and build (and validate) every point; each problem raises :class:`ScenarioError`
     naming the file, the line and the key."""
@@ -361,15 +373,10 @@ def load_sweep(path: str | Path) -> Sweep:
     data, lines = read_yaml(path, "sweep")
     source = str(path)
     spec = validate_mapping(SweepFile, data, source, lines, keys="sweep keys (base, axes, zip, capacity)")
+    base, base_lines, base_source, base_dir = read_base(path, spec.base, lines)
     if isinstance(spec.base, str):
-        base_path = path.parent / spec.base
-        if not base_path.is_file():
-            raise ScenarioError(f"{source}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
-        base, base_lines = read_yaml(base_path, "base scenario")
-        base_source, base_dir = str(base_path), str(base_path.parent)
         parse_scenario(base, base_source, base_lines, base_dir)
     else:
-        base, base_source, base_dir = spec.base, source, str(path.parent)
         try:
             Scenario.model_validate(base)
         except ValidationError as e:
