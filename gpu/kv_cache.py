@@ -106,6 +106,50 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")  # triton before 3.4
 
 
+def _patch_language_once_per_launch() -> None:
+    """Triton's interpreter patches ``triton.language`` at every launch (and undoes it after), and again at
+    every call of a nested ``@triton.jit`` function (``_dot``, ``_attend_tile``, ``tl.max``: many per tile),
+    walking the modules with ``inspect.getmembers`` each time: about a sixth of an interpreted kernel's
+    time here. Within a launch, a nested call's patch of modules this launch has patched already changes
+    nothing (their builtins are wrapped), so it is skipped. Results are unchanged: the kernels' reference
+    checks run through it. A Triton whose interpreter lacks these internals is left as it is (slower)."""
+    import inspect
+
+    from triton.runtime import interpreter as it
+
+    patch, grid = getattr(it, "_patch_lang", None), getattr(it, "GridExecutor", None)
+    if patch is None or grid is None or getattr(patch, "once_per_launch", False) or \
+            not hasattr(it, "_LangPatchScope") or not hasattr(grid, "__call__"):
+        return
+    launches: list[set[int]] = []  # per live launch: the language modules patched in it
+
+    def langs(fn) -> set[int]:
+        return {id(v) for v in getattr(fn, "__globals__", {}).values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_lang(fn):
+        need = langs(fn)
+        if launches and need <= launches[-1]:
+            return it._LangPatchScope()  # nothing to undo
+        scope = patch(fn)
+        if launches:
+            launches[-1] |= need
+        return scope
+
+    def launch(self, *args, _call=grid.__call__, **kwargs):
+        launches.append(set())
+        try:
+            return _call(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_lang.once_per_launch = True
+    it._patch_lang, grid.__call__ = patch_lang, launch
+
+
+if interpreting():
+    _patch_language_once_per_launch()
+
+
 def check_launch(name: str, *tensors: torch.Tensor) -> None:
     """Kernels need their tensors on one device; on the CPU only the interpreter can run them."""
     devices = {t.device for t in tensors}
