@@ -258,5 +258,10 @@ def merge_sharing(counts: list[SharingCounts | None]) -> SharingCounts | None:
 
 def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
               record_steps: bool) -> PolicyResult:
-    """One policy of a ``cluster:`` scenario, run as a whole fleet on the scenario's requests."""
+    """One policy of a ``cluster:`` scenario, run as a whole fleet on the scenario's requests (a
+    disaggregated one with prefill and decode pools: ``sim/cluster/disagg.py``)."""
+    if scenario.cluster.disaggregated:
+        from sim.cluster.disagg import DisaggFleet
+
+        return DisaggFleet(scenario, model, policy, router, requests, executor, record_steps).run()
     return Fleet(scenario, model, policy, router, requests, executor, record_steps).run()
