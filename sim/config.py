@@ -565,7 +565,9 @@ class ClusterConfig(Strict):
     ``kv_transfer``), a disaggregated fleet instead (``sim/cluster/disagg.py``): the router routes within
     each pool."""
 
-    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] = 1
+    # None: not given (one replica, or the pools of a disaggregated fleet); a default of 1 would be written
+    # out by a dump (sweeps, summary.json) and read back as given
+    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] | None = None
     router: Annotated[str | list[str], BeforeValidator(_routers)] = "round-robin"
     router_options: RouterOptions = RouterOptions()
     prefill: PoolConfig | None = None
@@ -583,7 +585,7 @@ class ClusterConfig(Strict):
             given, missing = ("prefill", "decode") if self.decode is None else ("decode", "prefill")
             raise ValueError(f"{given} without {missing}: prefill/decode disaggregation needs both pools "
                              f"(cluster.prefill and cluster.decode)")
-        if "replicas" in self.model_fields_set:
+        if self.replicas is not None:
             raise ValueError("give either replicas (a colocated fleet) or prefill and decode pools (a "
                              "disaggregated one), not both")
         if self.kv_transfer is None:
@@ -609,7 +611,9 @@ class ClusterConfig(Strict):
 
     @property
     def groups(self) -> list[ReplicaGroup]:
-        return [ReplicaGroup(count=self.replicas)] if isinstance(self.replicas, int) else list(self.replicas)
+        if isinstance(self.replicas, list):
+            return list(self.replicas)
+        return [ReplicaGroup(count=self.replicas or 1)]
 
 
 class Scenario(Strict):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sim import run
-from sim.config import ScenarioError, parse_scenario
+from sim.config import ClusterConfig, ScenarioError, parse_scenario
 from sim.run import check_scenario
 
 LINK = {"gb_per_s": 50, "latency_ms": 0.5}
@@ -176,3 +176,11 @@ def test_what_disaggregation_does_not_simulate_is_an_error(extra, policies, mode
     gpu = "h100" if model == "gemma-3-27b" else "a100-40gb"
     with pytest.raises(ScenarioError, match=r"cluster\.prefill .*" + message):
         run(scenario(pools(), policies=policies, model=model, gpu=gpu, n=5, **extra))
+
+
+def test_a_disaggregated_scenario_reads_back_from_its_dump():
+    """Sweeps and summary.json write the scenario out whole; it must validate again (a sweep's zip of
+    cluster.prefill.replicas and cluster.decode.replicas compares splits)."""
+    c = scenario(pools(prefill=2, decode=3, link="nvlink")).cluster
+    again = ClusterConfig.model_validate(c.model_dump(mode="json"))
+    assert again == c and again.disaggregated and again.replicas is None

@@ -33,8 +33,8 @@ The rules, each decided here:
 Results: the fleet's summary has today's metrics over all requests (``summarize``); ``requests`` adds
 ``prefill_replica``, ``prefill_end_s``, ``decode_wait_ms`` (first token on the prefill replica to admission
 on the decode replica), ``transfer_queue_ms``, ``transfer_ms`` and ``transfer_bytes``, and ``replica`` is
-the decode replica; ``replicas`` has a row per replica of both pools (``pool``); ``fleet`` has per-pool
-figures and the transfers'.
+the decode replica; ``replicas`` has a row per replica of both pools (``pool``; ``group`` 0 prefill, 1
+decode); ``fleet`` has per-pool figures and the transfers'.
 """
 
 from __future__ import annotations
@@ -299,13 +299,14 @@ class DisaggFleet:
                 used.append(slot_s / (e.kv.capacity * duration) if duration > 0 and e.kv.capacity else 0.0)
                 busy += float(p.timeline.busy_s.sum())
                 gpu, tp = self.kinds[name]
-                rows.append({"replica": offset + k, "pool": name, "gpu": gpu, "tensor_parallel": tp,
-                             "num_routed": int(routed[k]), "kv_in_use": used[k], **p.summary})
+                rows.append({"replica": offset + k, "group": POOLS.index(name), "pool": name, "gpu": gpu,
+                             "tensor_parallel": tp, "num_routed": int(routed[k]), "kv_in_use": used[k], **p.summary})
             pools[name] = {"num_replicas": len(pool), "gpu": self.kinds[name][0],
                            "tensor_parallel": self.kinds[name][1],
                            "busy_fraction": busy / (duration * len(pool)) if duration > 0 else None,
                            "kv_in_use": float(np.mean(used)), "kv_capacity_tokens": sum(e.kv.capacity for e in pool),
-                           "load_imbalance_requests": _imbalance(routed), "load_imbalance_kv": _imbalance(np.array(used))}
+                           "load_imbalance_requests": _imbalance(routed),
+                           "load_imbalance_kv": _imbalance(np.array(used))}
         moved = frame[frame.transfer_ms.notna()]
         transfer = {"link": self.link.name, "gb_per_s": self.link.bytes_per_s / 1e9,
                     "latency_ms": self.link.latency_s * 1e3, "num_transfers": int(len(moved)),

@@ -50,7 +50,7 @@ def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: 
     try:
         return resolve_policy(sc, model, sc.gpu_spec(), policy)
     except ScenarioError as e:
-        if isinstance(scenario.cluster.replicas, int):
+        if not isinstance(scenario.cluster.replicas, list):
             raise
         raise ScenarioError(f"cluster.replicas[{group}] ({sc.tensor_parallel} x {sc.gpu_spec().name}): {e}") from None
 
