@@ -313,9 +313,11 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
 
     if scenario.cluster is not None and scenario.cluster.disaggregated:  # the pools in one line
         c = scenario.cluster
-        parts = [f"{n} {cfg.replicas} x {sc.tensor_parallel} x {sc.gpu_spec().name}" for n, cfg, sc in pool_scenarios(scenario)]
-        lines.append(f"fleet, disaggregated: {', '.join(parts)}; KV transfer {c.link.name} {c.link.bytes_per_s / 1e9:g} GB/s "
-                     f"+ {c.link.latency_s * 1e3:g} ms; router {', '.join(c.routers)}")
+        parts = [f"{n} {cfg.replicas} x {sc.tensor_parallel} x {sc.gpu_spec().name}"
+                 for n, cfg, sc in pool_scenarios(scenario)]
+        lines.append(f"fleet, disaggregated: {', '.join(parts)}; KV transfer {c.link.name} "
+                     f"{c.link.bytes_per_s / 1e9:g} GB/s + {c.link.latency_s * 1e3:g} ms; "
+                     f"router {', '.join(c.routers)}")
     elif scenario.cluster is not None:  # the fleet in one line
         kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"

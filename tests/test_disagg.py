@@ -103,6 +103,17 @@ def test_one_prefill_and_one_decode_replica_finish_every_request_consistently():
     assert np.allclose(exact.first_token_s, req.first_token_s, rtol=0, atol=1e-9)
 
 
+def test_a_one_token_request_ends_on_its_prefill_replica():
+    w = {"arrival": {"kind": "poisson", "rate": 4}, "prompt": {"kind": "uniform", "low": 10, "high": 500},
+         "output": {"kind": "fixed", "tokens": 1}, "num_requests": 30}
+    res = run(scenario(pools(), workload=w)).policies["vllm"]
+    req = res.requests
+    assert (req.status == "finished").all() and (req.generated_tokens == 1).all()
+    assert (req.replica == -1).all() and req.transfer_ms.isna().all() and (req.transfer_bytes == 0).all()
+    assert (req.first_token_s == req.prefill_end_s).all() and (req.finish_s == req.first_token_s).all()
+    assert res.fleet["kv_transfer"]["num_transfers"] == 0 and res.fleet["decode"]["busy_fraction"] == 0
+
+
 def test_paged_and_contiguous_decode_pools_both_run():
     res = run(scenario(pools(prefill=1, decode=2, router="least-outstanding"), n=100, rate=4.0,
                        policies=("vllm", "orca-oracle", "orca-max"))).policies
@@ -140,15 +151,16 @@ cluster:
   kv_transfer: nvlink
 """)
     lines = check_scenario(path)
-    assert "fleet, disaggregated: prefill 2 x 1 x h100, decode 3 x 1 x a100-80gb; KV transfer nvlink 450 GB/s + 0.01 ms; " \
-           "router round-robin" in lines
+    assert ("fleet, disaggregated: prefill 2 x 1 x h100, decode 3 x 1 x a100-80gb; KV transfer nvlink 450 GB/s "
+            "+ 0.01 ms; router round-robin") in lines
 
 
 # ---------------------------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ({"prefill": {"replicas": 0}, "decode": {"replicas": 1}, "kv_transfer": LINK}, r"cluster\.prefill\.replicas: a pool needs at least one replica \(got 0\)"),
+    ({"prefill": {"replicas": 0}, "decode": {"replicas": 1}, "kv_transfer": LINK},
+     r"cluster\.prefill\.replicas: a pool needs at least one replica \(got 0\)"),
     ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "infiniband"}, "unknown link 'infiniband'"),
     ({"prefill": {"replicas": 1}, "kv_transfer": LINK}, "prefill without decode"),
     ({"decode": {"replicas": 1}, "kv_transfer": LINK}, "decode without prefill"),

@@ -149,7 +149,8 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"mean_tpot_ms: 24.5": "mean_tpot: 24.5"}, "slo: unknown metric 'mean_tpot' (did you mean "
                                            "'mean_tpot_ms'?)"),
     ({"policies: [vllm]": "split: disaggregated"}, "split disaggregated needs kv_transfer"),
-    ({"policies: [vllm]": "split: [colocated, disagg]"}, "split: unknown split 'disagg'; expected colocated or disaggregated"),
+    ({"policies: [vllm]": "split: [colocated, disagg]"},
+     "split: unknown split 'disagg'; expected colocated or disaggregated"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: infiniband"}, "kv_transfer: unknown link 'infiniband'"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['1:0']"},
      "prefill_decode: '1:0': expected prefill:decode replicas per unit"),
