@@ -50,6 +50,7 @@ from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (KvTransferConfig, Scenario, ScenarioError, Strict, _known_link, format_validation_error,
                         parse_scenario, read_yaml, validate_mapping)
 from sim.outputs import ReportWriter
+from sim.schema import plan_label
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -230,13 +231,6 @@ class Shape:
             return lo, hi
         u = sum(self.pd)
         return max(1, -(-lo // u)), hi // u
-
-
-def config_label(r) -> str:
-    """A configuration in words: ``2 x h100 tp1 vllm``, or ``1+3 x h100 tp1 vllm`` for prefill + decode pools."""
-    pre = r.get("prefill_replicas")
-    count = f"{int(pre)}+{int(r['decode_replicas'])}" if pre is not None and pd.notna(pre) else f"{r['replicas']}"
-    return f"{count} x {r['gpu']} tp{r['tensor_parallel']} {r['policy']}"
 
 
 @dataclass
@@ -494,7 +488,7 @@ def _best(plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
                                           "num_gpus", "usd_per_gpu_hour", "usd_per_hour",
                                           "usd_per_million_tokens", "request_throughput", "offered_request_rate",
                                           *plan.spec.slo)},
-                     "runner_up": (f"{config_label(ranked.iloc[1])} ${ranked.iloc[1]['usd_per_hour']:.2f}/h")
+                     "runner_up": (f"{plan_label(ranked.iloc[1])} ${ranked.iloc[1]['usd_per_hour']:.2f}/h")
                      if len(ranked) > 1 else None,
                      "point_key": w["point_key"]})
     return pd.DataFrame(rows)
