@@ -364,6 +364,33 @@ GPUS: dict[str, GpuSpec] = {
 GPU_PRICES: dict[str, float] = {"a100-40gb": 32.77 / 8, "a100-80gb": 40.97 / 8, "h100": 98.32 / 8}
 
 
+@dataclass(frozen=True)
+class LinkSpec:
+    """A KV-transfer link of prefill/decode disaggregation (``cluster.kv_transfer``): one direction."""
+
+    name: str
+    bytes_per_s: float
+    latency_s: float
+
+
+# KV-transfer links, one direction, decimal GB (1e9 bytes):
+# - nvlink: NVLink 4 (H100 SXM) is 900 GB/s per GPU in both directions together, 450 GB/s one way
+#   (NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/);
+# - infiniband-400g: InfiniBand NDR, 400 Gb/s per port = 50 GB/s (NVIDIA ConnectX-7 / Quantum-2 NDR);
+# - pcie-gen5: PCIe 5.0 x16, 32 GT/s x 16 lanes with 128b/130b coding, about 63 GB/s one way (64 as usually
+#   quoted; PCI-SIG PCIe 5.0 specification).
+# The latencies are our order-of-magnitude choices for starting one transfer (a few microseconds on the
+# wire, more in a connector's software), not measurements: give {gb_per_s, latency_ms} for your own.
+LINKS: dict[str, LinkSpec] = {
+    k.name: k
+    for k in [
+        LinkSpec("nvlink", 450e9, 10e-6),
+        LinkSpec("infiniband-400g", 50e9, 20e-6),
+        LinkSpec("pcie-gen5", 64e9, 10e-6),
+    ]
+}
+
+
 class CatalogError(ValueError):
     """A model or GPU name or file the catalog cannot resolve."""
 
