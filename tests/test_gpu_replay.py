@@ -282,3 +282,18 @@ def test_hybrid_open_loop_replays_the_recorded_group_tables():
     assert ex.kv is None and len(steps) > 5
     for i in range(3):
         assert ex.generated(i) == reference_generation(ex.model, ex.prompt_ids(i), len(ex.generated(i))), i
+
+
+def test_the_shipped_hybrid_scenario_replays():
+    """``sim replay scenarios/tiny-hybrid-cpu.yaml`` (README), on its first 10 requests: both policies
+    generate the same tokens, and the hybrid one's memory splits by layer group."""
+    from sim.config import load_scenario
+    from sim.workload import load_requests
+
+    s = load_scenario(ROOT / "scenarios" / "tiny-hybrid-cpu.yaml")
+    result, ex = replay(s, "cpu", requests=load_requests(s).head(10))
+    hybrid, full = result.policies["paged-hybrid"], result.policies["paged-full"]
+    assert hybrid.groups is not None and set(hybrid.groups.kind) == {"sliding", "full"} and full.groups is None
+    assert hybrid.summary["kv_capacity_tokens"] == 2.5 * full.summary["kv_capacity_tokens"]  # slots of 2 layers, not 5
+    for i in range(10):
+        assert ex.executors["paged-hybrid"].generated(i) == ex.executors["paged-full"].generated(i), i
