@@ -316,6 +316,8 @@ class TorchExecutor:
         # same padded step eagerly (the tests' check of the padding)
         if decode_graphs is None:
             decode_graphs = self.device.type == "cuda" and attention == "triton"
+        if not paged and cache.groups.num_groups > 1:
+            raise ValueError("several KV groups need a paged pool (each group has its own block tables)")
         if decode_graphs and attention != "triton":
             raise ValueError("decode graphs need the triton attention backend (store_kv skips padded slots)")
         self.graphs = DecodeGraphs(model, cache, paged, capture=self.device.type == "cuda") if decode_graphs else None

@@ -94,7 +94,8 @@ class KvCache:
         self.groups = groups or KvGroups.single(shape.num_layers)
         self.kv = torch.zeros((self.groups.page_layers, 2, pool.num_blocks, pool.block_size, shape.num_kv_heads,
                                shape.head_dim), device=device, dtype=dtype)
-        self.swap_space: dict[int, torch.Tensor] = {}  # CPU block id -> [L, 2, block_size, H_kv, D] on the host
+        # CPU block id -> [page_layers, 2, block_size, H_kv, D] on the host
+        self.swap_space: dict[int, torch.Tensor] = {}
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``i``'s K and V over every page (its group's pages are those its tables name)."""

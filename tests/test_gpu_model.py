@@ -167,6 +167,11 @@ def test_kv_groups_of_a_hybrid_layout():
         KvGroups.of_layout((0,) * 5, 5, kv_layout(spec, 1, 4))
     with pytest.raises(ValueError, match="hold 3 layers, the model has 2"):
         KvGroups.of_layout((8, 0, 8, 0), 4, kv_layout(spec, 1, 4))
+    model = windowed(tiny_model(), (6, 0))
+    pool = KvPool(num_blocks=4, block_size=4, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0, activation_bytes=0)
+    with pytest.raises(ValueError, match="several KV groups need a paged pool"):
+        TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32, KvGroups((0, 1), (0, 0), 1)), {},
+                      paged=False, attention="torch")
 
 
 def test_simulator_only_layer_kinds_are_refused():

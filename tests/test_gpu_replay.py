@@ -210,12 +210,15 @@ def reference_generation(model, prompt: list[int], n: int) -> list[int]:
 
 def test_hybrid_allocator_replay_runs_each_layer_on_its_groups_pages(monkeypatch):
     """Paged with the hybrid allocator: each layer reads and writes only its KV group's pages as the
-    simulator placed them, the window groups' freed pages go to other sequences, and every request's tokens
+    simulator placed them, the window groups' freed pages go to other sequences, preempted sequences are
+    recomputed on new pages, and every request's tokens
     equal those of the same replay with one full table per sequence (hybrid_allocator: false) and of a plain
     recomputation. The pool is what the simulator sized: pages of 2 layers, no more."""
     log = record_group_tables(monkeypatch)
-    s = hybrid_scenario(36, [{"name": "full", "hybrid_allocator": False}, {"name": "hybrid"}], 6, (10, 30), (8, 16))
+    s = hybrid_scenario(44, [{"name": "full", "hybrid_allocator": False}, {"name": "hybrid"}], 6, (10, 20), (16, 32))
     result, ex = replay(s, "cpu")
+    assert result.policies["hybrid"].summary["num_preemptions"] > 0  # recomputed: re-prefilled on new pages
+    assert all(p.summary["num_finished"] == 6 for p in result.policies.values())
     layout = result.policies["hybrid"].layout
     assert [(g.kind, g.layers) for g in layout.groups] == [("sliding", 2), ("sliding", 1), ("full", 2)]
     counts = check_group_tables(log, layout)
