@@ -156,7 +156,8 @@ def test_the_padded_decode_step_computes_the_eager_step(groups):
     prompts = {0: 5, 1: 18, 2: 3}
     runs = {}
     for graphs in (False, True):
-        cache = KvCache(shape, pool, torch.device("cpu"), torch.float32, KvGroups((0, 1), (0, 0), 1) if groups else None)
+        layers = KvGroups((0, 1), (0, 0), 1) if groups else None  # two groups: pages of one layer each
+        cache = KvCache(shape, pool, torch.device("cpu"), torch.float32, layers)
         ex = TorchExecutor(model, cache, prompts, paged=True, attention="triton", decode_graphs=graphs)
         order = list(range(10))[::-1]  # blocks handed out from the top, so block 0 is nobody's
         tables = {0: order[0:1], 1: order[1:3], 2: order[3:4]}

@@ -140,8 +140,10 @@ def hybrid_scenario(kv_pool_tokens: int, policies: list, num_requests: int, prom
         "gpu": {"name": "tiny-device", "memory_gib": memory_gib_for_pool(resolve_model(str(HYBRID)), kv_pool_tokens),
                 "hbm_gb_per_s": 50, "tflops": 1},
         "runtime_overhead_gib": 0,
-        "workload": {"arrival": {"kind": "poisson", "rate": 1e6}, "prompt": {"kind": "uniform", "low": prompt[0], "high": prompt[1]},
-                     "output": {"kind": "uniform", "low": output[0], "high": output[1]}, "num_requests": num_requests, "seed": 2},
+        "workload": {"arrival": {"kind": "poisson", "rate": 1e6},
+                     "prompt": {"kind": "uniform", "low": prompt[0], "high": prompt[1]},
+                     "output": {"kind": "uniform", "low": output[0], "high": output[1]},
+                     "num_requests": num_requests, "seed": 2},
         "policies": [{"preset": "vllm", "block_size": 4, **p} for p in policies]})
 
 
@@ -172,7 +174,7 @@ def check_group_tables(log: list, layout) -> dict:
     prefill_end: dict[int, int] = {}
     out = {"decode_checked": 0, "at_bound": 0, "reused": 0}
     before: dict[tuple[int, int], list[int]] = {}  # (group, sequence) -> its row at its previous step
-    for ex, seq_ids, news, cached, tables in log:
+    for _, seq_ids, news, cached, tables in log:
         seen = set()
         for seq_id, n, c in zip(seq_ids, news, cached):
             if n > 1:
@@ -211,9 +213,9 @@ def reference_generation(model, prompt: list[int], n: int) -> list[int]:
 def test_hybrid_allocator_replay_runs_each_layer_on_its_groups_pages(monkeypatch):
     """Paged with the hybrid allocator: each layer reads and writes only its KV group's pages as the
     simulator placed them, the window groups' freed pages go to other sequences, preempted sequences are
-    recomputed on new pages, and every request's tokens
-    equal those of the same replay with one full table per sequence (hybrid_allocator: false) and of a plain
-    recomputation. The pool is what the simulator sized: pages of 2 layers, no more."""
+    recomputed on new pages, and every request's tokens equal those of the same replay with one full table
+    per sequence (hybrid_allocator: false) and of a plain recomputation. The pool is what the simulator
+    sized: pages of 2 layers, no more."""
     log = record_group_tables(monkeypatch)
     s = hybrid_scenario(44, [{"name": "full", "hybrid_allocator": False}, {"name": "hybrid"}], 6, (10, 20), (16, 32))
     result, ex = replay(s, "cpu")
@@ -256,7 +258,12 @@ def test_the_group_tables_are_what_keeps_layers_apart(monkeypatch):
     from gpu.executor import TorchExecutor
 
     take = TorchExecutor.group_tables
-    monkeypatch.setattr(TorchExecutor, "group_tables", lambda self, plan: (lambda t: [t[0], t[0], t[2]])(take(self, plan)))
+
+    def swapped(self, plan):
+        t = take(self, plan)
+        return [t[0], t[0], t[2]]
+
+    monkeypatch.setattr(TorchExecutor, "group_tables", swapped)
     s = hybrid_scenario(20, [{"name": "hybrid"}], 3, (10, 16), (6, 10))
     _, executors = replay(s, "cpu")
     ex = executors.executors["hybrid"]
@@ -297,6 +304,7 @@ def test_the_shipped_hybrid_scenario_replays():
     result, ex = replay(s, "cpu", requests=load_requests(s).head(10))
     hybrid, full = result.policies["paged-hybrid"], result.policies["paged-full"]
     assert hybrid.groups is not None and set(hybrid.groups.kind) == {"sliding", "full"} and full.groups is None
-    assert hybrid.summary["kv_capacity_tokens"] == 2.5 * full.summary["kv_capacity_tokens"]  # slots of 2 layers, not 5
+    # a slot is a token of 2 layers, not 5: the same memory holds 2.5x as many
+    assert hybrid.summary["kv_capacity_tokens"] == 2.5 * full.summary["kv_capacity_tokens"]
     for i in range(10):
         assert ex.executors["paged-hybrid"].generated(i) == ex.executors["paged-full"].generated(i), i
