@@ -67,6 +67,8 @@ class Engine:
         self.sampling = sampling  # parallel samples or beams: every request is a group
         self.width = resolved.width
         self.kv = make_kv(resolved)
+        if hasattr(executor, "bind_kv"):  # a real executor reads the allocator's per-group tables (gpu/executor.py)
+            executor.bind_kv(self.kv)
         self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps,
                             log=log)
         if hasattr(self.kv, "group_slots"):  # several KV groups (sim/hybrid.py): the memory figure splits by group

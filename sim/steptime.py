@@ -47,7 +47,8 @@ from sim.userfile import read_json
 
 
 class Executor(Protocol):
-    """What the engine needs of whatever runs (or prices) a step."""
+    """What the engine needs of whatever runs (or prices) a step. One that has ``bind_kv(kv)`` is handed
+    the engine's KV manager once (the GPU replay reads the hybrid allocator's per-group tables from it)."""
 
     def step_time_s(self, plan: StepPlan) -> float:
         """Seconds the step takes (predicted or measured)."""

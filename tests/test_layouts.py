@@ -198,6 +198,16 @@ def _check_paged(kv: HybridPagedKv, seqs):
     states = [len(seqs) * kv.state_pages * B] if kv.state_pages else []
     assert kv.group_slots() == per_class + states and len(kv.group_labels()) == len(kv.group_slots())
     assert sum(kv.group_slots()) == kv.alloc
+    # the GPU replay's view: each attention group's pages by token block (-1: freed), the seq's pages once each
+    tables = kv.group_tables([s.seq_id for s in seqs])
+    assert len(tables) == kv.layout.num_attention_groups
+    for j, s in enumerate(seqs):
+        end, firsts, _, state = kv._st[s]
+        rows = [t[j] for t in tables]
+        assert all(len(r) == end for r in rows)
+        kept = [b for r in rows for b in r if b >= 0]
+        assert sorted(kept + state) == sorted(kv.table(s))
+        assert sorted(r.count(-1) for r in rows) == sorted(f for f, (_, n) in zip(firsts, kv.classes) for _ in range(n))
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
 
