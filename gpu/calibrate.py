@@ -242,8 +242,9 @@ def measure_block_cost(llama: LlamaModel, shape: ModelShape, model: ModelSpec, d
         pool = KvPool(-(-grid.pool_tokens(b) // b), b, model.kv_bytes_per_token(1), 0, 0, 0)
         cache = KvCache(shape, pool, dev, dtype)
         benches = {paged: StepBench(llama, cache, paged, attention, seed) for paged in (True, False)}
-        for bench in benches.values():
-            bench.ex.warmup()
+        if dev.type != "cpu":  # kernels specialise on the block size: compile them before timing. On the
+            for bench in benches.values():  # CPU nothing compiles (calibrate's own warmups ran every path)
+                bench.ex.warmup()
         # NOTE: the 3 decode points that read the most keys: where a per-block cost shows, and few enough
         # that this costs a small share of the calibration (4 block sizes x 3 points x 2 layouts)
         for batch, ctx in sorted(grid.decode, key=lambda bc: bc[0] * bc[1])[-3:]:
