@@ -1,4 +1,5 @@
-"""The same sweep on a local process pool and on a local Ray instance: identical tables."""
+"""The same sweep, and the same deployment plan, on a local process pool and on a local Ray instance (one for
+the module: starting one costs seconds): identical tables."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ capacity:
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kvsim[ray]'): the Ray executor "
                               "cannot be compared with the local one")
@@ -46,3 +47,20 @@ def test_local_and_ray_executors_give_identical_tables(tmp_path, local_ray):
                  (local.capacity_runs, on_ray.capacity_runs)):
         pd.testing.assert_frame_equal(a, b, check_exact=True)  # to the last bit, not to a tolerance
     assert set(local.capacity.status) == {"found", "above max"}  # orca-pow2 bisected; vllm meets it up to max
+
+
+def test_a_plan_on_ray_gives_the_local_tables(tmp_path, local_ray):
+    """``sim plan --executor ray``: the same configurations run, the same verdicts and the same winners."""
+    from test_plan import plan_file
+
+    from sim.plan import load_plan, run_plan
+
+    plan = load_plan(plan_file(tmp_path))
+    with LocalExecutor(workers=2) as ex:
+        local = run_plan(plan, tmp_path / "local", ex)
+    with RayExecutor() as ex:
+        on_ray = run_plan(plan, tmp_path / "ray", ex)
+    assert on_ray.num_runs == local.num_runs > 0
+    pd.testing.assert_frame_equal(local.table, on_ray.table, check_exact=True)
+    pd.testing.assert_frame_equal(local.best, on_ray.best, check_exact=True)
+    assert local.best["met"].any()
