@@ -138,11 +138,13 @@ class DecodeClock:
 
     # ------------------------------------------------------------------------------------ ticks
 
-    def place_span_blocks(self, kv, k: int, filled: list | None = None, shared0: int | None = None) -> tuple:
+    def place_span_blocks(self, kv, k: int, filled: list | None = None, shared0: int | None = None,
+                          shared: list | None = None) -> tuple:
         """Give the members the blocks of ticks 2..k (the next tick's are placed when it is planned),
         tick by tick, oldest first; returns the manager's (alloc, capped) after each of the k ticks.
         ``shared0``: the manager's ``shared_filled`` before the span, for a manager of several KV groups
-        (sim/hybrid.py), whose window blocks freed at crossings leave ``filled`` (corrected in place)."""
+        (sim/hybrid.py), whose window blocks freed at crossings leave ``filled`` (corrected in place);
+        ``shared``: its ``shared_blocks`` is appended after each tick (prefix-cached pages leave a window too)."""
         alloc, capped = [kv.alloc], [kv.capped]
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
         for j in range(1, k):
@@ -153,6 +155,8 @@ class DecodeClock:
             capped.append(kv.capped)
             if shared0 is not None:
                 filled[j] -= kv.shared_filled - shared0
+            if shared is not None:
+                shared.append(kv.shared_blocks)
         return alloc, capped
 
     def advance(self, k: int, ends_s: list[float]) -> None:

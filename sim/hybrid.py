@@ -18,7 +18,9 @@ the block is freed at the sequence's next block crossing. Group padding (a group
 ``HybridPagedKv``: per-group block tables from one pool of equal-sized pages (vLLM's rule). Blocks that
 leave a window or local chunk are freed when the sequence next takes a block (the same moment on the
 scheduler's fast decode path and its general path, so exact and fast stepping agree). Mamba state: a
-fixed number of pages per sequence, taken at admission.
+fixed number of pages per sequence, taken at admission. Prefix caching (``caching``, on a
+``sharing.SharedBlockPool``): each group's page of a full prompt block is cached under the block's hash;
+a hit follows each group's rule (``match_prefix``) and freed pages stay findable until evicted.
 
 ``HybridContiguousKv``: one slab per request covering every group: full groups reserve the policy's
 length, window groups ``min(length, W)`` (a ring buffer), chunked groups ``min(length, C)``, Mamba groups
@@ -35,6 +37,7 @@ import numpy as np
 
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, BlockPool, ContiguousKv, _fill_runs, _merge_segments, blocks_for)
 from sim.layouts import KvLayout, first_kept
+from sim.sharing import SharedBlockPool, prompt_block_hashes
 
 
 class _CrossingPool:
@@ -58,16 +61,19 @@ class _CrossingPool:
     def num_free(self) -> int:
         return 0 if self._kv.refused else self._pool.num_free // self._per
 
+    @property
+    def num_evicted(self) -> int:
+        return self._pool.num_evicted  # prefix caching's evictions (a sharing.SharedBlockPool)
+
 
 class HybridPagedKv:
     kind = "paged"
-    caching = False
-    shared_blocks = 0
     copies: tuple = ()
-    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (none: no prefix caching here)
+    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (no CPU tier with several groups)
     slides = True  # window and chunked groups free pages at crossings, inside decode spans too
+    num_copies = 0  # no copy-on-write: only full prompt blocks are shared, and no sequence writes into one
 
-    def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
+    def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False) -> None:
         self.layout = layout
         self.blocks = pool
         self.block_size = B = pool.block_size
@@ -91,7 +97,14 @@ class HybridPagedKv:
         self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
-        self._pages = [0] * len(self.classes)  # pages each class holds (group_slots)
+        self._pages = [0] * len(self.classes)  # pages each class's tables hold, a shared page once per holder
+        # prefix caching (``pool`` a sharing.SharedBlockPool): see "Prefix caching" below
+        self.caching = caching
+        self._extra = [0] * len(self.classes)  # per class: references beyond a page's first holder
+        self.shared_blocks = 0  # their sum (the pages sharing saves)
+        self._hit_order = sorted(range(len(self.classes)), key=lambda k: self.classes[k][0].window > 0)  # full first
+        if caching:
+            assert isinstance(pool, SharedBlockPool) and not self.state_pages, "prefix caching: attention groups only"
 
     # ------------------------------------------------------------------ the rule
 
@@ -131,16 +144,37 @@ class HybridPagedKv:
         return need > self.blocks.num_blocks - self.blocks.watermark_blocks
 
     def can_admit(self, seq, num_new: int, hits=()) -> bool:
-        ch = self._change(seq, num_new)
-        ok = ch is None or self.blocks.can_allocate(ch[2] - ch[3], admission=True)
+        if hits:  # the hit's pages are there (those in the free queue leave it): the rest are new
+            ch = self._change(seq, num_new, len(hits) * self.block_size)
+            hit = self._hit_pages(hits)
+            need = ch[2] - hit
+            pool = self.blocks
+            if pool.can_allocate(need, admission=True) and not pool.can_allocate(need + hit, admission=True):
+                ref = pool.ref_cnt  # (counted only when it decides)
+                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if ref[b] == 0)
+        else:
+            ch = self._change(seq, num_new)
+            need = 0 if ch is None else ch[2] - self._freeable(seq, ch)
+        ok = self.blocks.can_allocate(need, admission=True)
         self.refused = not ok
         return ok
 
     def can_grow(self, seq, num_new: int) -> bool:
         ch = self._change(seq, num_new)
-        return ch is None or self.blocks.can_allocate(ch[2] - ch[3])
+        return ch is None or self.blocks.can_allocate(ch[2] - self._freeable(seq, ch))
+
+    def _freeable(self, seq, ch) -> int:
+        """Pages the change ``ch`` frees (it gives back ``ch[3]``; with prefix caching, one that another
+        sequence holds too stays held)."""
+        if not self.caching or not ch[3]:
+            return ch[3]
+        ref, st = self.blocks.ref_cnt, self._st[seq]
+        return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st[1], st[2]) if f > f0
+                   for b in table[:n * (min(f, st[0]) - f0)] if ref[b] == 1)
 
     def admit(self, seq, num_new: int, hits=()) -> None:
+        if hits:
+            self._take_hit(seq, hits)
         self.grow(seq, num_new)
 
     def grow(self, seq, num_new: int, c: int | None = None) -> None:
@@ -164,14 +198,18 @@ class HybridPagedKv:
             return
         end0, firsts0, tables = st[0], st[1], st[2]
         pages = self._pages
+        # NOTE: every class frees before any takes: a chunked group may free more pages at a chunk's start
+        # than the others take, and can_grow counted them free (where the pool has the pages anyway, the
+        # same pages are taken either way: frees join the free queue's tail, pages are taken from its head)
         for i, ((g, n), f, f0, table) in enumerate(zip(self.classes, firsts, firsts0, tables)):
             if f > f0:  # blocks that left the window: freed
                 drop = n * (f - f0)
-                blocks.free(table[:drop])
+                self._drop(i, table[:drop])
                 del table[:drop]
                 self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
                 self._first_sum += drop
                 pages[i] -= drop
+        for i, ((g, n), f, table) in enumerate(zip(self.classes, firsts, tables)):
             start = f if f > end0 else end0
             table.extend(blocks.allocate(n * (end - start)))
             pages[i] += n * (end - start)
@@ -188,7 +226,7 @@ class HybridPagedKv:
         attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
         be the same ones: those at the head of the free queue, which the window pages freed meanwhile
         (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
-        B, blocks, spec, st_of = self.block_size, self.blocks, self._spec, self._st
+        B, blocks, spec, st_of, caching = self.block_size, self.blocks, self._spec, self._st, self.caching
         per, m = self.fill_rate, len(seqs)
         new = blocks.allocate(per * m)
         alloc, capped, dropped, p, pages, first_sum = per * m, 0, [], 0, self._pages, 0
@@ -204,7 +242,10 @@ class HybridPagedKv:
                     f0 = firsts[i]
                     if f > f0:
                         drop = n * (f - f0)
-                        dropped += table[:drop]
+                        if caching:  # shared pages stay; one call per table keeps grow's free order
+                            self._drop(i, table[:drop])
+                        else:
+                            dropped += table[:drop]
                         del table[:drop]
                         alloc -= drop
                         capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
@@ -231,7 +272,7 @@ class HybridPagedKv:
         end = st[0]
         for i, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
             self._pages[i] -= len(table)
-            self.blocks.free(table)
+            self._drop(i, table)
             self.alloc -= len(table) * B
             self.capped -= n * (min(end * B, cap) - min(f * B, cap))
             self._first_sum -= n * f
@@ -249,8 +290,9 @@ class HybridPagedKv:
     @property
     def shared_filled(self) -> int:
         """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
-        sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
-        return self.block_size * (self._first_sum - self._states * self.state_pages)
+        sequence's tokens from its first kept block on, and each Mamba state fills its pages; a page shared
+        by prefix caching is a full prompt block that every holder counts: its extra holders are taken out."""
+        return self.block_size * (self._first_sum - self._states * self.state_pages + self.shared_blocks)
 
     def group_labels(self) -> list[tuple[str, int, int]]:
         """(kind, window, groups) of each ``group_slots`` entry: the attention classes, then Mamba state."""
@@ -261,8 +303,140 @@ class HybridPagedKv:
     def group_slots(self) -> list[int]:
         """Slots each ``group_labels`` entry holds now (pages x block size; they add up to ``alloc``)."""
         B = self.block_size
-        out = [p * B for p in self._pages]
+        out = [(p - x) * B for p, x in zip(self._pages, self._extra)]
         return out + [self._states * self.state_pages * B] if self.state_pages else out
+
+    # ------------------------------------------------------------------ prefix caching
+
+    def _drop(self, i: int, pages: list[int]) -> None:
+        """Give back pages of class ``i`` (left a window, or the sequence is done). With prefix caching a
+        page another sequence holds too stays held, now by one fewer: it stops counting as shared."""
+        if self.caching:
+            ref = self.blocks.ref_cnt
+            k = sum(1 for b in pages if ref[b] > 1)
+            if k:
+                self._share(i, -k)
+        self.blocks.free(pages)
+
+    def _share(self, i: int, k: int) -> None:
+        """``k`` more references (fewer if negative) to pages of class ``i`` that others hold too. Every
+        holder counts a shared page in its own ``alloc`` and ``capped`` (a full prompt block: ``B`` slots
+        each), so the extra holders' are taken out here and ``shared_filled`` takes out their tokens."""
+        B = self.block_size
+        self._extra[i] += k
+        self.shared_blocks += k
+        self.alloc -= k * B
+        self.capped -= k * B
+
+    def _hit_pages(self, hits: list) -> int:
+        return sum(len(pages) for row in hits for pages in row if pages is not None)
+
+    def match_prefix(self, seq) -> list:
+        """The longest cached prompt prefix that every group accepts (vLLM's hybrid coordinator), at least
+        one prompt token left to compute, as ``sharing.SharedPagedKv.match_prefix``. One entry per hit block:
+        per class, the pages of the block (one per group of the class) if the class still needs it at the
+        hit's length, else None.
+
+        The rule, per class (``layouts.first_kept`` at the hit's length ``h`` blocks): a full group needs
+        blocks ``[0, h)`` cached, a sliding group only those covering the last ``W - 1`` tokens before the
+        hit, a chunked group those of the current chunk; blocks before may be gone (freed as they slid
+        out, then evicted). The hit is the largest ``h`` every class accepts: each class in turn lowers
+        ``h`` to the largest it accepts at most ``h``, until none does (vLLM: the full group first, then the
+        others limited to its hit). A class's largest: if a needed block is missing, every ``h`` from it up
+        needs it too, so the next candidate is that block's index."""
+        if not self.caching or seq.num_computed_tokens:
+            return []
+        B = self.block_size
+        hashes = prompt_block_hashes(seq, B)[:(seq.prompt_tokens - 1) // B]
+        h = len(hashes)
+        if not h:
+            return []
+        lookup, found = self.blocks.lookup, {}
+
+        def cached(k: int, n: int, i: int):
+            """The pages of block ``i`` in class ``k`` (its ``n`` groups), or None if one is not cached."""
+            key = (k, i)
+            if key not in found:
+                hb, ident = hashes[i]
+                parent = hashes[i - 1][0] if i else None
+                pages = []
+                for j in range(n):
+                    b = lookup(hash((hb, k, j)), ident, parent)
+                    if b is None:
+                        pages = None
+                        break
+                    pages.append(b)
+                found[key] = pages
+            return found[key]
+
+        changed = True
+        while changed and h:
+            changed = False
+            for k in self._hit_order:
+                g, n = self.classes[k]
+                if not g.window:  # a full group: its longest run of cached blocks from the start
+                    i = 0
+                    while i < h and cached(k, n, i) is not None:
+                        i += 1
+                    if i < h:
+                        h, changed = i, True
+                    continue
+                while h:
+                    i = h - 1
+                    first = first_kept(g, h * B, B)
+                    while i >= first and cached(k, n, i) is not None:
+                        i -= 1
+                    if i < first:
+                        break  # the class accepts h
+                    h, changed = i, True
+        firsts = [first_kept(g, h * B, B) for g, _ in self.classes]
+        return [tuple(found[(k, i)] if i >= f else None for k, f in enumerate(firsts)) for i in range(h)]
+
+    def _take_hit(self, seq, hits: list) -> None:
+        """``seq`` (nothing cached yet) takes the hit's pages: its tables start as the hit's blocks."""
+        B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
+        h = len(hits)
+        ref = blocks.ref_cnt
+        firsts, tables = [], []
+        for i, (g, n) in enumerate(self.classes):
+            f = first_kept(g, h * B, B)
+            table = [b for row in hits[f:] for b in row[i]]
+            held = sum(1 for b in table if ref[b])
+            for b in table:
+                blocks.incref(b)
+            firsts.append(f)
+            tables.append(table)
+            self._pages[i] += len(table)
+            self.alloc += len(table) * B
+            self.capped += n * (min(h * B, cap) - min(f * B, cap))
+            self._first_sum += n * f
+            if held:
+                self._share(i, held)
+        state = blocks.allocate(self.state_pages) if self.state_pages else []
+        self._st[seq] = [h, firsts, tables, state]
+        self._states += 1
+        seq.num_computed_tokens = h * B
+
+    def register(self, seq) -> None:
+        """Make ``seq``'s newly computed full prompt blocks findable: each group's page of block ``i`` under
+        the block's hash, the class and the group (every group has its own copy of the block), its identity
+        and its parent's hash (a window page's parent page may be gone, so the parent is checked by hash)."""
+        st = self._st.get(seq)
+        if not self.caching or st is None:
+            return
+        B = self.block_size
+        hashes = prompt_block_hashes(seq, B)
+        done = min(len(hashes), seq.num_computed_tokens // B, st[0])
+        register = self.blocks.register
+        for i in range(seq.num_registered, done):
+            hb, ident = hashes[i]
+            parent = hashes[i - 1][0] if i else None
+            for k, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
+                if i >= f:
+                    row = (i - f) * n
+                    for j in range(n):
+                        register(table[row + j], hash((hb, k, j)), ident, parent)
+        seq.num_registered = max(seq.num_registered, done)
 
     # ------------------------------------------------------------------ pictures
 
@@ -279,9 +453,13 @@ class HybridPagedKv:
         B = self.block_size
         seqs, (free, fresh) = captured
         segs: list = []
+        seen: set[int] = set()  # a page shared by prefix caching is drawn once (a full block for every holder)
         for firsts, tables, state, filled, cap in seqs:
             for (_, n), f, table in zip(self.classes, firsts, tables):
                 for j, b in enumerate(table):  # row j // n of the class: token block f + j // n
+                    if b in seen:
+                        continue
+                    seen.add(b)
                     lo = (f + j // n) * B
                     _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
             for b in state:

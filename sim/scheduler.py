@@ -483,7 +483,8 @@ class Scheduler:
         the inputs of ``kv.breakdown`` (which is linear in them, so the engine integrates them over time):
         (filled, alloc, capped) -- lists, one value per step, or a number where constant -- and the
         constant rounding, held and blocked; and the block references sharing saves (constant along a
-        span: no fork, hit or copy happens in one)."""
+        span: no fork, hit or copy happens in one; but a prefix-cached page of a window group that leaves a
+        holder's window stops being shared: then a list, one value per step)."""
         k = len(ends_s)
         n = len(self.clock.members)
         kv = self.kv
@@ -492,14 +493,17 @@ class Scheduler:
         f0 = self.filled * rate - sf0  # physical slots
         filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
+        shared = kv.shared_blocks
         if self.paged and k > 1:
             # a manager of KV groups (sim/hybrid.py) frees window pages at crossings, even with one group
-            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None)
+            track = [shared] if kv.slides and kv.caching else None
+            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None, track)
+            if track is not None:
+                shared = track
         span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
         if span_shared is not None:
             filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
-        shared = kv.shared_blocks
         self.filled += n * k
         self.clock.advance(k, ends_s)
         self._finish(self.clock.pop_finished(), ends_s[-1])
