@@ -31,6 +31,7 @@ answers how far the group can run unchanged (``span``) and does the ticks (``adv
 from __future__ import annotations
 
 import heapq
+from itertools import accumulate
 
 
 def insert_by_arrival(queue, seq) -> None:
@@ -66,6 +67,7 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
+        self._sorted: list[int] | None = None  # the members' offsets, sorted (decode_contexts); None: stale
 
     # ------------------------------------------------------------------------------------ members
 
@@ -78,6 +80,7 @@ class DecodeClock:
         seq.clock = self
         self.members = add_sorted(self.members, seq)
         self.offset_sum += seq._computed
+        self._sorted = None
         self._fresh[seq] = None
         heapq.heappush(self._finish_at, (seq.output_tokens - seq._output, seq.order, seq))
         if self.paged:
@@ -93,6 +96,7 @@ class DecodeClock:
         if self.paged:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
         self.offset_sum -= seq._computed
+        self._sorted = None
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
             seq.last_token_s = self._last_tick_s
@@ -110,6 +114,17 @@ class DecodeClock:
     def decode_keys(self) -> int:
         """Keys the members read at the next tick: each its cached context plus the new token."""
         return self.offset_sum + len(self.members) * (self.ticks + 1)
+
+    def decode_contexts(self) -> tuple[list[int], list[int]]:
+        """The keys each member reads at the next tick (cached context + the token), sorted, and their prefix
+        sums (a model of several KV groups prices window keys from them). Offsets keep their order as the
+        clock ticks, so they are sorted once per change of the members."""
+        offs = self._sorted
+        if offs is None:
+            offs = self._sorted = sorted([s._computed for s in self.members])
+        d = self.ticks + 1
+        a = [o + d for o in offs]
+        return a, [0, *accumulate(a)]
 
     def _next_finish_tick(self) -> int:
         heap = self._finish_at
@@ -147,16 +162,20 @@ class DecodeClock:
         ``shared``: its ``shared_blocks`` is appended after each tick (prefix-cached pages leave a window too)."""
         alloc, capped = [kv.alloc], [kv.capped]
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
+        if shared0 is not None:  # several KV groups: the whole span's crossings in one call (sim/hybrid.py)
+            for j, (a, c, sf, sb) in enumerate(kv.span_blocks([cross[(t0 + 1 + j) % B] for j in range(1, k)]), 1):
+                alloc.append(a)
+                capped.append(c)
+                filled[j] -= sf - shared0
+                if shared is not None:
+                    shared.append(sb)
+            return alloc, capped
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
             if movers:
                 add(movers)
             alloc.append(kv.alloc)
             capped.append(kv.capped)
-            if shared0 is not None:
-                filled[j] -= kv.shared_filled - shared0
-            if shared is not None:
-                shared.append(kv.shared_blocks)
         return alloc, capped
 
     def advance(self, k: int, ends_s: list[float]) -> None:

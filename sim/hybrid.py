@@ -86,7 +86,9 @@ class HybridPagedKv:
         self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
         self.fill_rate = sum(classes.values())  # attention groups
-        self._spec = [(g.kind == "sliding", g.window, n) for g, n in self.classes]  # add_blocks' view
+        self._spec = [(i, g.kind == "sliding", g.window, n) for i, (g, n) in enumerate(self.classes)]  # span_blocks' view
+        self._sizes = [(i, n) for i, (_, n) in enumerate(self.classes)]
+        self._window_min = min([g.window for g, _ in self.classes if g.window] or [1 << 62])  # no page leaves below
         self._class_groups = [n for _, n in self.classes]
         self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
@@ -117,8 +119,13 @@ class HybridPagedKv:
         B = self.block_size
         end = blocks_for(c + num_new, B)
         if st is None:
+            if not c:  # a new request with no hit: every block of every group (the common admission)
+                return end, [0] * len(self.classes), self.fill_rate * end + self.state_pages, 0
             firsts = [first_kept(g, c, B) for g, _ in self.classes]
-            return end, firsts, sum(n * (end - f) for f, (_, n) in zip(firsts, self.classes)) + self.state_pages, 0
+            take = self.state_pages
+            for f, (_, n) in zip(firsts, self.classes):
+                take += n * (end - f)
+            return end, firsts, take, 0
         end0 = st[0]
         if end <= end0:
             return None
@@ -184,16 +191,22 @@ class HybridPagedKv:
         end, firsts, take, freed = ch
         B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
         st = self._st.get(seq)
-        if st is None:
-            state = blocks.allocate(self.state_pages) if self.state_pages else []
-            st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
+        if st is None:  # the state's pages, then each class's, in one call (the same pages as one by one)
+            new = blocks.allocate(take)
+            p = self.state_pages
+            tables, pages, top, capped, first_sum = [], self._pages, min(end * B, cap), p * B, 0
+            for i, (_, n) in enumerate(self.classes):
+                f = firsts[i]
+                m = n * (end - f)
+                tables.append(new[p:p + m])
+                p += m
+                pages[i] += m
+                capped += n * (top - min(f * B, cap))
+                first_sum += n * f
+            self._st[seq] = [end, firsts, tables, new[:self.state_pages]]
             self._states += 1
-            self.capped += len(state) * B
-            for i, ((_, n), f, table) in enumerate(zip(self.classes, firsts, st[2])):
-                table.extend(blocks.allocate(n * (end - f)))
-                self._pages[i] += n * (end - f)
-                self.capped += n * (min(end * B, cap) - min(f * B, cap))
-                self._first_sum += n * f
+            self.capped += capped
+            self._first_sum += first_sum
             self.alloc += take * B  # the state's pages included
             return
         end0, firsts0, tables = st[0], st[1], st[2]
@@ -218,51 +231,81 @@ class HybridPagedKv:
         st[0], st[1] = end, firsts
 
     def add_blocks(self, seqs: list) -> None:
-        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
-        the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
-        cached, which is what is passed (``grow(seq, 1, end * B)``, unrolled: the hot path of decoding).
+        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block (``span_blocks``)."""
+        self.span_blocks([seqs])
 
-        NOTE: the pages are taken in one call. The caller has checked that the pool holds a page per
-        attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
-        be the same ones: those at the head of the free queue, which the window pages freed meanwhile
-        (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
+    def span_blocks(self, ticks: list[list]) -> list[tuple[int, int, int, int]]:
+        """Each tick's crossing sequences, tick after tick (a decode span's ticks, or one tick of the fast
+        path): each crosses into a new block. Within a decode span the sequences' counters have not advanced
+        yet: a crossing sequence has exactly its blocks' tokens cached, which is what is used (``grow(seq, 1,
+        end * B)``, unrolled: the hot path of decoding). Returns (alloc, capped, shared_filled,
+        shared_blocks) after each tick.
+
+        NOTE: the pages of all the ticks are taken in one call. The caller has checked that the pool holds a
+        page per attention group and crossing (``pool.can_allocate``, ``DecodeClock.span``) without the
+        pages freed meanwhile, so the pages taken one group and tick at a time would be the same ones:
+        those at the head of the free queue, which the window pages freed meanwhile (appended at its tail)
+        never reach. The frees follow in the same order as one at a time (with prefix caching, one call per
+        table, as ``grow`` frees: a call frees its pages tail first)."""
         B, blocks, spec, st_of, caching = self.block_size, self.blocks, self._spec, self._st, self.caching
-        per, m = self.fill_rate, len(seqs)
+        per = self.fill_rate
+        m = 0
+        for seqs in ticks:
+            m += len(seqs)
         new = blocks.allocate(per * m)
-        alloc, capped, dropped, p, pages, first_sum = per * m, 0, [], 0, self._pages, 0
-        for seq in seqs:
-            st = st_of[seq]
-            end0 = st[0]
-            c, cap = end0 * B, seq.max_kv_tokens
-            firsts, i = st[1], -1
-            for table, (sliding, window, n) in zip(st[2], spec):
-                i += 1
-                if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
-                    f = (c + 1 - window) // B if sliding else c // window * window // B
-                    f0 = firsts[i]
-                    if f > f0:
-                        drop = n * (f - f0)
-                        if caching:  # shared pages stay; one call per table keeps grow's free order
-                            self._drop(i, table[:drop])
-                        else:
-                            dropped += table[:drop]
-                        del table[:drop]
-                        alloc -= drop
-                        capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
-                        first_sum += drop
-                        pages[i] -= drop
-                        firsts[i] = f
-                table += new[p:p + n]
-                p += n
-            capped += per * ((c + B if c + B < cap else cap) - (c if c < cap else cap))
-            st[0] = end0 + 1
+        alloc, capped, first_sum, shared = self.alloc, self.capped, self._first_sum, self.shared_blocks
+        dropped, p, pages, extra, out = [], 0, self._pages, self._extra, []
+        base = self._states * self.state_pages
+        ref = blocks.ref_cnt if caching else None
+        grown, wmin, sizes = per * B, self._window_min, self._sizes
+        for seqs in ticks:
+            alloc += grown * len(seqs)
+            for seq in seqs:
+                st = st_of[seq]
+                end0 = st[0]
+                st[0] = end0 + 1
+                c, tables = end0 * B, st[2]
+                x = seq.max_kv_tokens - c  # capped grows by the new blocks' slots the request will fill
+                capped += grown if x >= B else per * x if x > 0 else 0
+                if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
+                    for i, n in sizes:
+                        tables[i] += new[p:p + n]
+                        p += n
+                    continue
+                firsts, cap = st[1], seq.max_kv_tokens
+                for i, sliding, window, n in spec:
+                    table = tables[i]
+                    if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
+                        f = (c + 1 - window) // B if sliding else c // window * window // B
+                        f0 = firsts[i]
+                        if f > f0:
+                            drop = n * (f - f0)
+                            if caching:  # a page others hold stays (``_drop``); one call per table
+                                gone = table[:drop]
+                                k = sum(1 for b in gone if ref[b] > 1)
+                                if k:
+                                    extra[i] -= k
+                                    shared -= k
+                                    alloc += k * B
+                                    capped += k * B
+                                blocks.free(gone)
+                            else:
+                                dropped += table[:drop]
+                            del table[:drop]
+                            alloc -= drop * B
+                            capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
+                            first_sum += drop
+                            pages[i] -= drop
+                            firsts[i] = f
+                    table += new[p:p + n]
+                    p += n
+            out.append((alloc, capped, B * (first_sum - base + shared), shared))
         for i, n in enumerate(self._class_groups):
             pages[i] += n * m
         if dropped:
             blocks.free(dropped)
-        self._first_sum += first_sum
-        self.alloc += alloc * B
-        self.capped += capped
+        self.alloc, self.capped, self._first_sum, self.shared_blocks = alloc, capped, first_sum, shared
+        return out
 
     def free(self, seq) -> None:
         st = self._st.pop(seq, None)

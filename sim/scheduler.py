@@ -379,6 +379,7 @@ class Scheduler:
                         copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
                         forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
                         _decoding=self.clock.members if n_clk else (), _entries=e,
+                        _contexts=self.clock.decode_contexts if n_clk else None,
                         host_loads=tuple(self.kv.loads) if self.kv.loads else ())
 
     # ------------------------------------------------------------------------------------ complete

@@ -187,8 +187,11 @@ class RooflineStepTime:
         got = self._contexts
         if got is not None and got[0] is plan:
             return got[1], got[2]
-        a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
-        prefix = [0, *accumulate(a)]
+        if plan._contexts is not None:  # the scheduler's decode clock keeps them sorted
+            a, prefix = plan._contexts()
+        else:
+            a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
+            prefix = [0, *accumulate(a)]
         self._contexts = (plan, a, prefix)
         return a, prefix
 
@@ -232,30 +235,41 @@ class RooflineStepTime:
         contexts and prefix sums), then priced with the same float operations as ``step_time_s`` (a span is
         decode-only: no copies or swaps to add)."""
         n = plan.num_seqs
-        fixed = self._fixed_parts(n, n, n)
+        gpu, serial, hidden = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s
         a, prefix = self._decode_contexts(plan)
-        total = prefix[-1]
-        rest = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
-        gpu, serial, hidden = fixed
-        out = []
+        r0, r1, r2 = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
         # NOTE: plain floats in step_time_s's order (spans are short: numpy's overhead would dominate), so
-        # each step's figure is the same bits as stepping's
-        for j in range(k):
-            t = 0.0
-            for kind, window, key_s, pair_s in self._groups:
-                if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
-                    i = bisect_left(a, window - j)
-                    keys = prefix[i] + j * i + window * (n - i)
-                elif kind == "chunked":
-                    keys = sum((c - 1 + j) % window + 1 for c in a)
-                else:
-                    keys = total + n * j
-                t += keys * key_s * f + 0 * pair_s
-            g = gpu + (t + rest[0] + rest[1] + rest[2])
-            out.append(serial + (g if g >= hidden else hidden))
-        return out
+        # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
+        # keys * key_s * f + pairs * pair_s in turn, and with no pairs (a decode) the zeros add nothing exactly
+        t = None
+        for kind, window, key_s, _ in self._groups:
+            col = [x * key_s * f for x in self._span_keys(kind, window, a, prefix, k)]
+            t = col if t is None else [u + v for u, v in zip(t, col)]
+        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
+
+    @staticmethod
+    def _span_keys(kind: str, window: int, a: list[int], prefix: list[int], k: int):
+        """Keys a group reads at each of the next ``k`` decode steps of sequences of sorted keys ``a`` (prefix
+        sums ``prefix``): a full group sum(a) + n j; a sliding group sum(min(a + j, W)), linear in j while no
+        sequence reaches W (the ``i`` below W grow, the rest read W), so one range per such run; a chunked
+        group restarts at each chunk boundary (summed per step)."""
+        n = len(a)
+        if kind == "sliding":
+            keys: list[int] = []
+            i, j = bisect_left(a, window), 0
+            while j < k:
+                end = k if i == 0 else min(k, window - a[i - 1])  # a[i - 1] + j reaches W at j = W - a[i - 1]
+                base = prefix[i] + window * (n - i)
+                keys.extend(range(base + j * i, base + end * i, i) if i else [base] * (end - j))
+                j = end
+                if j < k:
+                    i = bisect_left(a, window - j, 0, i)
+            return keys
+        if kind == "chunked":
+            return [sum((c - 1 + j) % window + 1 for c in a) for j in range(k)]
+        return range(prefix[-1], prefix[-1] + n * k, n)
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
