@@ -31,6 +31,7 @@ answers how far the group can run unchanged (``span``) and does the ticks (``adv
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from itertools import accumulate
 
 
@@ -67,7 +68,8 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
-        self._sorted: list[int] | None = None  # the members' offsets, sorted (decode_contexts); None: stale
+        self._offsets: list[int] = []  # the members' computed-token offsets, sorted (decode_contexts)
+        self._prefix: list[int] | None = None  # their prefix sums; None: stale
 
     # ------------------------------------------------------------------------------------ members
 
@@ -80,7 +82,8 @@ class DecodeClock:
         seq.clock = self
         self.members = add_sorted(self.members, seq)
         self.offset_sum += seq._computed
-        self._sorted = None
+        insort(self._offsets, seq._computed)
+        self._prefix = None
         self._fresh[seq] = None
         heapq.heappush(self._finish_at, (seq.output_tokens - seq._output, seq.order, seq))
         if self.paged:
@@ -96,7 +99,9 @@ class DecodeClock:
         if self.paged:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
         self.offset_sum -= seq._computed
-        self._sorted = None
+        offs = self._offsets
+        del offs[bisect_left(offs, seq._computed)]
+        self._prefix = None
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
             seq.last_token_s = self._last_tick_s
@@ -115,16 +120,15 @@ class DecodeClock:
         """Keys the members read at the next tick: each its cached context plus the new token."""
         return self.offset_sum + len(self.members) * (self.ticks + 1)
 
-    def decode_contexts(self) -> tuple[list[int], list[int]]:
-        """The keys each member reads at the next tick (cached context + the token), sorted, and their prefix
-        sums (a model of several KV groups prices window keys from them). Offsets keep their order as the
-        clock ticks, so they are sorted once per change of the members."""
-        offs = self._sorted
-        if offs is None:
-            offs = self._sorted = sorted([s._computed for s in self.members])
-        d = self.ticks + 1
-        a = [o + d for o in offs]
-        return a, [0, *accumulate(a)]
+    def decode_contexts(self) -> tuple[list[int], list[int], int]:
+        """The keys each member reads at the next tick (cached context + the token) as ``offs[i] + d``: the
+        members' offsets, sorted, their prefix sums, and ``d`` (a model of several KV groups prices window
+        keys from them). Offsets keep their order as the clock ticks: kept sorted as members join and
+        leave, their prefix sums rebuilt once per change."""
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = [0, *accumulate(self._offsets)]
+        return self._offsets, prefix, self.ticks + 1
 
     def _next_finish_tick(self) -> int:
         heap = self._finish_at

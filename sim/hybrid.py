@@ -35,7 +35,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, BlockPool, ContiguousKv, _fill_runs, _merge_segments, blocks_for)
+from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, _fill_runs, _merge_segments,
+                    blocks_for)
 from sim.layouts import KvLayout, first_kept
 from sim.sharing import SharedBlockPool, prompt_block_hashes
 
@@ -311,14 +312,22 @@ class HybridPagedKv:
         st = self._st.pop(seq, None)
         if st is None:
             return
-        B, cap = self.block_size, seq.max_kv_tokens
-        end = st[0]
-        for i, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
-            self._pages[i] -= len(table)
-            self._drop(i, table)
-            self.alloc -= len(table) * B
-            self.capped -= n * (min(end * B, cap) - min(f * B, cap))
-            self._first_sum -= n * f
+        B, cap, pages, caching = self.block_size, seq.max_kv_tokens, self._pages, self.caching
+        top = min(st[0] * B, cap)
+        held = capped = first_sum = 0
+        for i, (_, n) in enumerate(self.classes):
+            f, table = st[1][i], st[2][i]
+            pages[i] -= len(table)
+            if caching:
+                self._drop(i, table)
+            else:
+                self.blocks.free(table)
+            held += len(table)
+            capped += n * (top - min(f * B, cap))
+            first_sum += n * f
+        self.alloc -= held * B
+        self.capped -= capped
+        self._first_sum -= first_sum
         if st[3]:
             self.blocks.free(st[3])
             self.alloc -= len(st[3]) * B
@@ -346,7 +355,10 @@ class HybridPagedKv:
     def group_slots(self) -> list[int]:
         """Slots each ``group_labels`` entry holds now (pages x block size; they add up to ``alloc``)."""
         B = self.block_size
-        out = [(p - x) * B for p, x in zip(self._pages, self._extra)]
+        if self.caching:  # a shared page counts once
+            out = [(p - x) * B for p, x in zip(self._pages, self._extra)]
+        else:
+            out = [p * B for p in self._pages]
         return out + [self._states * self.state_pages * B] if self.state_pages else out
 
     # ------------------------------------------------------------------ prefix caching
@@ -496,15 +508,19 @@ class HybridPagedKv:
         B = self.block_size
         seqs, (free, fresh) = captured
         segs: list = []
-        seen: set[int] = set()  # a page shared by prefix caching is drawn once (a full block for every holder)
-        for firsts, tables, state, filled, cap in seqs:
+        seen: set[int] | None = set() if self.caching else None  # a page shared by prefix caching is drawn
+        for firsts, tables, state, filled, cap in seqs:  # once (a full block for every holder)
             for (_, n), f, table in zip(self.classes, firsts, tables):
                 for j, b in enumerate(table):  # row j // n of the class: token block f + j // n
-                    if b in seen:
-                        continue
-                    seen.add(b)
+                    if seen is not None:
+                        if b in seen:
+                            continue
+                        seen.add(b)
                     lo = (f + j // n) * B
-                    _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
+                    if lo + B <= filled:  # a full block (cap >= filled): one run (_fill_runs' others are empty)
+                        segs.append((b * B, B, SLOT_TOKEN))
+                    else:
+                        _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
             for b in state:
                 _fill_runs(b * B, B, B, B, segs)
         idle = SLOT_EXTERNAL if blocked else SLOT_FREE
@@ -632,9 +648,7 @@ class GroupTimeline:
         self._rows = array("d")
 
     def add(self, start_s: float, duration_s: float) -> None:
-        self._rows.append(start_s)
-        self._rows.append(duration_s)
-        self._rows.extend(self.kv.group_slots())
+        self._rows.extend((start_s, duration_s, *self.kv.group_slots()))
 
     def table(self, bin_s: float):
         import pandas as pd
