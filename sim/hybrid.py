@@ -30,14 +30,13 @@ their state.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 from itertools import accumulate
 
 import numpy as np
 
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, _fill_runs, _merge_segments,
                     blocks_for)
-from sim.layouts import KvLayout, first_kept
+from sim.layouts import KvLayout, first_kept, window_sums
 from sim.sharing import SharedBlockPool, prompt_block_hashes
 
 
@@ -615,25 +614,21 @@ class HybridContiguousKv(ContiguousKv):
         sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated)."""
         c = sorted([s.num_computed_tokens for s in self._live])
         prefix = [0, *accumulate(c)]
-        n, total, full, state, wins = len(c), prefix[-1], self._full, self._state, self._window_counts
-        out = []
-        for j in range(k + 1):
-            logical = total + n * j
-            physical = full * logical + n * state
-            for w, m in wins:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-                i = bisect_left(c, w - j)
-                physical += m * (prefix[i] + j * i + w * (n - i))
-            out.append(logical - physical)
-        return out
+        n, total, full, state = len(c), prefix[-1], self._full, self._state
+        logical = range(total, total + n * (k + 1), n) if n else [total] * (k + 1)
+        physical = [full * x + n * state for x in logical]
+        for w, m in self._window_counts:  # sum of min(c + j, w): those below w - j grow, the rest hold w
+            physical = [p + m * x for p, x in zip(physical, window_sums(c, prefix, 0, w, k + 1))]
+        return [x - p for x, p in zip(logical, physical)]
 
     @property
     def shared_filled(self) -> int:
         return self._shared(0)[0] if self._live else 0
 
     def span_shared_filled(self, k: int) -> list[int]:
-        """``shared_filled`` after each of the next ``k`` decode steps of every live sequence (a decode
-        span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
-        return self._shared(k)[1:] if self._live else [0] * k
+        """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a
+        decode span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
+        return self._shared(k) if self._live else [0] * (k + 1)
 
 class GroupTimeline:
     """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),

@@ -490,7 +490,9 @@ class Scheduler:
         n = len(self.clock.members)
         kv = self.kv
         rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
-        sf0 = kv.shared_filled
+        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
+        span_sf = None if span_shared is None else span_shared(k)  # now, then after each step
+        sf0 = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
         filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
@@ -501,9 +503,8 @@ class Scheduler:
             alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None, track)
             if track is not None:
                 shared = track
-        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
-        if span_shared is not None:
-            filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]
+        if span_sf is not None:
+            filled = [x - (s - sf0) for x, s in zip(filled, span_sf[1:])]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         self.filled += n * k
         self.clock.advance(k, ends_s)

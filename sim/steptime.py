@@ -43,6 +43,7 @@ from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
+from sim.layouts import window_sums
 from sim.userfile import read_json
 
 
@@ -266,17 +267,7 @@ class RooflineStepTime:
         offs, prefix, d = ctx
         n = len(offs)
         if kind == "sliding":
-            keys: list[int] = []
-            w = window - d  # a key offs[i] + d + j reaches W at j = w - offs[i]
-            i, j = bisect_left(offs, w), 0
-            while j < k:
-                end = k if i == 0 else min(k, w - offs[i - 1])
-                base = prefix[i] + i * d + window * (n - i)
-                keys.extend(range(base + j * i, base + end * i, i) if i else [base] * (end - j))
-                j = end
-                if j < k:
-                    i = bisect_left(offs, w - j, 0, i)
-            return keys
+            return window_sums(offs, prefix, d, window, k)
         if kind == "chunked":
             return [sum((o + d - 1 + j) % window + 1 for o in offs) for j in range(k)]
         total = prefix[-1] + n * d

@@ -274,6 +274,8 @@ def test_hybrid_contiguous_accounting(reqs):
     assert [k for k, _, _ in kv.group_labels()] == ["full", "sliding", "mamba"]
     if live:  # a decode span: shared_filled after each of the next k steps, in closed form
         span = kv.span_shared_filled(60)
+        assert span[0] == kv.shared_filled
+        span = span[1:]
         for j in range(60):
             for s in live:
                 s.num_computed_tokens += 1
