@@ -563,7 +563,7 @@ class HybridContiguousKv(ContiguousKv):
 
     def _slots(self, tokens: int) -> int:
         """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
-        return self._full * tokens + sum(min(tokens, w) for w in self._windows) + self._state
+        return self._full * tokens + sum([m * (tokens if tokens < w else w) for w, m in self._window_counts]) + self._state
 
     def slab_for(self, seq) -> int:
         return self._slots(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens))
@@ -608,27 +608,38 @@ class HybridContiguousKv(ContiguousKv):
         self._live[seq] = None
         super().release(seq)
 
-    def _shared(self, k: int) -> list[int]:
+    def _shared(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` once each live sequence has ``j`` more tokens cached, for j = 0 .. k: the cached
         tokens minus the slots they fill (``_slots``), summed over sorted contexts and prefix sums (window
-        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated)."""
-        c = sorted([s.num_computed_tokens for s in self._live])
-        prefix = [0, *accumulate(c)]
-        n, total, full, state = len(c), prefix[-1], self._full, self._state
+        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated).
+        ``ctx``: the live sequences' cached tokens as ``offs[i] + d`` (``offs`` sorted, their prefix sums,
+        ``d``), when the caller keeps them so; else they are sorted here."""
+        if ctx is None:
+            c = sorted([s.num_computed_tokens for s in self._live])
+            ctx = (c, [0, *accumulate(c)], 0)
+        offs, prefix, d = ctx
+        n, full, state = len(offs), self._full, self._state
+        total = prefix[-1] + n * d
         logical = range(total, total + n * (k + 1), n) if n else [total] * (k + 1)
         physical = [full * x + n * state for x in logical]
         for w, m in self._window_counts:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-            physical = [p + m * x for p, x in zip(physical, window_sums(c, prefix, 0, w, k + 1))]
+            physical = [p + m * x for p, x in zip(physical, window_sums(offs, prefix, d, w, k + 1))]
         return [x - p for x, p in zip(logical, physical)]
 
     @property
     def shared_filled(self) -> int:
         return self._shared(0)[0] if self._live else 0
 
-    def span_shared_filled(self, k: int) -> list[int]:
+    def span_shared_filled(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a
-        decode span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
-        return self._shared(k) if self._live else [0] * (k + 1)
+        decode span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear).
+        ``ctx``: the decode clock's keys (``DecodeClock.decode_contexts``: cached tokens + 1), used when the
+        clock holds exactly the live sequences (in a span every running sequence decodes on it)."""
+        if not self._live:
+            return [0] * (k + 1)
+        if ctx is not None and len(ctx[0]) == len(self._live):
+            return self._shared(k, (ctx[0], ctx[1], ctx[2] - 1))
+        return self._shared(k)
 
 class GroupTimeline:
     """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),

@@ -64,6 +64,8 @@ def window_sums(offs: list[int], prefix: list[int], d: int, window: int, k: int)
     n, out = len(offs), []
     w = window - d  # o + d + j reaches the window at j = w - o
     i, j = bisect_left(offs, w), 0
+    if k == 1:
+        return [prefix[i] + i * d + window * (n - i)]
     while j < k:
         end = k if i == 0 else min(k, w - offs[i - 1])
         base = prefix[i] + i * d + window * (n - i)

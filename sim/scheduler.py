@@ -69,6 +69,7 @@ class Scheduler:
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
         self._pending_slot_copies: list[tuple[int, int, int]] = []
         self.clock = DecodeClock(self.block_size, self.paged, self.itl)  # the running sequences that decode
+        self._contexts = self.clock.decode_contexts  # (bound once: a plan carries it)
         # the step being planned
         self._entries: list[tuple[Sequence, int]] = []  # explicit sequences and their new tokens
         self._tick = False  # the clocked group decodes in this step
@@ -379,7 +380,7 @@ class Scheduler:
                         copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
                         forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
                         _decoding=self.clock.members if n_clk else (), _entries=e,
-                        _contexts=self.clock.decode_contexts if n_clk else None,
+                        _contexts=self._contexts if n_clk else None,
                         host_loads=tuple(self.kv.loads) if self.kv.loads else ())
 
     # ------------------------------------------------------------------------------------ complete
@@ -491,7 +492,7 @@ class Scheduler:
         kv = self.kv
         rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
         span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
-        span_sf = None if span_shared is None else span_shared(k)  # now, then after each step
+        span_sf = None if span_shared is None else span_shared(k, self._contexts())  # now, then after each step
         sf0 = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
         filled = [f0 + rate * n * j for j in range(1, k + 1)]

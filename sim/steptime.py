@@ -250,28 +250,21 @@ class RooflineStepTime:
         # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
         # keys * key_s * f + pairs * pair_s in turn, then + r0 + r1 + r2; adding an exact zero to a float
         # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
+        offs, prefix, d = ctx
+        m = len(offs)
         t = None
         for kind, window, key_s, _ in self._groups:
-            keys = self._span_keys(kind, window, ctx, k)
+            if kind == "sliding":  # keys stop growing at W
+                keys = window_sums(offs, prefix, d, window, k)
+            elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
+                keys = [sum((o + d - 1 + j) % window + 1 for o in offs) for j in range(k)]
+            else:
+                total = prefix[-1] + m * d
+                keys = range(total, total + m * k, m) if m else [total] * k
             t = [x * key_s * f for x in keys] if t is None else [u + x * key_s * f for u, x in zip(t, keys)]
         if r0 == 0.0 and r1 == 0.0:
             return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]
         return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
-
-    @staticmethod
-    def _span_keys(kind: str, window: int, ctx: tuple, k: int):
-        """Keys a group reads at each of the next ``k`` decode steps of sequences of keys ``offs + d`` (``ctx``:
-        ``offs`` sorted, their prefix sums, ``d``): a full group sum + n j; a sliding group sum(min(key + j, W)),
-        linear in j while no sequence reaches W (the ``i`` below W grow, the rest read W), so one range per
-        such run; a chunked group restarts at each chunk boundary (summed per step)."""
-        offs, prefix, d = ctx
-        n = len(offs)
-        if kind == "sliding":
-            return window_sums(offs, prefix, d, window, k)
-        if kind == "chunked":
-            return [sum((o + d - 1 + j) % window + 1 for o in offs) for j in range(k)]
-        total = prefix[-1] + n * d
-        return range(total, total + n * k, n) if n else [total] * k
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
