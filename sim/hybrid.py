@@ -628,7 +628,13 @@ class HybridContiguousKv(ContiguousKv):
 
     @property
     def shared_filled(self) -> int:
-        return self._shared(0)[0] if self._live else 0
+        """``_shared(0)``, without sorting: the cached tokens minus the slots they fill now."""
+        c = [s.num_computed_tokens for s in self._live]
+        logical = sum(c)
+        physical = self._full * logical + len(c) * self._state
+        for w, m in self._window_counts:
+            physical += m * sum([x if x < w else w for x in c])
+        return logical - physical
 
     def span_shared_filled(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a
