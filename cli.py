@@ -170,14 +170,15 @@ def plan(
 ) -> None:
     """The cheapest deployment that meets PLAN.yaml's SLO at each rate; write plan.parquet, best.csv, report.html."""
     from kvsim import plan_to_dir
+    from sim.schema import plan_label
 
     result, paths = _until_interrupted(plan_to_dir, plan_file, out_dir, executor=executor, workers=workers,
                                        address=address, resume=resume, report=not no_report)
     rate_col = result.plan.rate_column
     for _, r in result.best.iterrows():
         if r["met"]:
-            out.print(f"{rate_col} {r[rate_col]:g}: {r['replicas']} x {r['gpu']} tp{r['tensor_parallel']} "
-                      f"{r['policy']}: {r['num_gpus']} GPUs, ${r['usd_per_hour']:,.2f}/h, "
+            out.print(f"{rate_col} {r[rate_col]:g}: {plan_label(r)}: {r['num_gpus']} GPUs, "
+                      f"${r['usd_per_hour']:,.2f}/h, "
                       f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False)
         else:
             out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False)

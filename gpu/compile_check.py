@@ -16,13 +16,15 @@ import sys
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes one block may use, by compute capability
 
 
-def configurations(dt: str) -> list[tuple[str, dict]]:
-    """(kernel, constexprs) as launched for Llama-3-8B heads (32 over 8, head dim 128), blocks of 16."""
+def configurations(dt: str, split_prefill: bool = True) -> list[tuple[str, dict]]:
+    """(kernel, constexprs) as launched for Llama-3-8B heads (32 over 8, head dim 128), blocks of 16.
+    ``split_prefill=False`` leaves out the split-over-keys prefill: the same tiles and main loop as the
+    unsplit one (only its key range and epilogue differ), so the same shared memory."""
     prec = "ieee" if dt == "fp32" else "tf32"
     common = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, BLOCK_SIZE=16, UPCAST=False, PRECISION=prec)
     out = [("_prefill_attention_kernel", dict(NUM_QUERIES_PER_KV=4, NUM_HEADS=32, BLOCK_M=64, BLOCK_Q=16, PAGED=paged,
                                               SPLIT=split, **common))
-           for paged in (True, False) for split in (False, True)]
+           for paged in (True, False) for split in ((False, True) if split_prefill else (False,))]
     out += [("_decode_attention_kernel", dict(NUM_QUERIES_PER_KV=4, GROUP_PAD=16, PAGED=paged, PARTITION_SIZE=part,
                                               PREFETCH=True, **common))
             for paged in (True, False) for part in (0, 512)]
@@ -44,7 +46,7 @@ def jit_alignment(arg_names: list[str], constexprs: dict) -> dict:
             if n not in constexprs and (n.endswith("_ptr") or n in ALIGNED_INTS)}
 
 
-def compile_all(ccs: list[int], dtypes: list[str]) -> list[dict]:
+def compile_all(ccs: list[int], dtypes: list[str], split_prefill: bool = True) -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -63,7 +65,7 @@ def compile_all(ccs: list[int], dtypes: list[str]) -> list[dict]:
                          seq_lens_ptr="*i32", block_tables_ptr="*i32", slab_starts_ptr="*i64", sm_scale="fp32",
                          query_start_ptr="*i32", num_new_ptr="*i32", slot_mapping_ptr="*i64")
             options = {"num_stages": 1} if dt == "fp32" else {}  # as gpu.attention launches fp32
-            for name, ce in configurations(dt):
+            for name, ce in configurations(dt, split_prefill):
                 fn = getattr(attention, name, None) or getattr(kv_cache, name)
                 sig = {n: "constexpr" if n in ce else types.get(n, "i32") for n in fn.arg_names}
                 row = {"kernel": name, "cc": cc, "dtype": dt,
@@ -113,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cc", type=int, nargs="*", default=[90, 80], choices=sorted(SHARED_LIMIT))
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    ap.add_argument("--no-split-prefill", action="store_true", help="leave out the split-over-keys prefill "
+                    "configurations (the unsplit ones' tiles: the same shared memory)")
     ap.add_argument("--pipelines", action="store_true", help="the decode kernel's pipeline depth per layout and "
                     "num_stages (bf16, the first --cc) instead")
     a = ap.parse_args(argv)
     if a.pipelines:
         print(json.dumps(pipelines(a.cc[0]), indent=1))
         return 0
-    rows = compile_all(a.cc, a.dtypes)
+    rows = compile_all(a.cc, a.dtypes, split_prefill=not a.no_split_prefill)
     print(json.dumps(rows, indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 

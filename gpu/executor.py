@@ -10,10 +10,12 @@ Per step::
             and the prefill batch (n > 1: first row, n, seq_len, block table | slab start)
     model forward: store K/V through slot_mapping, attention over the pool, greedy next tokens
 
-Sliding-window layers (``ModelShape.layer_windows``) attend with their window, paged through their own
-block tables (one per window, ``window_layouts``): the plan's tables with each block wholly before the
-step's window replaced by -1 (dropped, as vLLM's hybrid manager frees them), which the kernels never
-read. Decode graphs keep the full tables (the window mask alone skips those blocks).
+Sliding-window layers (``ModelShape.layer_windows``) attend with their window. KV groups
+(``KvCache.groups``): with the simulator's hybrid allocator (``sim/hybrid.py``) each layer reads and writes
+through its own group's block tables, as the allocator placed them (``group_tables``: a window group's
+tables hold only the pages it kept, -1 for the blocks it freed, whose pages other sequences reuse), with
+one ``slot_mapping`` row per group; the kernels never read a block wholly before the window. Otherwise one
+group of every layer: the plan's tables (window layers read them through the mask, vLLM's fallback).
 
 Timing (``step_time_s``): on a GPU, CUDA events around the step's launches (the GPU's time, idle gaps
 waiting for the host included) and the host's time to enqueue them, per step in ``step_log``; a step
@@ -31,7 +33,7 @@ tokens it had generated, exactly as the scheduler planned it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -39,12 +41,11 @@ import torch
 
 from gpu.attention import decode_attention, decode_attention_torch, prefill_attention, prefill_attention_ref
 from gpu.device import default_attention, default_dtype, host_and_device_s, resolve_device, synchronize
-from gpu.kv_cache import KvCache, store_kv, store_kv_ref, token_slots
+from gpu.kv_cache import KvCache, KvGroups, store_kv, store_kv_ref, token_slots
 from gpu.model import LlamaModel, ModelShape
 from sim.catalog import GpuSpec, ModelSpec
-from sim.config import PolicyConfig, Scenario, ScenarioError
+from sim.config import Scenario, ScenarioError
 from sim.core import StepPlan
-from sim.kv import KvPool
 from sim.policy import ResolvedPolicy
 from sim.workload import RequestTable
 
@@ -62,8 +63,7 @@ class DecodeBatch:
     query_loc: torch.Tensor  # [num_seqs] int32: the token row of each sequence's query
     seq_lens: torch.Tensor  # [num_seqs] int32
     max_seq_len: int
-    layout: Layout
-    window_layouts: dict[int, Layout] = field(default_factory=dict)  # window -> its layers' tables (paged)
+    layouts: list[Layout]  # per KV group
 
 
 @dataclass
@@ -72,16 +72,15 @@ class PrefillBatch:
     num_new: torch.Tensor  # [num_seqs] int32
     seq_lens: torch.Tensor  # [num_seqs] int32
     max_num_new: int
-    layout: Layout
+    layouts: list[Layout]  # per KV group
     max_seq_len: int = 0
-    window_layouts: dict[int, Layout] = field(default_factory=dict)  # window -> its layers' tables (paged)
 
 
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
-    slot_mapping: torch.Tensor  # [num_tokens] int64
+    slot_mapping: torch.Tensor  # [num_groups, num_tokens] int64: each new token's slot in each KV group
     decode: DecodeBatch | None
     prefill: PrefillBatch | None
     sample_rows: torch.Tensor  # [num_sampled] int64
@@ -102,22 +101,23 @@ class PoolAttention:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         x, bs = self.inputs, self.cache.block_size
         w = self.windows[layer] if self.windows else 0
+        g = self.cache.groups.layer_group[layer]
         k_cache, v_cache = self.cache.layer(layer)
         if self.triton:
-            store_kv(k, v, k_cache, v_cache, x.slot_mapping)
+            store_kv(k, v, k_cache, v_cache, x.slot_mapping[g])
         else:
-            store_kv_ref(k, v, k_cache, v_cache, x.slot_mapping, skip_negative=False)
+            store_kv_ref(k, v, k_cache, v_cache, x.slot_mapping[g], skip_negative=False)
         out = torch.empty_like(q)
         if x.decode is not None:
             d = x.decode
             fn = decode_attention if self.triton else decode_attention_torch
-            lay = d.window_layouts.get(w, d.layout)
+            lay = d.layouts[g]
             fn(q, k_cache, v_cache, d.seq_lens, d.query_loc, max_seq_len=d.max_seq_len, block_size=bs,
                block_tables=lay.block_tables, slab_starts=lay.slab_starts, out=out, window=w)
         if x.prefill is not None:
             p = x.prefill
             kw = {"max_num_new": p.max_num_new, "max_seq_len": p.max_seq_len} if self.triton else {}
-            lay = p.window_layouts.get(w, p.layout)
+            lay = p.layouts[g]
             (prefill_attention if self.triton else prefill_attention_ref)(
                 q, k_cache, v_cache, p.query_start, p.num_new, p.seq_lens, block_size=bs,
                 block_tables=lay.block_tables, slab_starts=lay.slab_starts, out=out, window=w, **kw)
@@ -157,8 +157,9 @@ class DecodeGraphs:
 
     Padded rows read slot 0 of block 0 (any valid memory: their output is dropped) and store to slot -1,
     which ``store_kv`` skips, so padding never touches the pool. One pinned host buffer per bucket holds
-    the step's inputs (ids, positions, slots, lengths, block tables or slab starts) and reaches the GPU in
-    one copy. With ``capture=False`` (the CPU, or a test) the same padded step runs eagerly."""
+    the step's inputs (ids, positions, lengths, then per KV group slots and block tables, or slab starts)
+    and reaches the GPU in one copy. With ``capture=False`` (the CPU, or a test) the same padded step runs
+    eagerly."""
 
     def __init__(self, model: LlamaModel, cache: KvCache, paged: bool, capture: bool) -> None:
         self.model, self.cache, self.paged, self.capture = model, cache, paged, capture
@@ -181,25 +182,28 @@ class DecodeGraphs:
         if key in self.entries:
             return self.entries[key]
         B, C = key
+        G = self.cache.groups.num_groups
         width = C // self.cache.block_size if self.paged else 1
         dev = self.model.device
-        n = 4 * B + B * width
+        n = (3 + G) * B + (G * B * width if self.paged else B)
         host = torch.zeros(n, dtype=torch.int64, pin_memory=dev.type == "cuda")
         packed = torch.zeros(n, dtype=torch.int64, device=dev)
-        e = {"B": B, "C": C, "width": width, "host": host, "packed": packed}
+        e = {"B": B, "C": C, "G": G, "width": width, "host": host, "packed": packed}
         self._pad(e, 0)
         packed.copy_(host)
         loc = torch.arange(B, dtype=torch.int32, device=dev)
         rows = torch.arange(B, dtype=torch.int64, device=dev)
 
         def forward() -> torch.Tensor:
-            seq_lens = packed[3 * B:4 * B].to(torch.int32)
+            seq_lens = packed[2 * B:3 * B].to(torch.int32)
+            rest = packed[(3 + G) * B:]
             if self.paged:
-                layout = Layout(packed[4 * B:].view(B, width).to(torch.int32), None)
+                tables = rest.view(G, B, width).to(torch.int32)
+                layouts = [Layout(tables[g], None) for g in range(G)]
             else:
-                layout = Layout(None, packed[4 * B:5 * B])
-            x = StepInputs(packed[:B], packed[B:2 * B], packed[2 * B:3 * B], DecodeBatch(loc, seq_lens, C, layout),
-                           None, rows, [])
+                layouts = [Layout(None, rest)]
+            x = StepInputs(packed[:B], packed[B:2 * B], packed[3 * B:(3 + G) * B].view(G, B),
+                           DecodeBatch(loc, seq_lens, C, layouts), None, rows, [])
             logits = self.model.forward(x.input_ids, x.positions,
                                         PoolAttention(x, self.cache, "triton", self.model.shape.layer_windows), rows)
             return logits.argmax(dim=-1)
@@ -220,13 +224,15 @@ class DecodeGraphs:
 
     def _pad(self, e: dict, n: int) -> None:
         """Rows n .. B-1 of the host buffer as padding."""
-        B, h = e["B"], e["host"]
-        for seg, value in ((0, 0), (1, 0), (2, -1), (3, 1)):
+        B, G, h = e["B"], e["G"], e["host"]
+        for seg, value in ((0, 0), (1, 0), (2, 1)):
             h[seg * B + n:(seg + 1) * B] = value
+        h[3 * B:(3 + G) * B].view(G, B)[:, n:] = -1
+        rest = h[(3 + G) * B:]
         if self.paged:
-            h[4 * B:].view(B, e["width"])[n:] = 0
+            rest.view(G, B, e["width"])[:, n:] = 0
         else:
-            h[4 * B + n:5 * B] = 0
+            rest[n:] = 0
 
     def prepare(self, plan: StepPlan) -> tuple[int, int] | None:
         """The bucket of a decode-only plan (its graph captured now, outside any timing), or None."""
@@ -252,22 +258,25 @@ class DecodeGraphs:
         return {"buckets": sorted(self.entries), "capture_s": self.capture_s, "captured": self.capture,
                 "disabled": self.disabled}
 
-    def launch(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[int],
-               seq_lens: list[int], plan: StepPlan) -> torch.Tensor:
-        """Fill the bucket's inputs (one pinned copy) and replay its graph: the next token of every row."""
+    def launch(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[list[int]],
+               seq_lens: list[int], tables: list | None, plan: StepPlan) -> torch.Tensor:
+        """Fill the bucket's inputs (one pinned copy) and replay its graph: the next token of every row.
+        ``slots``: per KV group, each row's slot; ``tables``: per KV group, each row's block table."""
         e = self.entries[key]
-        B, n, h = e["B"], len(ids), e["host"]
+        B, G, n, h = e["B"], e["G"], len(ids), e["host"]
         h[:n] = torch.as_tensor(ids)
         h[B:B + n] = torch.as_tensor(positions)
-        h[2 * B:2 * B + n] = torch.as_tensor(slots)
-        h[3 * B:3 * B + n] = torch.as_tensor(seq_lens)
+        h[2 * B:2 * B + n] = torch.as_tensor(seq_lens)
+        h[3 * B:(3 + G) * B].view(G, B)[:, :n] = torch.as_tensor(slots)
+        rest = h[(3 + G) * B:]
         if self.paged:
-            tables = h[4 * B:].view(B, e["width"])
-            tables[:n] = 0
-            for i, t in enumerate(plan.block_tables):
-                tables[i, :len(t)] = torch.as_tensor(t)
+            rows = rest.view(G, B, e["width"])
+            rows[:, :n] = 0
+            for g, group in enumerate(tables):
+                for i, t in enumerate(group):
+                    rows[g, i, :len(t)] = torch.as_tensor(t)
         else:
-            h[4 * B:4 * B + n] = torch.as_tensor(plan.slab_starts)
+            rest[:n] = torch.as_tensor(plan.slab_starts)
         self._pad(e, n)
         e["packed"].copy_(h, non_blocking=self.capture)
         if self.capture:
@@ -307,10 +316,17 @@ class TorchExecutor:
         # same padded step eagerly (the tests' check of the padding)
         if decode_graphs is None:
             decode_graphs = self.device.type == "cuda" and attention == "triton"
+        if not paged and cache.groups.num_groups > 1:
+            raise ValueError("several KV groups need a paged pool (each group has its own block tables)")
         if decode_graphs and attention != "triton":
             raise ValueError("decode graphs need the triton attention backend (store_kv skips padded slots)")
         self.graphs = DecodeGraphs(model, cache, paged, capture=self.device.type == "cuda") if decode_graphs else None
         self.graph_info: dict | None = None  # the graphs' info(), kept when release() drops them
+        self.kv = None  # the engine's KV manager (bind_kv): the hybrid allocator's per-group tables
+
+    def bind_kv(self, kv) -> None:
+        """The engine's KV manager, whose per-group block tables (``sim.hybrid.HybridPagedKv``) the steps use."""
+        self.kv = kv
 
     # ------------------------------------------------------------------------------------ tokens
 
@@ -345,13 +361,30 @@ class TorchExecutor:
 
     # ------------------------------------------------------------------------------------ inputs
 
+    def group_tables(self, plan: StepPlan) -> list | None:
+        """Per KV group, each of the plan's sequences' block tables (None: slabs). Several groups (the
+        hybrid allocator): the tables recorded with the plan (``extra["group_tables"]``, an open-loop
+        replay) or the bound manager's now; one group: the plan's own."""
+        if not plan.paged:
+            return None
+        tables = plan.extra.get("group_tables")
+        if tables is None and hasattr(self.kv, "group_tables"):
+            tables = self.kv.group_tables(plan.seq_ids)
+        if tables is None:
+            tables = [plan.block_tables]
+        if len(tables) != self.cache.groups.num_groups:
+            raise ValueError(f"the plan has block tables for {len(tables)} KV groups, the pool "
+                             f"{self.cache.groups.num_groups}")
+        return tables
+
     def host_inputs(self, plan: StepPlan) -> dict:
         """The step's inputs as host lists (all index arithmetic here, none on the device)."""
         B = plan.block_size
-        paged = plan.block_tables is not None
+        tables = self.group_tables(plan)
+        paged = tables is not None
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        slots: list[list[int]] = [[] for _ in range(len(tables) if paged else 1)]
         dec: list[tuple[int, int, int]] = []  # (entry, row, seq_len)
         pre: list[tuple[int, int, int, int]] = []  # (entry, first row, n, seq_len)
         sample_rows: list[int] = []
@@ -364,61 +397,55 @@ class TorchExecutor:
             ids.extend(toks[c:c + n])
             if n == 1:  # plain ints: a decode batch of hundreds costs microseconds, not numpy calls
                 positions.append(c)
-                slots.append(plan.block_tables[i][c // B] * B + c % B if paged else plan.slab_starts[i] + c)
+                if paged:
+                    for group, t in zip(slots, tables):
+                        group.append(t[i][c // B] * B + c % B)
+                else:
+                    slots[0].append(plan.slab_starts[i] + c)
                 dec.append((i, row, c + 1))
             else:
                 pos = np.arange(c, c + n, dtype=np.int64)
                 positions.extend(pos.tolist())
-                slots.extend(token_slots(pos, B, plan.block_tables[i] if paged else None,
-                                         None if paged else plan.slab_starts[i]).tolist())
+                if paged:
+                    for group, t in zip(slots, tables):
+                        group.extend(token_slots(pos, B, t[i]).tolist())
+                else:
+                    slots[0].extend(token_slots(pos, B, None, plan.slab_starts[i]).tolist())
                 pre.append((i, row, n, c + n))
             if c + n == len(toks):
                 sample_rows.append(row + n - 1)
                 sample_seq_ids.append(seq_id)
             row += n
         return {"ids": ids, "positions": positions, "slots": slots, "dec": dec, "pre": pre,
-                "sample_rows": sample_rows, "sample_seq_ids": sample_seq_ids, "paged": paged}
+                "sample_rows": sample_rows, "sample_seq_ids": sample_seq_ids, "tables": tables}
 
     def device_inputs(self, h: dict, plan: StepPlan) -> StepInputs:
         """The host inputs as device tensors (through pinned memory on a GPU)."""
         dev = self.device
         i64, i32 = torch.int64, torch.int32
 
-        def table(entries: list) -> np.ndarray:
-            tables = [plan.block_tables[e[0]] for e in entries]
-            arr = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-            for j, t in enumerate(tables):
-                arr[j, :len(t)] = t
-            return arr
+        def layouts(entries: list) -> list[Layout]:
+            """Per KV group, the entries' block tables (one array, one copy), or their slab starts."""
+            if h["tables"] is None:
+                return [Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))]
+            groups = [[t[e[0]] for e in entries] for t in h["tables"]]
+            arr = np.zeros((len(groups), len(entries), max(len(t) for g in groups for t in g)), dtype=np.int32)
+            for k, g in enumerate(groups):
+                for j, t in enumerate(g):
+                    arr[k, j, :len(t)] = t
+            on_dev = _to_device(torch.from_numpy(arr), dev)
+            return [Layout(on_dev[k], None) for k in range(len(groups))]
 
-        def layout(entries: list) -> Layout:
-            if not h["paged"]:
-                return Layout(None, _int_tensor([plan.slab_starts[e[0]] for e in entries], i64, dev))
-            return Layout(_to_device(torch.from_numpy(table(entries)), dev), None)
-
-        def window_layouts(entries: list, first_query: list[int]) -> dict[int, Layout]:
-            """Per window, the tables without the blocks wholly before the window of the step's first query."""
-            if not h["paged"]:
-                return {}
-            out = {}
-            for w in sorted(set(self.model.shape.layer_windows) - {0}):
-                arr = table(entries)
-                for j, p in enumerate(first_query):
-                    arr[j, :max(p - w + 1, 0) // B] = -1
-                out[w] = Layout(_to_device(torch.from_numpy(arr), dev), None)
-            return out
-
-        B = plan.block_size
         dec, pre = h["dec"], h["pre"]
         decode = prefill = None
         if dec:
             lens = [e[2] for e in dec]
             decode = DecodeBatch(_int_tensor([e[1] for e in dec], i32, dev), _int_tensor(lens, i32, dev), max(lens),
-                                 layout(dec), window_layouts(dec, [n - 1 for n in lens]))
+                                 layouts(dec))
         if pre:
             prefill = PrefillBatch(_int_tensor([e[1] for e in pre], i32, dev), _int_tensor([e[2] for e in pre], i32, dev),
-                                   _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layout(pre),
-                                   max(e[3] for e in pre), window_layouts(pre, [e[3] - e[2] for e in pre]))
+                                   _int_tensor([e[3] for e in pre], i32, dev), max(e[2] for e in pre), layouts(pre),
+                                   max(e[3] for e in pre))
         return StepInputs(_int_tensor(h["ids"], i64, dev), _int_tensor(h["positions"], i64, dev),
                           _int_tensor(h["slots"], i64, dev), decode, prefill,
                           _int_tensor(h["sample_rows"], i64, dev), h["sample_seq_ids"])
@@ -442,7 +469,8 @@ class TorchExecutor:
         self.cache.copy_blocks(plan.copy_blocks, use_kernel=self.attention == "triton")
         self.cache.copy_slots(plan.copy_slots)
         if key is not None:
-            nxt = self.graphs.launch(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], plan)
+            nxt = self.graphs.launch(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], h["tables"],
+                                     plan)
             return Launched(h["sample_seq_ids"], nxt, rows=h["sample_rows"], graph=key)
         x = self.device_inputs(h, plan)
         logits = self.model.forward(x.input_ids, x.positions,
@@ -507,14 +535,15 @@ class TorchExecutor:
         on scratch sequences, and the largest prefill the policy can schedule (its activations then
         come from the allocator's cache), so that no measured step pays for either. Leaves no token state."""
         max_len = self.model.shape.max_model_len
+        slots = self.cache.num_slots // (self.cache.groups.num_groups if self.paged else 1)  # per KV group
         # longer than one split-K partition where the pool and the model allow
-        long_ctx = min(self.cache.num_slots // 2, max_len - 2, 1100)
+        long_ctx = min(slots // 2, max_len - 2, 1100)
         steps = [((0, 1), (40, 24), (0, 0)),  # prefill
                  ((0, 1), (1, 1), (40, 24)),  # decode
                  ((2,), (long_ctx,), (0,)),  # long prefill
                  ((2, 3), (1, 9), (long_ctx, 0))]  # mixed: a long decode and a prefill
         prompts = {0: 40, 1: 24, 2: long_ctx, 3: 9}
-        biggest = min(max_num_batched_tokens, self.cache.num_slots - self.cache.block_size * (1 + self.cache.num_slots // max_len))
+        biggest = min(max_num_batched_tokens, slots - self.cache.block_size * (1 + slots // max_len))
         if biggest > 64:
             news = [max_len - 1] * (biggest // (max_len - 1)) + ([biggest % (max_len - 1)] if biggest % (max_len - 1) else [])
             ids = tuple(range(10, 10 + len(news)))
@@ -524,7 +553,8 @@ class TorchExecutor:
         self.tokens, self.prompt_tokens, self.output_tokens, self.outputs = {}, prompts, None, {}  # scratch sequences
         try:
             for seq_ids, news, cached in steps:
-                plan = scratch_plan(seq_ids, news, cached, self.cache.block_size, self.paged)
+                plan = scratch_plan(seq_ids, news, cached, self.cache.block_size, self.paged,
+                                    num_groups=self.cache.groups.num_groups)
                 if plan.extra["num_slots"] <= self.cache.num_slots:
                     self.run(plan)
             synchronize(self.device)
@@ -563,21 +593,26 @@ def step_log_summary(log: list[tuple]) -> dict:
 
 
 def scratch_plan(seq_ids, news, cached, block_size: int, paged: bool, first_block: int = 0,
-                 block_order: np.ndarray | None = None) -> StepPlan:
+                 block_order: np.ndarray | None = None, num_groups: int = 1) -> StepPlan:
     """A plan over sequences laid out one after another from block ``first_block`` (whole blocks each):
     block tables (paged, through ``block_order`` when given, e.g. a permutation) or slab starts.
-    ``extra["num_slots"]`` is the pool size it needs."""
+    Several KV groups (paged): each group its own copy of the layout, one after another
+    (``extra["group_tables"]``). ``extra["num_slots"]`` is the pool size it needs."""
     nblocks = [-(-(c + n) // block_size) for n, c in zip(news, cached)]
     first = first_block + np.cumsum([0] + nblocks[:-1])
     tables = []
     for f, nb in zip(first, nblocks):
         ids = np.arange(f, f + nb)
         tables.append((block_order[ids] if block_order is not None else ids).tolist())
-    need = (first_block + sum(nblocks)) * block_size
+    span = first_block + sum(nblocks)
+    extra = {"num_slots": span * block_size}
+    if paged and num_groups > 1:
+        extra["group_tables"] = [[[b + g * span for b in t] for t in tables] for g in range(num_groups)]
+        extra["num_slots"] *= num_groups
     return StepPlan.from_entries(tuple(seq_ids), tuple(news), tuple(cached), len(seq_ids), block_size,
                     block_tables=tuple(tables) if paged else None,
                     slab_starts=None if paged else tuple(int(f) * block_size for f in first),
-                    extra={"num_slots": need})
+                    extra=extra)
 
 
 class ReplayExecutors:
@@ -605,6 +640,23 @@ class ReplayExecutors:
             self.model = LlamaModel.random(shape, self.device, self.dtype, self.seed)
         return self.model
 
+    @staticmethod
+    def kv_groups(scenario: Scenario, policy: ResolvedPolicy, shape: ModelShape) -> KvGroups | None:
+        """The pool's KV groups: the hybrid allocator's (paged, ``sim/hybrid.py``), else None (one group)."""
+        layout = policy.layout
+        if layout is None or layout.single:
+            return None
+        where = f"{scenario.name}: policy {policy.name}"
+        if not policy.paged:
+            raise ScenarioError(f"{where}: the replay runs several KV groups (hybrid_allocator: true) on a paged "
+                                "allocator only; a contiguous slab's window groups are ring buffers the kernels do "
+                                "not address (use a paged allocator or hybrid_allocator: false)")
+        if policy.policy.preemption == "swap":
+            raise ScenarioError(f"{where}: preemption: swap with several KV groups (hybrid_allocator: true) is "
+                                "simulator-only: a window group swapped back in is re-placed from its current "
+                                "window, which the copies out do not line up with (use preemption: recompute)")
+        return KvGroups.of_layout(shape.layer_windows, shape.num_layers, layout)
+
     def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: ResolvedPolicy,
                  requests: RequestTable) -> TorchExecutor:
         pool = policy.pool
@@ -619,8 +671,9 @@ class ReplayExecutors:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         llama = self.model_for(model)
+        groups = self.kv_groups(scenario, policy, llama.shape)
         try:
-            cache = KvCache(llama.shape, pool, self.device, self.dtype)
+            cache = KvCache(llama.shape, pool, self.device, self.dtype, groups)
         except torch.cuda.OutOfMemoryError:
             raise ScenarioError(f"{scenario.name}: the KV pool of {pool.num_slots:,} tokens does not fit on "
                                 f"{self.device}: lower gpu_memory_utilization") from None

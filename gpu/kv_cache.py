@@ -13,11 +13,19 @@ One tensor per model, laid out so that the simulator's block ids *are* slices of
 Both layouts address the same ``[num_slots, H_kv, D]`` view through a ``slot_mapping`` (one slot per new
 token), which is all :func:`store_kv` needs. ``num_blocks`` and ``block_size`` come from the simulator's
 :class:`sim.kv.KvPool`, so every policy of a scenario gets exactly the slots it was simulated with.
+
+Several KV groups (the simulator's hybrid allocator, ``sim/layouts.py``: window layers in groups of their
+own): a page holds ``block_size`` tokens of one group's ``group_size`` layers (vLLM's rule), so the first
+axis is a layer's place in its group's pages, not the layer, and each group's layers go through that
+group's own block tables (:class:`KvGroups`)::
+
+    kv[place, 0 (K) | 1 (V), page_id, offset, kv_head, head_dim]     shape (group_size, 2, num_blocks, ...)
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +38,46 @@ if TYPE_CHECKING:  # the kernels need no simulator (nor pydantic): the device ch
     from sim.kv import KvPool
 
 
+@dataclass(frozen=True)
+class KvGroups:
+    """Where each layer's KV lives: its group (whose block tables it reads and writes through) and its
+    place in that group's pages. One group of every layer is the classic pool (place = layer)."""
+
+    layer_group: tuple[int, ...]  # per layer: its KV group (an index into the step's per-group tables)
+    layer_place: tuple[int, ...]  # per layer: its slice of a page, 0 .. page_layers - 1
+    page_layers: int  # layers a page holds (the layout's group_size)
+
+    @property
+    def num_groups(self) -> int:
+        return max(self.layer_group) + 1
+
+    @classmethod
+    def single(cls, num_layers: int) -> "KvGroups":
+        return cls((0,) * num_layers, tuple(range(num_layers)), num_layers)
+
+    @classmethod
+    def of_layout(cls, layer_windows: tuple[int, ...], num_layers: int, layout) -> "KvGroups":
+        """The groups of a ``sim.layouts.KvLayout`` of several groups, as ``kv_layout`` builds them: the
+        attention groups in order, those of one kind and window taking that kind's layers in layer order,
+        ``group_size`` at a time; ``layer_windows`` (``ModelShape``; () all full) gives each layer's kind."""
+        windows = layer_windows or (0,) * num_layers
+        groups = [g for g in layout.groups if g.attention]
+        kinds = {("full", 0) if w == 0 else ("sliding", w) for w in windows}
+        if len(groups) != len(layout.groups) or {(g.kind, g.window) for g in groups} != kinds:
+            raise ValueError(f"KV groups {[(g.kind, g.window, g.layers) for g in layout.groups]} do not match "
+                             f"the model's layer windows {windows}")
+        group, place = [0] * num_layers, [0] * num_layers
+        for kind, w in kinds:
+            layers = [i for i, x in enumerate(windows) if x == w]
+            mine = [k for k, g in enumerate(groups) if (g.kind, g.window) == (kind, w)]
+            if sum(groups[k].layers for k in mine) != len(layers):
+                raise ValueError(f"KV groups of {kind} W={w} hold {sum(groups[k].layers for k in mine)} layers, "
+                                 f"the model has {len(layers)}")
+            for j, i in enumerate(layers):
+                group[i], place[i] = mine[j // layout.group_size], j % layout.group_size
+        return cls(tuple(group), tuple(place), layout.group_size)
+
+
 class KvCache:
     """The device KV pool of one policy's run, plus the host swap space its swaps use.
 
@@ -38,17 +86,22 @@ class KvCache:
     blocks live on the host keyed by the scheduler's CPU block id; memory grows with what is swapped.
     On a GPU the host copies are in pinned (page-locked) memory, so a swap is one DMA each way."""
 
-    def __init__(self, shape: ModelShape, pool: KvPool, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, shape: ModelShape, pool: KvPool, device: torch.device, dtype: torch.dtype,
+                 groups: KvGroups | None = None) -> None:
         self.num_blocks = pool.num_blocks
         self.block_size = pool.block_size
         self.num_slots = pool.num_slots
-        self.kv = torch.zeros((shape.num_layers, 2, pool.num_blocks, pool.block_size, shape.num_kv_heads,
+        self.groups = groups or KvGroups.single(shape.num_layers)
+        self.kv = torch.zeros((self.groups.page_layers, 2, pool.num_blocks, pool.block_size, shape.num_kv_heads,
                                shape.head_dim), device=device, dtype=dtype)
-        self.swap_space: dict[int, torch.Tensor] = {}  # CPU block id -> [L, 2, block_size, H_kv, D] on the host
+        # CPU block id -> [page_layers, 2, block_size, H_kv, D] on the host
+        self.swap_space: dict[int, torch.Tensor] = {}
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.kv[i, 0].view(self.num_slots, *self.kv.shape[-2:])
-        v = self.kv[i, 1].view(self.num_slots, *self.kv.shape[-2:])
+        """Layer ``i``'s K and V over every page (its group's pages are those its tables name)."""
+        p = self.groups.layer_place[i]
+        k = self.kv[p, 0].view(self.num_slots, *self.kv.shape[-2:])
+        v = self.kv[p, 1].view(self.num_slots, *self.kv.shape[-2:])
         return k, v
 
     @property
@@ -104,6 +157,50 @@ def interpreting() -> bool:
     if hasattr(triton, "knobs"):
         return bool(triton.knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")  # triton before 3.4
+
+
+def _patch_language_once_per_launch() -> None:
+    """Triton's interpreter patches ``triton.language`` at every launch (and undoes it after), and again at
+    every call of a nested ``@triton.jit`` function (``_dot``, ``_attend_tile``, ``tl.max``: many per tile),
+    walking the modules with ``inspect.getmembers`` each time: about a sixth of an interpreted kernel's
+    time here. Within a launch, a nested call's patch of modules this launch has patched already changes
+    nothing (their builtins are wrapped), so it is skipped. Results are unchanged: the kernels' reference
+    checks run through it. A Triton whose interpreter lacks these internals is left as it is (slower)."""
+    import inspect
+
+    from triton.runtime import interpreter as it
+
+    patch, grid = getattr(it, "_patch_lang", None), getattr(it, "GridExecutor", None)
+    if patch is None or grid is None or getattr(patch, "once_per_launch", False) or \
+            not hasattr(it, "_LangPatchScope") or not hasattr(grid, "__call__"):
+        return
+    launches: list[set[int]] = []  # per live launch: the language modules patched in it
+
+    def langs(fn) -> set[int]:
+        return {id(v) for v in getattr(fn, "__globals__", {}).values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_lang(fn):
+        need = langs(fn)
+        if launches and need <= launches[-1]:
+            return it._LangPatchScope()  # nothing to undo
+        scope = patch(fn)
+        if launches:
+            launches[-1] |= need
+        return scope
+
+    def launch(self, *args, _call=grid.__call__, **kwargs):
+        launches.append(set())
+        try:
+            return _call(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_lang.once_per_launch = True
+    it._patch_lang, grid.__call__ = patch_lang, launch
+
+
+if interpreting():
+    _patch_language_once_per_launch()
 
 
 def check_launch(name: str, *tensors: torch.Tensor) -> None:

@@ -10,8 +10,9 @@ an ``attention`` callable, so one forward serves the KV-cached path (kernels ove
 ``gpu.executor``) and a plain full recomputation (``full_attention``, the test reference).
 
 Sliding-window layers (``layer_windows``, from the catalog's ``layer_kinds`` and ``sliding_window``)
-attend to their last W keys; the executor gives them block tables without the blocks that left the
-window. MLA, Mamba, chunked-local and mixture-of-experts layers are simulator-only: ``from_spec`` refuses them.
+attend to their last W keys; the executor runs each layer through its KV group's block tables (the hybrid
+allocator's, without the blocks it freed) or, with one group, the full tables through the window mask.
+MLA, Mamba, chunked-local and mixture-of-experts layers are simulator-only: ``from_spec`` refuses them.
 
 NOTE: models whose catalog entry has no gated MLP (OPT) get a two-matrix ReLU MLP of their FFN size,
 so the matrix shapes and FLOPs match; positions stay rotary (OPT's learned position table is left out).

@@ -55,15 +55,23 @@ def memory_gib_for_pool(model: ModelSpec, kv_pool_tokens: int, *, activation_tok
 
 class _Recording:
     """The step-time model, recording each plan it prices (block tables copied: the scheduler's are
-    views). No spans: every step is planned, and so recorded, on its own."""
+    views; several KV groups: the hybrid allocator's per-group tables, in ``extra["group_tables"]``).
+    No spans: every step is planned, and so recorded, on its own."""
 
     def __init__(self, inner, log: list) -> None:
         self.inner = inner
         self.log = log
+        self.kv = None
+
+    def bind_kv(self, kv) -> None:
+        self.kv = kv
 
     def step_time_s(self, plan: StepPlan) -> float:
         t = self.inner.step_time_s(plan)
-        self.log.append((plan.snapshot(), t))
+        snap = plan.snapshot()
+        if hasattr(self.kv, "group_tables"):
+            snap.extra["group_tables"] = self.kv.group_tables(plan.seq_ids)
+        self.log.append((snap, t))
         return t
 
     def decode_span_s(self, plan: StepPlan, k: int) -> None:

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from reports.results import ResultsError
+from sim.schema import plan_label
 
 SHAPE_COLUMNS = ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size")
 
@@ -32,7 +33,7 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
 
 def _label(r: pd.Series) -> str:
     knobs = " ".join(f"{c}={r[c]}" for c in ("max_num_seqs", "block_size") if c in r.index and pd.notna(r[c]))
-    return f"{r['replicas']} x {r['gpu']} tp{r['tensor_parallel']} {r['policy']} {knobs}".strip()
+    return f"{plan_label(r)} {knobs}".strip()
 
 
 def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:

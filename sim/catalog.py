@@ -52,6 +52,10 @@ class ModelSpec:
     num_shared_experts: int = 0
     moe_layers: tuple[int, ...] = ()  # indices of the MoE layers (the others use the dense ffn_size MLP)
     weight_bytes: float = 0  # bytes per weight; 0 means dtype_bytes (fp8 checkpoints: 1, MXFP4: 4.25 bits)
+    # bytes per weight of the linear layers outside the routed experts (attention projections, dense MLPs,
+    # shared experts) as step time reads them; 0 means dtype_bytes. An fp8 checkpoint (DeepSeek-V3) stores
+    # them at 1 byte too; MXFP4 (gpt-oss) packs only the experts. The LM head and the router stay at dtype_bytes.
+    dense_weight_bytes: float = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -60,7 +64,7 @@ class ModelSpec:
     @property
     def modern(self) -> bool:
         """Described by layer kinds, MoE or packed weights (else the classic formulas below apply as they were)."""
-        return bool(self.layer_kinds or self.num_experts or self.weight_bytes)
+        return bool(self.layer_kinds or self.num_experts or self.weight_bytes or self.dense_weight_bytes)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -179,9 +183,13 @@ class GemmFit:
     sharpness: float  # p: 1 adds the two regimes, large p approaches max() (the datasheet roofline)
     tile_tokens: float  # small-M tile under-use: compute time grows by (1 + tile_tokens / M)
 
-    def time_s(self, m: float, n: int, k: int, gpu: "GpuSpec", dtype_bytes: int = 2) -> float:
+    def time_s(self, m: float, n: int, k: int, gpu: "GpuSpec", dtype_bytes: int = 2,
+               weight_bytes: float | None = None) -> float:
+        """``weight_bytes``: the K x N weights' bytes per element when they are not ``dtype_bytes`` (fp8)."""
         tc = 2.0 * m * n * k / (self.compute_efficiency * gpu.flops_per_s) * (1.0 + self.tile_tokens / m)
-        tm = dtype_bytes * (m * k + k * n + m * n) / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
+        moved = dtype_bytes * (m * k + k * n + m * n) if weight_bytes is None else \
+            dtype_bytes * (m * k + m * n) + weight_bytes * k * n
+        tm = moved / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
         p = self.sharpness
         return self.launch_s + (tc**p + tm**p) ** (1.0 / p)
 
@@ -281,7 +289,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 163840, True, False, head_dim=192,
                   layer_kinds=("mla",) * 61, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
                   v_head_dim=128, q_lora_rank=1536, num_experts=256, num_experts_per_tok=8, moe_ffn_size=2048,
-                  num_shared_experts=1, moe_layers=tuple(range(3, 61)), weight_bytes=1),
+                  num_shared_experts=1, moe_layers=tuple(range(3, 61)), weight_bytes=1, dense_weight_bytes=1),
         # ai21labs/Jamba-v0.1: attention every 8th layer (attn_layer_period 8, offset 4), Mamba elsewhere
         # (d_state 16, d_conv 4, expand 2, dt_rank 256); 16 experts, 2 per token, in every other layer
         ModelSpec("jamba-v0.1", 32, 4096, 32, 8, 14336, 65536, 262144, True, False, head_dim=128,
@@ -362,6 +370,33 @@ GPUS: dict[str, GpuSpec] = {
 # (AWS cut the P4/P5 prices in June 2025, and other clouds charge less: give your own in the plan). The
 # other catalog GPUs have no default: a plan that uses one must price it.
 GPU_PRICES: dict[str, float] = {"a100-40gb": 32.77 / 8, "a100-80gb": 40.97 / 8, "h100": 98.32 / 8}
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A KV-transfer link of prefill/decode disaggregation (``cluster.kv_transfer``): one direction."""
+
+    name: str
+    bytes_per_s: float
+    latency_s: float
+
+
+# KV-transfer links, one direction, decimal GB (1e9 bytes):
+# - nvlink: NVLink 4 (H100 SXM) is 900 GB/s per GPU in both directions together, 450 GB/s one way
+#   (NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/);
+# - infiniband-400g: InfiniBand NDR, 400 Gb/s per port = 50 GB/s (NVIDIA ConnectX-7 / Quantum-2 NDR);
+# - pcie-gen5: PCIe 5.0 x16, 32 GT/s x 16 lanes with 128b/130b coding, about 63 GB/s one way (64 as usually
+#   quoted; PCI-SIG PCIe 5.0 specification).
+# The latencies are our order-of-magnitude choices for starting one transfer (a few microseconds on the
+# wire, more in a connector's software), not measurements: give {gb_per_s, latency_ms} for your own.
+LINKS: dict[str, LinkSpec] = {
+    k.name: k
+    for k in [
+        LinkSpec("nvlink", 450e9, 10e-6),
+        LinkSpec("infiniband-400g", 50e9, 20e-6),
+        LinkSpec("pcie-gen5", 64e9, 10e-6),
+    ]
+}
 
 
 class CatalogError(ValueError):
@@ -529,8 +564,8 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
             "expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
         out["moe_layers"] = tuple(i for i in range(first, n) if i % period == offset % period)
     quant = (cfg.get("quantization_config") or {}).get("quant_method") if isinstance(cfg.get("quantization_config"), dict) else None
-    if quant == "fp8":
-        out["weight_bytes"] = 1
+    if quant == "fp8":  # every linear layer's weights (the LM head and router excepted)
+        out["weight_bytes"] = out["dense_weight_bytes"] = 1
     elif quant == "mxfp4":
         out["weight_bytes"] = 0.56
     if kinds is not None and set(kinds) != {"full"}:

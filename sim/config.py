@@ -20,7 +20,8 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
                       field_validator, model_validator)
 
-from sim.catalog import GIB, GPUS, MODELS, CatalogError, GpuSpec, ModelSpec, _did_you_mean, model_from_hf_config
+from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
+                         model_from_hf_config)
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import locate as locate_trace
 from sim.userfile import read_text
@@ -528,13 +529,81 @@ def _routers(v: Any) -> Any:
     return v
 
 
+def _pool_replicas(v: Any) -> Any:
+    if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+        raise ValueError("a pool needs at least one replica")
+    return v
+
+
+class PoolConfig(Strict):
+    """One pool of a disaggregated fleet (``cluster.prefill`` / ``cluster.decode``): ``replicas`` identical
+    replicas; GPU and tensor parallelism default to the scenario's."""
+
+    replicas: Annotated[PosInt, BeforeValidator(_pool_replicas)]
+    gpu: Annotated[str | GpuConfig | None, BeforeValidator(_known_gpu_name)] = None
+    tensor_parallel: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1024)] | None = None
+
+
+class KvTransferConfig(Strict):
+    """A KV-transfer link given by its figures: one direction, decimal GB/s; a transfer takes
+    bytes / bandwidth + latency."""
+
+    gb_per_s: PosFloat
+    latency_ms: Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)] = 0.0
+
+
+def _known_link(v: Any) -> Any:
+    if isinstance(v, str) and v not in LINKS:
+        raise ValueError(f"unknown link {v!r}{_did_you_mean(v, LINKS)}; expected one of {', '.join(LINKS)} or "
+                         f"{{gb_per_s, latency_ms}}")
+    return v
+
+
 class ClusterConfig(Strict):
     """Replicas of the scenario's server behind a router (``sim.cluster``). A list of routers runs each
-    policy once per router (results named ``policy/router``)."""
+    policy once per router (results named ``policy/router``). With ``prefill`` and ``decode`` (and
+    ``kv_transfer``), a disaggregated fleet instead (``sim/cluster/disagg.py``): the router routes within
+    each pool."""
 
-    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] = 1
+    # None: not given (one replica, or the pools of a disaggregated fleet); a default of 1 would be written
+    # out by a dump (sweeps, summary.json) and read back as given
+    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] | None = None
     router: Annotated[str | list[str], BeforeValidator(_routers)] = "round-robin"
     router_options: RouterOptions = RouterOptions()
+    prefill: PoolConfig | None = None
+    decode: PoolConfig | None = None
+    kv_transfer: Annotated[str | KvTransferConfig | None, BeforeValidator(_known_link)] = None
+
+    @model_validator(mode="after")
+    def _split(self) -> "ClusterConfig":
+        if self.prefill is None and self.decode is None:
+            if self.kv_transfer is not None:
+                raise ValueError("kv_transfer is the link between a prefill and a decode pool: give cluster.prefill "
+                                 "and cluster.decode too, or drop it")
+            return self
+        if self.prefill is None or self.decode is None:
+            given, missing = ("prefill", "decode") if self.decode is None else ("decode", "prefill")
+            raise ValueError(f"{given} without {missing}: prefill/decode disaggregation needs both pools "
+                             f"(cluster.prefill and cluster.decode)")
+        if self.replicas is not None:
+            raise ValueError("give either replicas (a colocated fleet) or prefill and decode pools (a "
+                             "disaggregated one), not both")
+        if self.kv_transfer is None:
+            raise ValueError(f"prefill and decode pools need kv_transfer: a link ({', '.join(LINKS)}) or "
+                             f"{{gb_per_s, latency_ms}}")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+    @property
+    def link(self) -> LinkSpec:
+        """The KV-transfer link of a disaggregated fleet."""
+        t = self.kv_transfer
+        if isinstance(t, str):
+            return LINKS[t]
+        return LinkSpec("custom", t.gb_per_s * 1e9, t.latency_ms / 1e3)
 
     @property
     def routers(self) -> list[str]:
@@ -542,7 +611,9 @@ class ClusterConfig(Strict):
 
     @property
     def groups(self) -> list[ReplicaGroup]:
-        return [ReplicaGroup(count=self.replicas)] if isinstance(self.replicas, int) else list(self.replicas)
+        if isinstance(self.replicas, list):
+            return list(self.replicas)
+        return [ReplicaGroup(count=self.replicas or 1)]
 
 
 class Scenario(Strict):

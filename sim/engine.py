@@ -67,6 +67,8 @@ class Engine:
         self.sampling = sampling  # parallel samples or beams: every request is a group
         self.width = resolved.width
         self.kv = make_kv(resolved)
+        if hasattr(executor, "bind_kv"):  # a real executor reads the allocator's per-group tables (gpu/executor.py)
+            executor.bind_kv(self.kv)
         self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps,
                             log=log)
         if hasattr(self.kv, "group_slots"):  # several KV groups (sim/hybrid.py): the memory figure splits by group
@@ -82,6 +84,12 @@ class Engine:
         self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
         self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
         self.num_events = 0
+        # prefill/decode disaggregation (sim/cluster/disagg.py): sequences made by the fleet (``push``), the
+        # transfers that ended (``deliver``: applied at the next step boundary), and the fleet's hooks
+        self._made: dict[int, Sequence] = {}
+        self.inbox: list[tuple[Sequence, float]] = []
+        self.on_handoff = None  # a prefill replica: called with (engine, finished requests, time)
+        self.on_pull = None  # a decode replica: called with (engine, sequences whose KV it reserved, time)
 
     # ------------------------------------------------------------------------------------ run
 
@@ -131,6 +139,11 @@ class Engine:
         arr, nxt = self._arrivals, self._next
         while arr[nxt] <= now:
             i = self._ids[nxt]
+            seq = self._made.pop(i, None) if self._made else None
+            if seq is not None:
+                self.scheduler.add(seq)
+                nxt += 1
+                continue
             seq = Sequence(i, arr[nxt], self._prompts[nxt], self._outputs[nxt])
             if self._hashes is not None:
                 seq.prefix_ids, seq.hash_block = self._hashes.of(i), self._hashes.block_size
@@ -156,16 +169,21 @@ class Engine:
             if now >= self._horizon:
                 self._end_s = now
                 return
+            if self.inbox:
+                self._take_inbox()
             if arrivals[self._next] <= now:
                 self._admit_arrivals(now)
             plan = sched.schedule()
+            if sched.pulled:
+                self.on_pull(self, sched.pulled, now)
+                sched.pulled = []
             if plan is None:
-                if sched.has_work():
+                if sched.has_work() and not sched.awaits_transfer():
                     raise RuntimeError(f"scheduler stalled at t={now:.3f}s with {len(sched.waiting)} waiting, "
                                        f"{len(sched.swapped)} swapped: a bug, please report it")
                 t = self._next_event_s()
                 if self.feed is not None:  # fed by a router: wait for a push, the horizon, or the end of arrivals
-                    if self.feed.closed and math.isinf(t):
+                    if self.feed.closed and math.isinf(t) and not sched.awaits_transfer():
                         self._end_s = now
                         return
                     self._wakeable = "idle"
@@ -219,7 +237,7 @@ class Engine:
                 cut = bisect_left(ends, stop if self.feed is None else self._horizon)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
-                if self.feed is None or not cuttable:
+                if self.feed is None or not (cuttable or sched.pulling):  # a landing KV cuts it too
                     yield env.timeout(ends[-1] - now)
                 else:
                     self._wakeable = "span"
@@ -237,6 +255,8 @@ class Engine:
             if done:
                 self.rec.finished(env.now, done)
                 self.num_done += len(done)
+                if self.on_handoff is not None:
+                    self.on_handoff(self, done, env.now)
                 done.clear()
             self.num_events += 1
             if self.progress is not None and self.num_events % 512 == 0:
@@ -256,14 +276,33 @@ class Engine:
         self._end_s = 0.0
         self.process = env.process(self._serve(env))
 
-    def push(self, i: int, arrival_s: float) -> None:
-        """Request ``i`` arrives now (``arrival_s``, the clock's time): it joins at the next step."""
+    def push(self, i: int, arrival_s: float, output_tokens: int | None = None, seq: Sequence | None = None) -> None:
+        """Request ``i`` arrives now (``arrival_s``, the clock's time): it joins at the next step.
+        Disaggregation: a prefill replica gets it with ``output_tokens`` 1; a decode replica gets the
+        ``seq`` the fleet made (its KV on a prefill replica)."""
         self._arrivals[-1] = arrival_s
         self._arrivals.append(math.inf)
         self._ids.append(i)
         self._prompts.append(int(self.requests.prompt_tokens[i]))
-        self._outputs.append(int(self.requests.output_tokens[i]))
+        self._outputs.append(int(self.requests.output_tokens[i]) if output_tokens is None else output_tokens)
+        if seq is not None:
+            self._made[i] = seq
         self.wake(arrival_s)
+
+    def deliver(self, seq: Sequence, t: float) -> None:
+        """A transfer of ``seq``'s KV ended now (``t``): a prefill replica frees it, a decode replica
+        decodes it, from the next step boundary (an idle replica wakes now)."""
+        self.inbox.append((seq, t))
+        self.wake(t)
+
+    def _take_inbox(self) -> None:
+        sched = self.scheduler
+        for seq, t in self.inbox:
+            if seq in sched.held:
+                sched.release(seq)
+            else:
+                sched.land(seq, t)
+        self.inbox.clear()
 
     def wake(self, cause) -> None:
         """Cut an idle wait or a cuttable span short: ``cause`` an arrival time, or None (arrivals ended:
@@ -315,7 +354,8 @@ class Engine:
     def _close_unfinished(self) -> None:
         s = self.scheduler
         running = s.running
-        for seq in running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]:
+        for seq in (running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]
+                    + list(s.pulling)):
             if self.log.status[seq.seq_id] != FINISHED:
                 self.log.unfinished(seq, HORIZON)
         for i in self._ids[self._next:]:  # arrived after the horizon

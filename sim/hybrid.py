@@ -338,6 +338,21 @@ class HybridPagedKv:
         st = self._st.get(seq)
         return [] if st is None else [b for t in st[2] for b in t] + st[3]
 
+    def group_tables(self, seq_ids) -> list[list[list[int]]]:
+        """Read-only, for the GPU replay (``gpu/executor.py``): per attention group of ``layout.groups``, in
+        order, each of ``seq_ids``' (live sequences) pages by token block, -1 for the blocks it freed."""
+        st_of = {s.seq_id: st for s, st in self._st.items()}
+        keys = [(g.kind, g.window) for g, _ in self.classes]
+        seen: dict[tuple[str, int], int] = {}
+        out = []
+        for g in self.layout.groups:
+            if g.attention:
+                i = keys.index((g.kind, g.window))
+                q = seen[keys[i]] = seen.get(keys[i], -1) + 1  # the class's q-th group: page q of each row
+                n = self.classes[i][1]
+                out.append([[-1] * st_of[s][1][i] + st_of[s][2][i][q::n] for s in seq_ids])
+        return out
+
     @property
     def shared_filled(self) -> int:
         """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a

@@ -1,5 +1,5 @@
-"""``sim plan``: the cheapest colocated deployment (GPU, tensor parallelism, replicas, policy, knobs) that
-meets an SLO, for each request rate of a workload.
+"""``sim plan``: the cheapest deployment (GPU, tensor parallelism, replicas, colocated or a prefill:decode
+split, policy, knobs) that meets an SLO, for each request rate of a workload.
 
 A plan file::
 
@@ -15,14 +15,19 @@ A plan file::
     policies: [vllm, orca-oracle]
     max_num_seqs: [128, 256]          # optional knobs, crossed
     block_size: [16, 32]
+    split: [colocated, disaggregated] # optional; disaggregated: prefill:decode pools of these ratios
+    prefill_decode: ["1:1", "1:3"]
+    kv_transfer: infiniband-400g      # the disaggregated pools' link
 
-A *shape* is one (gpu, tensor_parallel, policy, knobs); a *configuration* a shape with a replica count.
-Each simulation is a fleet scenario (``cluster: {replicas: n, router: ...}``) run by the sweep's
+A *shape* is one (gpu, tensor_parallel, policy, knobs, split); a *configuration* a shape with a count:
+replicas (``cluster: {replicas: n, router: ...}``), or for a p:d split n units of p prefill and d decode
+replicas (``cluster: {prefill: {replicas: n p}, decode: {replicas: n d}, kv_transfer: ...}``), the units
+whose replicas lie within the plan's range. Each simulation is run by the sweep's
 executors and stored in the sweep's point store (``points/``), so a rerun into the same folder reuses it.
 
 Search: rates in ascending order; per rate, every shape's fewest passing replicas: from the lowest
 count not yet ruled out, steps of 1, 2, 4, ... until a count passes, then bisection; all shapes' probes
-of a round run together (one wave). Two monotonicities prune the grid: more replicas of
+of a round run together (one wave). Two monotonicities prune the grid: more replicas (units) of
 the same shape never hurt the SLO (so one run decides every count above a pass or below a failure), and
 a count that fails at a rate fails at every higher rate (so a shape's search at a rate starts at its
 fewest passing count of the rate before). Every configuration of the grid gets a row: run, or inferred
@@ -36,15 +41,16 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import pandas as pd
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
-from sim.config import Scenario, ScenarioError, Strict, format_validation_error, parse_scenario, read_yaml, \
-    validate_mapping
+from sim.config import (KvTransferConfig, Scenario, ScenarioError, Strict, _known_link, format_validation_error,
+                        parse_scenario, read_yaml, validate_mapping)
 from sim.outputs import ReportWriter
+from sim.schema import plan_label
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -86,7 +92,13 @@ class PlanFile(Strict):
     policies: list[Union[str, dict[str, Any]]] = Field(["vllm"], min_length=1)
     max_num_seqs: list[int] | None = Field(None, min_length=1)
     block_size: list[int] | None = Field(None, min_length=1)
-    split: str = Field("colocated", description="colocated (prefill and decode on the same replicas)")
+    split: Annotated[list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = Field(
+        ["colocated"], min_length=1, description="colocated (prefill and decode on the same replicas) and/or "
+                                                 "disaggregated (prefill and decode pools)")
+    prefill_decode: list[str] | None = Field(None, min_length=1, description="disaggregated: prefill:decode replicas "
+                                                                            "per unit (default 1:1)")
+    kv_transfer: Annotated[str | KvTransferConfig | None, BeforeValidator(_known_link)] = Field(
+        None, description="disaggregated: the pools' link (a catalog link or {gb_per_s, latency_ms})")
 
     @field_validator("slo")
     @classmethod
@@ -95,10 +107,23 @@ class PlanFile(Strict):
 
     @field_validator("split")
     @classmethod
-    def _colocated(cls, v: str) -> str:
-        if v != "colocated":
-            raise ValueError(f"only 'colocated' is planned (got {v!r}): prefill/decode disaggregation is not "
-                             "built yet")
+    def _splits(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if x not in SPLITS:
+                raise ValueError(f"unknown split {x!r}; expected {' or '.join(SPLITS)}")
+        if len(set(v)) < len(v):
+            raise ValueError("a split is listed twice")
+        return v
+
+    @field_validator("prefill_decode")
+    @classmethod
+    def _ratios(cls, v: list[str] | None) -> list[str] | None:
+        for x in v or []:
+            p, _, d = str(x).partition(":")
+            if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
+                raise ValueError(f"{x!r}: expected prefill:decode replicas per unit, such as '1:3'")
+        if v is not None and len({ratio(x) for x in v}) < len(v):
+            raise ValueError("a ratio is listed twice")
         return v
 
     @field_validator("gpus")
@@ -146,25 +171,66 @@ class PlanFile(Strict):
         if (self.rates is None) == (self.rate_scales is None):
             raise ValueError("give one of 'rates' (req/s of a generated workload) and 'rate_scales' (a trace's "
                              "rate multipliers)")
+        if "disaggregated" in self.split:
+            if self.kv_transfer is None:
+                raise ValueError("split disaggregated needs kv_transfer: a link (nvlink, infiniband-400g, pcie-gen5) "
+                                 "or {gb_per_s, latency_ms}")
+        elif self.kv_transfer is not None or self.prefill_decode is not None:
+            raise ValueError("kv_transfer and prefill_decode apply to split: disaggregated only")
         return self
+
+    @property
+    def ratios(self) -> list[tuple[int, int]]:
+        """(prefill, decode) replicas per unit of the disaggregated split."""
+        return [ratio(x) for x in self.prefill_decode or ["1:1"]]
 
     def price(self, gpu: str) -> float | None:
         return self.prices.get(gpu, GPU_PRICES.get(gpu))
 
 
+SPLITS = ("colocated", "disaggregated")
+
+
+def ratio(text: str) -> tuple[int, int]:
+    p, _, d = str(text).partition(":")
+    return int(p), int(d)
+
+
 @dataclass(frozen=True)
 class Shape:
-    """One deployment shape: everything but the replica count."""
+    """One deployment shape: everything but the replica count (``pd``: a disaggregated split's prefill and
+    decode replicas per unit; None: colocated)."""
 
     gpu: str
     tensor_parallel: int
     policy: Any  # the plan's entry (a preset name or a policy mapping)
     policy_name: str
     knobs: tuple[tuple[str, int], ...]  # (("max_num_seqs", 128), ("block_size", 16)), those the plan varies
+    pd: tuple[int, int] | None = None
 
     def columns(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tensor_parallel": self.tensor_parallel, "policy": self.policy_name,
                 **dict(self.knobs)}
+
+    def split_columns(self, n: int) -> dict[str, Any]:
+        """A plan with a disaggregated split: the split and each pool's replicas at count ``n``."""
+        if self.pd is None:
+            return {"split": "colocated", "prefill_decode": None, "prefill_replicas": None, "decode_replicas": None}
+        p, d = self.pd
+        return {"split": "disaggregated", "prefill_decode": f"{p}:{d}", "prefill_replicas": n * p,
+                "decode_replicas": n * d}
+
+    def replicas(self, n: int) -> int:
+        """Replicas (all pools) at count ``n``: n replicas, or n units of a split."""
+        return n if self.pd is None else n * sum(self.pd)
+
+    def counts(self, spec: "PlanFile") -> tuple[int, int]:
+        """The lowest and highest count whose replicas lie within the plan's range."""
+        lo, hi = spec.replicas.min, spec.replicas.max
+        if self.pd is None:
+            return lo, hi
+        u = sum(self.pd)
+        return max(1, -(-lo // u)), hi // u
 
 
 @dataclass
@@ -185,10 +251,20 @@ class Plan:
     def rate_values(self) -> list[float]:
         return self.spec.rates if self.spec.rates is not None else self.spec.rate_scales
 
-    def scenario(self, rate: float, shape: Shape, replicas: int) -> Scenario:
+    @property
+    def disaggregated(self) -> bool:
+        return "disaggregated" in self.spec.split
+
+    def scenario(self, rate: float, shape: Shape, n: int) -> Scenario:
+        """The configuration of ``shape`` at count ``n`` (replicas, or units of a prefill:decode split)."""
         values = {self.rate_column: rate, "gpu": shape.gpu, "tensor_parallel": shape.tensor_parallel,
-                  "policies": shape.policy, **dict(shape.knobs), "cluster.replicas": replicas,
-                  "cluster.router": self.spec.router}
+                  "policies": shape.policy, **dict(shape.knobs), "cluster.router": self.spec.router}
+        if shape.pd is None:
+            values["cluster.replicas"] = n
+        else:
+            t = self.spec.kv_transfer
+            values.update({"cluster.prefill.replicas": n * shape.pd[0], "cluster.decode.replicas": n * shape.pd[1],
+                           "cluster.kv_transfer": t if isinstance(t, str) else t.model_dump(mode="json")})
         return self.builder.point_scenario(values)
 
     def met(self, summary: dict | None) -> bool:
@@ -227,7 +303,10 @@ def load_plan(path: str | Path) -> Plan:
                  "rates" if spec.rates is not None else "rate_scales")]
     for column, path_ in [("gpu", "gpu"), ("tensor_parallel", "tensor_parallel"), ("policies", "policies"),
                           ("max_num_seqs", "max_num_seqs"), ("block_size", "block_size"),
-                          ("cluster.replicas", "cluster.replicas"), ("cluster.router", "cluster.router")]:
+                          ("cluster.replicas", "cluster.replicas"), ("cluster.router", "cluster.router"),
+                          ("cluster.prefill.replicas", "cluster.prefill.replicas"),
+                          ("cluster.decode.replicas", "cluster.decode.replicas"),
+                          ("cluster.kv_transfer", "cluster.kv_transfer")]:
         axes.append(Axis(column, axis_target(path_)[0], (), column))
     builder = Sweep(name=spec.name or path.stem, description=spec.description, source=source, axes=axes,
                     groups=[], points=[], capacity=None, base=base, base_dir=base_dir, base_source=base_source)
@@ -235,6 +314,13 @@ def load_plan(path: str | Path) -> Plan:
     shapes: list[Shape] = []
     first = min(spec.rates if spec.rates is not None else spec.rate_scales)
     plan = Plan(builder.name, source, spec, shapes, builder)
+    splits = ([None] if "colocated" in spec.split else []) + (spec.ratios if "disaggregated" in spec.split else [])
+    for split in splits:
+        probe = Shape("", 1, None, "", (), split)
+        lo, hi = probe.counts(spec)
+        if lo > hi:
+            raise ScenarioError(f"{source}{_line_of(lines, 'prefill_decode')}: prefill_decode: {split[0]}:{split[1]} "
+                                f"needs at least {sum(split)} replicas; replicas.max is {spec.replicas.max}")
     for gpu in spec.gpus:
         for tp in spec.tensor_parallel:
             for policy in spec.policies:
@@ -242,11 +328,13 @@ def load_plan(path: str | Path) -> Plan:
                 for k, vs in knob_lists:
                     combos = [(*c, (k, v)) for c in combos for v in vs]
                 for knobs in combos:
-                    scenario = plan.scenario(first, Shape(gpu, tp, policy, "", knobs), spec.replicas.min)
-                    shapes.append(Shape(gpu, tp, policy, scenario.policies[0].name, knobs))
+                    for split in splits:
+                        shape = Shape(gpu, tp, policy, "", knobs, split)
+                        scenario = plan.scenario(first, shape, shape.counts(spec)[0])
+                        shapes.append(Shape(gpu, tp, policy, scenario.policies[0].name, knobs, split))
     names = {}
     for s in shapes:
-        key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name)
+        key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name, s.pd)
         if key in names:
             raise ScenarioError(f"{source}{_line_of(lines, 'policies')}: policies: two policies named "
                                 f"{s.policy_name!r}; give each a distinct name")
@@ -293,13 +381,14 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
     t0 = time.perf_counter()
     store = PointStore(Path(out_dir))
     spec = plan.spec
-    lo, hi = spec.replicas.min, spec.replicas.max
+    bounds = [shape.counts(spec) for shape in plan.shapes]  # each shape's lowest and highest count
     outcomes: dict[str, Outcome] = {}
     searches: dict[tuple[int, int], _Search] = {}
     progress = progress or Progress()
     for ri, rate in enumerate(plan.rate_values):
         current: dict[int, _Search] = {}
         for si, shape in enumerate(plan.shapes):
+            lo, hi = bounds[si]
             before = searches.get((ri - 1, si))
             if before is not None and before.error:
                 current[si] = _Search(hi, hi + 1, hi, error=before.error)
@@ -310,6 +399,7 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
         while True:
             wave: dict[int, tuple[int, Any]] = {}
             for si, s in current.items():
+                hi = bounds[si][1]
                 if s.error is None and s.ok - s.fail > 1:
                     # no pass yet: climb from the floor by doubling steps (1, 2, 4, ... above it), since
                     # the answer is usually near the floor; then bisect between a failure and a pass
@@ -332,8 +422,9 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
             searches[(ri, si)] = s
     table = _table(plan, searches, outcomes)
     best = _best(plan, table)
-    failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel} at "
-                 f"{plan.rate_column} {plan.rate_values[ri]:g}", s.error)
+    failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel}"
+                 + (f" {plan.shapes[si].pd[0]}:{plan.shapes[si].pd[1]}" if plan.shapes[si].pd else "")
+                 + f" at {plan.rate_column} {plan.rate_values[ri]:g}", s.error)
                 for (ri, si), s in searches.items() if s.error and s.runs]
     return PlanResult(plan, table, best, sum(not o.reused for o in outcomes.values()),
                       sum(o.reused for o in outcomes.values()), len(table), failures, time.perf_counter() - t0)
@@ -347,7 +438,8 @@ def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[
         for si, shape in enumerate(plan.shapes):
             s = searches[(ri, si)]
             price = spec.price(shape.gpu)
-            for n in range(spec.replicas.min, spec.replicas.max + 1):
+            lo, hi = shape.counts(spec)
+            for n in range(lo, hi + 1):
                 key = s.runs.get(n)
                 out = outcomes.get(key) if key else None
                 if out is not None:
@@ -360,11 +452,12 @@ def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[
                     passed, pruned, error = False, FAILED_AT_LOWER_RATE, None
                 else:
                     passed, pruned, error = False, FEWER_THAN_FAILING, None
-                gpus = n * shape.tensor_parallel
+                gpus = shape.replicas(n) * shape.tensor_parallel
                 metrics = _metric_row(out)
                 per_hour = gpus * price
                 tokens = metrics.get("total_token_throughput")
-                rows.append({plan.rate_column: rate, **shape.columns(), "replicas": n, "num_gpus": gpus,
+                rows.append({plan.rate_column: rate, **shape.columns(), "replicas": shape.replicas(n),
+                             **(shape.split_columns(n) if plan.disaggregated else {}), "num_gpus": gpus,
                              "usd_per_gpu_hour": price, "usd_per_hour": per_hour,
                              "usd_per_million_tokens": (per_hour / (tokens * 3600 / 1e6)) if tokens else None,
                              "goodput_request_rate": (metrics.get("request_throughput") if passed else 0.0)
@@ -378,23 +471,25 @@ def _best(plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
     """The cheapest passing configuration per rate (by $/hour, then $/million tokens), with its rank
     among every shape's cheapest passing one. A rate that nothing meets gets a row saying so."""
     rows = []
-    keys = [c for c in ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size") if c in table]
+    keys = [c for c in ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size", "split", "prefill_decode")
+            if c in table]
     for rate, t in table.groupby(plan.rate_column, sort=True):
         ok = t[(t["passed"] == True) & t["ran"]]  # noqa: E712 (a column of True/False/None)
         if ok.empty:
             rows.append({plan.rate_column: rate, "met": False, "num_passing_shapes": 0})
             continue
         # each shape's cheapest passing count is the one it ran at its fewest passing replicas
-        firsts = ok.sort_values("replicas").groupby(keys, sort=False).head(1)
+        firsts = ok.sort_values("replicas").groupby(keys, sort=False, dropna=False).head(1)
         ranked = firsts.sort_values(["usd_per_hour", "usd_per_million_tokens", "num_gpus"]).reset_index(drop=True)
         w = ranked.iloc[0]
         rows.append({plan.rate_column: rate, "met": True, "num_passing_shapes": len(ranked),
-                     **{c: w[c] for c in (*keys, "replicas", "num_gpus", "usd_per_gpu_hour", "usd_per_hour",
+                     **{c: w[c] for c in (*keys, "replicas", *(("prefill_replicas", "decode_replicas")
+                                                              if plan.disaggregated else ()),
+                                          "num_gpus", "usd_per_gpu_hour", "usd_per_hour",
                                           "usd_per_million_tokens", "request_throughput", "offered_request_rate",
                                           *plan.spec.slo)},
-                     "runner_up": (f"{ranked.iloc[1]['replicas']} x {ranked.iloc[1]['gpu']} tp"
-                                   f"{ranked.iloc[1]['tensor_parallel']} {ranked.iloc[1]['policy']} "
-                                   f"${ranked.iloc[1]['usd_per_hour']:.2f}/h") if len(ranked) > 1 else None,
+                     "runner_up": (f"{plan_label(ranked.iloc[1])} ${ranked.iloc[1]['usd_per_hour']:.2f}/h")
+                     if len(ranked) > 1 else None,
                      "point_key": w["point_key"]})
     return pd.DataFrame(rows)
 
@@ -414,7 +509,10 @@ def write_plan(result: PlanResult, out_dir: str | Path, executor_name: str, repo
     info = {"name": p.name, "description": spec.description, "source": p.source, "kind": "plan",
             "rate_column": p.rate_column, "rates": p.rate_values, "slo": p.slo_text(),
             "gpus": {g: spec.price(g) for g in spec.gpus}, "tensor_parallel": spec.tensor_parallel,
-            "replicas": [spec.replicas.min, spec.replicas.max], "router": spec.router,
+            "replicas": [spec.replicas.min, spec.replicas.max], "router": spec.router, "split": spec.split,
+            "prefill_decode": [f"{a}:{b}" for a, b in spec.ratios] if p.disaggregated else None,
+            "kv_transfer": spec.kv_transfer if isinstance(spec.kv_transfer, (str, type(None)))
+            else spec.kv_transfer.model_dump(mode="json"),
             "num_shapes": len(p.shapes), "num_configurations": result.num_configurations,
             "executor": executor_name, "wall_s": result.wall_s, "num_runs": result.num_runs,
             "num_reused": result.num_reused, "failures": [{"what": w, "error": e} for w, e in result.failures]}

@@ -287,6 +287,15 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
         resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
         for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)
             model_executor(scenario, model, gpu, resolved[policy.name], requests)
+    elif scenario.cluster.disaggregated:  # each pool's KV pool and step-time model; the decode pool's are printed
+        from sim.cluster.disagg import pool_policy, pool_scenarios
+
+        resolved = {}
+        for name, _, sc in pool_scenarios(scenario):
+            for policy in scenario.policies:
+                r = pool_policy(name, sc, model, policy)
+                model_executor(sc, model, sc.gpu_spec(), r, requests)
+                resolved[policy.name] = r
     else:  # every replica group's pool and step-time model; the first replica's pools are printed
         from sim.cluster.fleet import replica_policy, replica_scenarios
 
@@ -302,7 +311,14 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
 
-    if scenario.cluster is not None:  # the fleet in one line
+    if scenario.cluster is not None and scenario.cluster.disaggregated:  # the pools in one line
+        c = scenario.cluster
+        parts = [f"{n} {cfg.replicas} x {sc.tensor_parallel} x {sc.gpu_spec().name}"
+                 for n, cfg, sc in pool_scenarios(scenario)]
+        lines.append(f"fleet, disaggregated: {', '.join(parts)}; KV transfer {c.link.name} "
+                     f"{c.link.bytes_per_s / 1e9:g} GB/s + {c.link.latency_s * 1e3:g} ms; "
+                     f"router {', '.join(c.routers)}")
+    elif scenario.cluster is not None:  # the fleet in one line
         kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)

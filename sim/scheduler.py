@@ -76,6 +76,15 @@ class Scheduler:
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._num_preempted = 0
+        # prefill/decode disaggregation (sim/cluster/disagg.py). A prefill replica (``handoff``) keeps a
+        # finished request's KV in ``held`` until its transfer ends (``release``). A decode replica gets
+        # requests whose KV is elsewhere: a waiting sequence with computed tokens; admitting one reserves its
+        # KV (prompt + first token) and puts it in ``pulling`` (listed in ``pulled`` for the engine, which
+        # starts the transfer) until its KV lands (``land``); it computes nothing before.
+        self.handoff = False
+        self.held: dict[Sequence, None] = {}
+        self.pulling: dict[Sequence, None] = {}
+        self.pulled: list[Sequence] = []
 
     # ------------------------------------------------------------------------------------ queries
 
@@ -101,13 +110,20 @@ class Scheduler:
         samples or beams count once; swapped and waiting requests hold none. O(1) without groups."""
         seqs = self.batch if self.static else None
         if not self._grouped:
-            return len(seqs) if seqs is not None else len(self.clock.members) + len(self.explicit)
+            if seqs is not None:
+                return len(seqs)
+            return len(self.clock.members) + len(self.explicit) + len(self.held) + len(self.pulling)
         if seqs is None:
             seqs = [*self.clock.members, *self.explicit]
         return len({s.request_id for s in seqs})
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.clock.members or self.explicit or self.swapped or self.batch)
+
+    def awaits_transfer(self) -> bool:
+        """KV held for, or reserved for, a transfer that has not ended (disaggregation): an event outside
+        this server will change its state."""
+        return bool(self.held or self.pulling)
 
     def arrivals_matter(self) -> bool:
         """Could a request arriving now be admitted before something finishes? Not while requests
@@ -173,8 +189,18 @@ class Scheduler:
         admitted = False
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if self.num_running + self._width(seq) > self.max_num_seqs:
+            if self.num_running + len(self.pulling) + self._width(seq) > self.max_num_seqs:
                 break
+            if seq._computed:  # its KV is on a prefill replica: reserve prompt + first token, pull it
+                if not self.kv.can_admit(seq, 1):
+                    self.blocked = True
+                    break
+                self.waiting.popleft()
+                seq.state = RUNNING
+                self.kv.admit(seq, 1)
+                self.pulling[seq] = None
+                self.pulled.append(seq)
+                continue
             hits = self.kv.match_prefix(seq) if self.kv.caching else ()  # cached blocks need no prefill
             n = seq.num_uncomputed_tokens - len(hits) * self.block_size
             if chunked:
@@ -529,6 +555,10 @@ class Scheduler:
                     g.num_finished = g.width
             if self.static:
                 self.kv.hold(seq)
+            elif self.handoff:  # a prefill replica: the KV stays until its transfer ends (``release``)
+                self.filled += seq.num_computed_tokens
+                self.held[seq] = None
+                self.done.append((seq, end_s))
             else:
                 self.kv.free(seq)
                 if g is None or g.num_finished == g.width:  # a request is done when all its outputs are
@@ -540,14 +570,28 @@ class Scheduler:
                     self.done.append((seq, end_s))
             self.batch = []
 
+    def release(self, seq: Sequence) -> None:
+        """A prefill replica: ``seq``'s KV has been transferred; free it."""
+        del self.held[seq]
+        self.filled -= seq.num_computed_tokens
+        self.kv.free(seq)
+
+    def land(self, seq: Sequence, t: float) -> None:
+        """A decode replica: ``seq``'s KV arrived at ``t``, with its first token; it decodes from the next step."""
+        del self.pulling[seq]
+        self.filled += seq.num_computed_tokens
+        seq.first_token_s = seq.last_token_s = t
+        self.explicit = add_sorted(self.explicit, seq)
+
     # ------------------------------------------------------------------------------------ pictures
 
     def capture(self) -> tuple:
         """A cheap copy of the address space's owners now; ``segments`` draws it later."""
+        away = [*self.held, *self.pulling]  # disaggregation: KV held for or reserved for a transfer
         if self.paged:
-            return self.kv.capture(self.running), self.blocked
-        live = set(self.clock.members) | set(self.explicit)
-        return self.kv.capture([(s, s not in live) for s in self.batch or self.running]), self.blocked
+            return self.kv.capture(self.running + away), self.blocked
+        live = set(self.clock.members) | set(self.explicit) | set(away)
+        return self.kv.capture([(s, s not in live) for s in (self.batch or self.running) + away]), self.blocked
 
     def segments(self, captured: tuple):
         data, blocked = captured

@@ -139,3 +139,11 @@ def title(name: str) -> str:
 def is_result_column(name: str) -> bool:
     """A column of a sweep or capacity table that holds a result (not a swept scenario field or the seed)."""
     return name in METRICS or name in SWEEP_RESULT_COLUMNS or name in CAPACITY_RESULT_COLUMNS
+
+
+def plan_label(row) -> str:
+    """A configuration of a plan table (plan.parquet, best.csv; a row as a mapping) in words:
+    ``2 x h100 tp1 vllm``, or ``1+3 x h100 tp1 vllm`` for 1 prefill and 3 decode replicas."""
+    pre = row.get("prefill_replicas")
+    count = f"{int(pre)}+{int(row['decode_replicas'])}" if pre is not None and pre == pre else f"{row['replicas']}"
+    return f"{count} x {row['gpu']} tp{row['tensor_parallel']} {row['policy']}"

@@ -48,7 +48,8 @@ from sim.userfile import read_json
 
 
 class Executor(Protocol):
-    """What the engine needs of whatever runs (or prices) a step."""
+    """What the engine needs of whatever runs (or prices) a step. One that has ``bind_kv(kv)`` is handed
+    the engine's KV manager once (the GPU replay reads the hybrid allocator's per-group tables from it)."""
 
     def step_time_s(self, plan: StepPlan) -> float:
         """Seconds the step takes (predicted or measured)."""
@@ -79,11 +80,14 @@ class OpPricer:
             return self.gpu.operators_note
         return "datasheet roofline" + (" (operators: datasheet)" if self.gpu.operators else ": no measurements")
 
-    def gemm_s(self, m, n: int, k: int):
+    def gemm_s(self, m, n: int, k: int, weight_bytes: float | None = None):
+        """``weight_bytes``: the weights' bytes per element when not the model dtype's (fp8 checkpoints);
+        their FLOPs stay at the model dtype's peak (fp8 tensor cores are not credited: conservative)."""
         if self.fit is not None:
-            return self.fit.gemm.time_s(m, n, k, self.gpu, self.model.dtype_bytes)
+            return self.fit.gemm.time_s(m, n, k, self.gpu, self.model.dtype_bytes, weight_bytes)
         w = self.model.dtype_bytes
-        return np.maximum(2.0 * m * n * k / self._matmul_flops, w * (m * k + k * n + m * n) / self._bw)
+        moved = w * (m * k + k * n + m * n) if weight_bytes is None else w * (m * k + m * n) + weight_bytes * k * n
+        return np.maximum(2.0 * m * n * k / self._matmul_flops, moved / self._bw)
 
     def elementwise_s(self, op: str, m):
         nbytes = m * self.elementwise[op]
@@ -270,12 +274,18 @@ class RooflineStepTime:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
         (models with layer kinds, MoE or packed weights). MoE layers: active experts' FLOPs, and the
         weights of the expected distinct experts (``distinct_experts``), at the roofline; fp8 or MXFP4
-        weights are read at their bytes there (dense GEMMs keep the model dtype: an overestimate)."""
+        weights are read at their bytes there, and the other linear layers' at ``dense_weight_bytes`` (fp8
+        checkpoints); the LM head and the router at the model dtype."""
         model, ops, tp, h = self.model, self.ops, self.tp, self.model.hidden_size
         elementwise = sum(ops.elementwise_s(op, m) * (2 if op == "add" else 1) for op in ops.elementwise)
         allreduce = 2 * ops.allreduce_s(m * h * model.dtype_bytes)
         total = 0.0
         wb = model.weight_bytes or model.dtype_bytes
+        dw = model.dense_weight_bytes or None  # None: the model dtype (the formula as it was)
+
+        def gemm(n: int, k: int):
+            return ops.gemm_s(m, n, k, dw)
+
         counts: dict[tuple[str, bool], int] = {}  # layers of one kind and MLP cost the same: priced once
         for i, kind in enumerate(model.kinds):
             key = (kind if kind in ("mamba", "mla") else "attention", i in model.moe_layers)
@@ -283,17 +293,16 @@ class RooflineStepTime:
         for (kind, moe), count in counts.items():
             if kind == "mamba":
                 d, r = model.mamba_d_inner // tp, model.mamba_dt_rank
-                proj = (ops.gemm_s(m, 2 * d, h) + ops.gemm_s(m, r + 2 * model.mamba_d_state, d) + ops.gemm_s(m, d, r)
-                        + ops.gemm_s(m, h, d))
+                proj = gemm(2 * d, h) + gemm(r + 2 * model.mamba_d_state, d) + gemm(d, r) + gemm(h, d)
             elif kind == "mla":
                 heads = model.num_heads // tp
                 q = model.q_lora_rank or h
-                proj = (ops.gemm_s(m, model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim, h)
-                        + ops.gemm_s(m, heads * (model.qk_nope_head_dim + model.qk_rope_head_dim), q)
-                        + ops.gemm_s(m, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank)
-                        + ops.gemm_s(m, h, heads * model.v_head_dim))
+                proj = (gemm(model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim, h)
+                        + gemm(heads * (model.qk_nope_head_dim + model.qk_rope_head_dim), q)
+                        + gemm(heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank)
+                        + gemm(h, heads * model.v_head_dim))
             else:
-                proj = ops.gemm_s(m, *ops.gemms["attn_pre_proj"]) + ops.gemm_s(m, *ops.gemms["attn_post_proj"])
+                proj = gemm(*ops.gemms["attn_pre_proj"]) + gemm(*ops.gemms["attn_post_proj"])
             if moe:
                 f = model.moe_ffn_size // tp
                 busy = distinct_experts(model.num_experts, model.num_experts_per_tok, m)
@@ -302,9 +311,9 @@ class RooflineStepTime:
                 mlp = max(compute, memory) + ops.gemm_s(m, model.num_experts, h)  # experts, and the router
                 if model.num_shared_experts:
                     fs = model.num_shared_experts * f
-                    mlp += ops.gemm_s(m, 2 * fs, h) + ops.gemm_s(m, h, fs)
+                    mlp += gemm(2 * fs, h) + gemm(h, fs)
             else:
-                mlp = ops.gemm_s(m, *ops.gemms["mlp_up_proj"]) + ops.gemm_s(m, *ops.gemms["mlp_down_proj"])
+                mlp = gemm(*ops.gemms["mlp_up_proj"]) + gemm(*ops.gemms["mlp_down_proj"])
             total += count * (proj + mlp)
         return float(total + self._num_layers * (elementwise + allreduce))
 

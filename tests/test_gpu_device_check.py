@@ -137,30 +137,40 @@ def test_the_trace_slice_is_the_traces_first_rows(tmp_path):
 # ------------------------------------------------------------------------------------------ graphs
 
 
-def test_the_padded_decode_step_computes_the_eager_step():
+@pytest.mark.parametrize("groups", [False, True], ids=["one-group", "two-groups"])
+def test_the_padded_decode_step_computes_the_eager_step(groups):
     """``DecodeGraphs`` pads a decode batch to its bucket (slots -1, block 0) and reads a block table as
     wide as its context bucket; run eagerly (capture=False, the CPU), it must give the eager step's tokens
-    and leave the pool exactly as the eager step does: padding writes nothing."""
+    and leave the pool exactly as the eager step does: padding writes nothing. Two KV groups (layer 0 a
+    window of 2 keys, the hybrid allocator's way): a slot row and tables per group, block 0 of the window
+    group's decode tables dropped (-1)."""
     from gpu.executor import DecodeGraphs, TorchExecutor, step_log_summary
-    from gpu.kv_cache import KvCache
+    from gpu.kv_cache import KvCache, KvGroups
     from gpu.model import LlamaModel, ModelShape
     from sim.core import StepPlan
     from sim.kv import KvPool
 
-    shape = ModelShape("t", 2, 64, 4, 2, 16, 96, 128, 256)
+    shape = ModelShape("t", 2, 64, 4, 2, 16, 96, 128, 256, layer_windows=(2, 0) if groups else ())
     model = LlamaModel.random(shape, "cpu", torch.float32, seed=3)
-    pool = KvPool(8, 16, 2 * 2 * 2 * 16 * 4, 0, 0, 0)
+    pool = KvPool(10, 16, 2 * 2 * 2 * 16 * 4, 0, 0, 0)
     prompts = {0: 5, 1: 18, 2: 3}
     runs = {}
     for graphs in (False, True):
-        cache = KvCache(shape, pool, torch.device("cpu"), torch.float32)
+        layers = KvGroups((0, 1), (0, 0), 1) if groups else None  # two groups: pages of one layer each
+        cache = KvCache(shape, pool, torch.device("cpu"), torch.float32, layers)
         ex = TorchExecutor(model, cache, prompts, paged=True, attention="triton", decode_graphs=graphs)
-        order = list(range(8))[::-1]  # blocks handed out from the top, so block 0 is nobody's
+        order = list(range(10))[::-1]  # blocks handed out from the top, so block 0 is nobody's
         tables = {0: order[0:1], 1: order[1:3], 2: order[3:4]}
+        other = {0: order[4:5], 1: order[5:7], 2: order[7:8]}  # the full group's (two groups)
         ids, new = (0, 1, 2), (5, 18, 3)
 
         def plan(news, cached):
-            return StepPlan.from_entries(ids, news, cached, 3, 16, block_tables=tuple(tables[i] for i in ids))
+            extra = {}
+            if groups:  # a decode at 18 sees keys 17, 18: block 0 of sequence 1 dropped from the window group
+                window = [[-1, *tables[i][1:]] if c >= 18 else tables[i] for i, c in zip(ids, cached)]
+                extra["group_tables"] = [window, [other[i] for i in ids]]
+            return StepPlan.from_entries(ids, news, cached, 3, 16, block_tables=tuple(tables[i] for i in ids),
+                                         extra=extra)
 
         tokens = [ex.run(plan(new, (0, 0, 0)))]
         for step in range(2):

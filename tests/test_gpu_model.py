@@ -11,13 +11,14 @@ from gpu_helpers import require_backend
 torch = require_backend()
 
 from gpu.executor import TorchExecutor  # noqa: E402
-from gpu.kv_cache import KvCache  # noqa: E402
+from gpu.kv_cache import KvCache, KvGroups  # noqa: E402
 from gpu.model import LlamaModel, ModelShape  # noqa: E402
 from sim.catalog import MODELS, model_from_hf_config  # noqa: E402
 from sim.core import StepPlan  # noqa: E402
 from sim.kv import KvPool  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[1] / "gpu" / "configs" / "tiny-llama.json"
+HYBRID = TINY.with_name("tiny-hybrid.json")
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -124,37 +125,53 @@ def windowed(model: LlamaModel, windows: tuple[int, ...]) -> LlamaModel:
 
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_sliding_window_layers_generate_as_full_recomputation(attention):
-    """Layer 0 a sliding window of 6 keys (under two blocks of 4), layer 1 full; a 21-token prompt in two
-    chunks (the second over 13 cached tokens), then decodes. The cached steps (the window layer paged
-    through tables whose out-of-window blocks are dropped: -1) give the tokens of a plain windowed
-    recomputation, which differ from full attention's (the window is not vacuous)."""
+    """Layer 0 a sliding window of 6 keys (under two blocks of 4), layer 1 full, each in a KV group of its
+    own (pages of one layer); a 21-token prompt in two chunks (the second over 13 cached tokens), then
+    decodes. The window group's tables drop the blocks that left the window (-1, as the hybrid allocator
+    frees them) and those pages are poisoned with NaN after every step; the cached steps give the greedy
+    tokens of a plain windowed recomputation, which differ from full attention's (the window is not vacuous)."""
     model = windowed(tiny_model(), (6, 0))
     B = 4
-    pool = KvPool(num_blocks=12, block_size=B, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
+    pool = KvPool(num_blocks=16, block_size=B, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
                   activation_bytes=0)
-    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 21}, paged=True,
-                       attention=attention, seed=11)
-    table = np.random.default_rng(1).permutation(12)[:8].tolist()
+    cache = KvCache(model.shape, pool, "cpu", torch.float32, KvGroups((0, 1), (0, 0), 1))
+    assert cache.kv.shape[:3] == (1, 2, 16)
+    ex = TorchExecutor(model, cache, {0: 21}, paged=True, attention=attention, seed=11)
+    order = np.random.default_rng(1).permutation(16).tolist()
+    window_pages, full_pages = order[:8], order[8:]
     for n, c in [(13, 0), (8, 13), (1, 21), (1, 22)]:
-        ex.run(StepPlan.from_entries((0,), (n,), (c,), 0, B, block_tables=(table,)))
+        blocks, first = -(-(c + n) // B), max(c + 1 - 6, 0) // B
+        window = [-1] * first + window_pages[first:blocks]
+        ex.run(StepPlan.from_entries((0,), (n,), (c,), 0, B, block_tables=([],),
+                                     extra={"group_tables": [[window], [full_pages[:blocks]]]}))
+        gone = window_pages[:max(c + n + 1 - 6, 0) // B]  # out of the next step's window: freed
+        cache.kv[:, :, gone] = float("nan")
     want = reference_tokens(model, ex.prompt_ids(0), 3)
     assert ex.generated(0) == want
     assert want != reference_tokens(windowed(model, ()), ex.prompt_ids(0), 3)
 
 
-def test_window_layers_tables_drop_the_blocks_before_the_window():
+def test_kv_groups_of_a_hybrid_layout():
+    """Layers of one kind fill that kind's groups in layer order, group_size at a time; each layer has a
+    place in its group's pages. A layout that does not match the model's layers is refused."""
+    from sim.layouts import kv_layout
+
+    spec = model_from_hf_config(HYBRID)  # sliding W = 8, full, sliding, full, sliding
+    shape = ModelShape.from_spec(spec)
+    assert shape.layer_windows == (8, 0, 8, 0, 8)
+    groups = KvGroups.of_layout(shape.layer_windows, 5, kv_layout(spec, 1, 4))
+    # groups: sliding (layers 0, 2), sliding (layer 4), full (layers 1, 3); pages of 2 layers
+    assert groups.layer_group == (0, 2, 0, 2, 1) and groups.layer_place == (0, 0, 1, 1, 0)
+    assert groups.page_layers == 2 and groups.num_groups == 3
+    with pytest.raises(ValueError, match="do not match the model's layer windows"):
+        KvGroups.of_layout((0,) * 5, 5, kv_layout(spec, 1, 4))
+    with pytest.raises(ValueError, match="hold 3 layers, the model has 2"):
+        KvGroups.of_layout((8, 0, 8, 0), 4, kv_layout(spec, 1, 4))
     model = windowed(tiny_model(), (6, 0))
-    pool = KvPool(num_blocks=40, block_size=4, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0,
-                  activation_bytes=0)
-    ex = TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32), {0: 21, 1: 7}, paged=True,
-                       attention="torch")
-    table = list(range(10, 20))
-    plan = StepPlan.from_entries((0, 1), (8, 1), (13, 6), 0, 4, block_tables=(table, table[:2]))
-    x = ex.prepare(plan)
-    # prefill: first query at 13, window 6 -> keys 8.. visible: blocks 0, 1 dropped; decode at 6: keys 1..
-    assert x.prefill.window_layouts[6].block_tables[0].tolist()[:3] == [-1, -1, 12]
-    assert x.decode.window_layouts[6].block_tables[0].tolist() == [10, 11]
-    assert x.prefill.layout.block_tables[0].tolist()[:3] == [10, 11, 12]
+    pool = KvPool(num_blocks=4, block_size=4, kv_bytes_per_token=0, budget_bytes=0, weights_bytes=0, activation_bytes=0)
+    with pytest.raises(ValueError, match="several KV groups need a paged pool"):
+        TorchExecutor(model, KvCache(model.shape, pool, "cpu", torch.float32, KvGroups((0, 1), (0, 0), 1)), {},
+                      paged=False, attention="torch")
 
 
 def test_simulator_only_layer_kinds_are_refused():

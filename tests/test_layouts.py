@@ -118,6 +118,26 @@ def test_distinct_experts_formula():
     assert distinct_experts(16, 2, 2) == pytest.approx(16 * (1 - (14 / 16) ** 2))
 
 
+def test_an_fp8_checkpoint_reads_its_dense_weights_at_a_byte():
+    """DeepSeek-V3's fp8 checkpoint: at one token (each GEMM memory-bound on the datasheet roofline) the
+    MLA projections of 61 layers, the 3 dense MLPs and the 58 shared experts read K x N bytes, not 2 K x N
+    (by hand, per rank at tp 8); the router and the LM head stay bf16."""
+    from dataclasses import replace
+
+    from sim.config import RooflineConfig
+    from sim.steptime import RooflineStepTime
+
+    m, tp = MODELS["deepseek-v3"], 8
+    h, heads, cfg = m.hidden_size, m.num_heads // tp, RooflineConfig(operators="datasheet")
+    fp8, bf16 = (RooflineStepTime(x, GPUS["h200"], tp, cfg, paged=True) for x in (m, replace(m, dense_weight_bytes=0)))
+    mla = [(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, h),
+           (heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank),
+           (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), (h, heads * m.v_head_dim)]
+    f, fs = m.ffn_size // tp, m.num_shared_experts * m.moe_ffn_size // tp
+    weights = 61 * sum(n * k for n, k in mla) + 3 * (2 * f * h + h * f) + 58 * (2 * fs * h + h * fs)
+    assert bf16._modern_layers_s(1) - fp8._modern_layers_s(1) == pytest.approx(weights / fp8.ops._bw, rel=1e-9)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
@@ -130,6 +150,16 @@ def _config(tmp_path, **over):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     return p
+
+
+def test_config_json_quantization_sets_the_weights_bytes(tmp_path):
+    """fp8 (DeepSeek-V3): every linear layer at a byte; MXFP4 (gpt-oss): only the experts are packed."""
+    fp8 = model_from_hf_config(_config(tmp_path, quantization_config={"quant_method": "fp8", "fmt": "e4m3"}))
+    assert (fp8.weight_bytes, fp8.dense_weight_bytes) == (1, 1)
+    mx = model_from_hf_config(_config(tmp_path, quantization_config={"quant_method": "mxfp4"}))
+    assert (mx.weight_bytes, mx.dense_weight_bytes) == (0.56, 0)
+    plain = model_from_hf_config(_config(tmp_path))
+    assert (plain.weight_bytes, plain.dense_weight_bytes) == (0, 0)
 
 
 def test_config_json_layer_kinds(tmp_path):
@@ -199,6 +229,16 @@ def _check_paged(kv: HybridPagedKv, seqs):
     states = [len(seqs) * kv.state_pages * B] if kv.state_pages else []
     assert kv.group_slots() == per_class + states and len(kv.group_labels()) == len(kv.group_slots())
     assert sum(kv.group_slots()) == kv.alloc
+    # the GPU replay's view: each attention group's pages by token block (-1: freed), the seq's pages once each
+    tables = kv.group_tables([s.seq_id for s in seqs])
+    assert len(tables) == kv.layout.num_attention_groups
+    for j, s in enumerate(seqs):
+        end, firsts, _, state = kv._st[s]
+        rows = [t[j] for t in tables]
+        assert all(len(r) == end for r in rows)
+        kept = [b for r in rows for b in r if b >= 0]
+        assert sorted(kept + state) == sorted(kv.table(s))
+        assert sorted(r.count(-1) for r in rows) == sorted(f for f, (_, n) in zip(firsts, kv.classes) for _ in range(n))
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
 

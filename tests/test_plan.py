@@ -82,6 +82,39 @@ def test_the_search_finds_the_brute_force_optimum_with_fewer_runs(searched):
     assert result.failures == []
 
 
+def test_a_plan_with_disaggregated_splits_finds_the_brute_force_optimum(tmp_path):
+    """Prefill:decode splits beside colocated replicas: a split's count is its units (1:3 at 1 unit is 4
+    replicas), each verdict and each rate's cheapest configuration are what running the whole grid gives."""
+    plan = load_plan(plan_file(tmp_path, **{"policies: [vllm]": "policies: [vllm]\nsplit: [colocated, disaggregated]\n"
+                                            "prefill_decode: ['1:1', '1:3']\nkv_transfer: infiniband-400g"}))
+    assert [s.pd for s in plan.shapes] == [None, (1, 1), (1, 3)] * 2
+    result = run_plan(plan, tmp_path / "o", SerialExecutor())
+    brute = []
+    for rate in plan.rate_values:
+        for shape in plan.shapes:
+            lo, hi = shape.counts(plan.spec)
+            for n in range(lo, hi + 1):
+                scenario = plan.scenario(rate, shape, n).model_copy(update={"record_steps": False})
+                assert scenario.cluster.disaggregated == (shape.pd is not None)
+                summary = run(scenario).policies[shape.policy_name].summary
+                split = shape.split_columns(n)
+                brute.append({"rate": rate, **shape.columns(), "split": split["split"],
+                              "prefill_decode": split["prefill_decode"], "replicas": shape.replicas(n),
+                              "brute": plan.met(summary), "cost": shape.replicas(n) * plan.spec.price(shape.gpu)})
+    brute = pd.DataFrame(brute)
+    keys = ["rate", "gpu", "policy", "split", "prefill_decode", "replicas"]
+    table = result.table.merge(brute, on=keys)
+    assert len(table) == len(brute) == len(result.table) == 2 * 2 * (4 + 2 + 1)
+    assert (table["passed"] == table["brute"]).all(), table[table["passed"] != table["brute"]]
+    assert (table["num_gpus"] == table["replicas"]).all()
+    both = table[table["split"] == "disaggregated"]
+    assert (both["prefill_replicas"] + both["decode_replicas"] == both["replicas"]).all()
+    for rate, b in brute.groupby("rate"):
+        best = result.best.set_index("rate").loc[rate]
+        assert best["met"] and best["usd_per_hour"] == pytest.approx(b[b["brute"]]["cost"].min())
+    assert result.num_runs < len(brute) and result.failures == []
+
+
 def test_a_rerun_into_the_same_folder_reuses_every_run_and_gives_the_same_tables(searched):
     plan, out, first = searched
     again = run_plan(plan, out, SerialExecutor())
@@ -115,9 +148,15 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"{min: 1, max: 4}": "{min: 1, max: -2}"}, "replicas: max (-2) must be at least min (1)"),
     ({"mean_tpot_ms: 24.5": "mean_tpot: 24.5"}, "slo: unknown metric 'mean_tpot' (did you mean "
                                            "'mean_tpot_ms'?)"),
-    ({"policies: [vllm]": "split: disaggregated"}, "split: only 'colocated' is planned "
-                                                             "(got 'disaggregated'): prefill/decode disaggregation "
-                                                             "is not built yet"),
+    ({"policies: [vllm]": "split: disaggregated"}, "split disaggregated needs kv_transfer"),
+    ({"policies: [vllm]": "split: [colocated, disagg]"},
+     "split: unknown split 'disagg'; expected colocated or disaggregated"),
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: infiniband"}, "kv_transfer: unknown link 'infiniband'"),
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['1:0']"},
+     "prefill_decode: '1:0': expected prefill:decode replicas per unit"),
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['2:3']"},
+     "prefill_decode: 2:3 needs at least 5 replicas; replicas.max is 4"),
+    ({"policies: [vllm]": "kv_transfer: nvlink"}, "kv_transfer and prefill_decode apply to split: disaggregated"),
     ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
     ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),
 ])

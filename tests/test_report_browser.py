@@ -1,6 +1,7 @@
 """The report in a real browser: headless Chromium opens report.html from disk, every figure must render
-with data, the console must stay free of errors, user text must not execute. Screenshots go to the
-test's tmp dir, and also to $KVSIM_SCREENSHOT_DIR when it is set (e.g. runs/screenshots, git-ignored).
+with data, the console must stay free of errors, user text must not execute. Full-page screenshots of
+every page go to $KVSIM_SCREENSHOT_DIR when it is set (e.g. runs/screenshots, git-ignored; a second each,
+so not otherwise: no assertion reads them).
 
 Needs chromium and chromedriver (`apt-get install -y chromium chromium-driver`, as .ci/run does) and
 selenium (the `test` extra); skips with the reason when one is missing.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from pathlib import Path
 
 
@@ -41,7 +41,8 @@ return Array.from(document.querySelectorAll('div.figure')).map(gd => ({
 
 
 def open_report(driver, path: Path, screenshot: Path) -> list[dict]:
-    """Load the page, wait for every figure, save a full-page screenshot; the figures' state."""
+    """Load the page, wait for every figure, save a full-page screenshot (named as ``screenshot``) to
+    $KVSIM_SCREENSHOT_DIR when it is set; the figures' state."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get_log("browser")  # drop what an earlier page logged
@@ -51,17 +52,16 @@ def open_report(driver, path: Path, screenshot: Path) -> list[dict]:
         "return document.readyState === 'complete' && f.length > 0 && "
         "Array.from(f).every(gd => gd._fullLayout && gd.querySelector('.main-svg'));"))
     state = driver.execute_script(FIGURE_STATE_JS)
-    width = driver.execute_script("return document.documentElement.scrollWidth")
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
-    png = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
-    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-    screenshot.write_bytes(base64.b64decode(png))
     if os.environ.get("KVSIM_SCREENSHOT_DIR"):
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        png = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
         keep = Path(os.environ["KVSIM_SCREENSHOT_DIR"])
         keep.mkdir(parents=True, exist_ok=True)
-        shutil.copy(screenshot, keep / screenshot.name)
+        (keep / screenshot.name).write_bytes(base64.b64decode(png["data"]))
     return state
 
 

@@ -1,8 +1,8 @@
 """The report's layout at 900 px and 1400 px in headless Chromium: the page never scrolls sideways, no
 HTML element sticks out of its container (tables too wide for the page scroll inside their own box,
 except the summary tables, which must fit), and no text plotly draws (titles, tick and bar labels,
-legends, annotations) is clipped by its figure. Screenshots of every page and width go to the test's
-tmp dir (and $KVSIM_SCREENSHOT_DIR when set). Skips, saying why, without chromium, chromedriver or
+legends, annotations) is clipped by its figure. Screenshots of every page and width go to $KVSIM_SCREENSHOT_DIR when it
+is set. Skips, saying why, without chromium, chromedriver or
 selenium (the session's browser fixture, tests/conftest.py)."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: 
     try:
         return resolve_policy(sc, model, sc.gpu_spec(), policy)
     except ScenarioError as e:
-        if isinstance(scenario.cluster.replicas, int):
+        if not isinstance(scenario.cluster.replicas, list):
             raise
         raise ScenarioError(f"cluster.replicas[{group}] ({sc.tensor_parallel} x {sc.gpu_spec().name}): {e}") from None
 
@@ -258,5 +258,10 @@ def merge_sharing(counts: list[SharingCounts | None]) -> SharingCounts | None:
 
 def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
               record_steps: bool) -> PolicyResult:
-    """One policy of a ``cluster:`` scenario, run as a whole fleet on the scenario's requests."""
+    """One policy of a ``cluster:`` scenario, run as a whole fleet on the scenario's requests (a
+    disaggregated one with prefill and decode pools: ``sim/cluster/disagg.py``)."""
+    if scenario.cluster.disaggregated:
+        from sim.cluster.disagg import DisaggFleet
+
+        return DisaggFleet(scenario, model, policy, router, requests, executor, record_steps).run()
     return Fleet(scenario, model, policy, router, requests, executor, record_steps).run()

@@ -1,0 +1,198 @@
+"""Prefill/decode disaggregation (sim/cluster/disagg.py): a prefill pool and a decode pool on one clock."""
+
+import numpy as np
+import pytest
+
+from sim import run
+from sim.config import ClusterConfig, ScenarioError, parse_scenario
+from sim.run import check_scenario
+
+LINK = {"gb_per_s": 50, "latency_ms": 0.5}
+SMALL_GPU = {"name": "small", "memory_gib": 32, "hbm_gb_per_s": 1555, "tflops": 312}  # OPT-13B leaves ~3 GiB of KV
+
+
+def scenario(cluster, policies=("vllm",), n=120, rate=3.0, model="opt-13b", gpu="a100-40gb", workload=None, **extra):
+    w = workload or {"arrival": {"kind": "poisson", "rate": rate}, "lengths": "sharegpt", "num_requests": n, "seed": 0}
+    return parse_scenario({"name": "t", "model": model, "gpu": gpu, "workload": w, "policies": list(policies),
+                           "decompose": False, "cluster": cluster, **extra})
+
+
+def pools(prefill=1, decode=1, link=LINK, **more):
+    return {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "kv_transfer": link, **more}
+
+
+def one_request(prompt, output):
+    return {"arrival": {"kind": "poisson", "rate": 1}, "prompt": {"kind": "fixed", "tokens": prompt},
+            "output": {"kind": "fixed", "tokens": output}, "num_requests": 1}
+
+
+def test_a_single_transfer_takes_bytes_over_bandwidth_plus_latency():
+    # OPT-13B: 40 layers, 40 KV heads of 128 at fp16: K and V = 2 x 40 x 40 x 128 x 2 = 819,200 bytes a token
+    res = run(scenario(pools(), workload=one_request(1000, 10))).policies["vllm"]
+    r = res.requests.iloc[0]
+    assert r.status == "finished" and r.generated_tokens == 10
+    assert r.transfer_bytes == 1000 * 819_200
+    assert r.transfer_ms == pytest.approx(819_200_000 / 50e9 * 1e3 + 0.5, rel=1e-12)  # 16.384 + 0.5 ms
+    assert r.decode_wait_ms == 0 and r.transfer_queue_ms == 0  # an idle decode replica admits it at once
+    # the first token comes with the KV; token 2 at the decode replica's first step after it
+    assert r.first_token_s == pytest.approx(r.prefill_end_s + r.transfer_ms / 1e3, rel=1e-12)
+    assert r.ttft_ms == pytest.approx((r.first_token_s - r.arrival_s) * 1e3)
+    assert res.fleet["kv_transfer"]["bytes"] == 819_200_000
+    # fp8 KV halves the bytes: Llama-3-8B, 32 layers x 8 KV heads x 128, one byte each
+    fp8 = run(scenario(pools(link="infiniband-400g"), policies=[{"preset": "vllm", "kv_cache_dtype": "fp8"}],
+                       model="llama-3-8b", gpu="h100", workload=one_request(512, 4))).policies["vllm"].requests.iloc[0]
+    assert fp8.transfer_bytes == 512 * 2 * 32 * 8 * 128
+    assert fp8.transfer_ms == pytest.approx(512 * 65_536 / 50e9 * 1e3 + 0.02, rel=1e-12)
+
+
+def test_a_waiting_transfer_keeps_its_memory_on_the_prefill_replica():
+    """Back-pressure: a decode replica with room for about three requests; the prefill replica keeps each
+    prefilled request's KV until the decode side admits it and the transfer ends, and that memory counts."""
+    w = {"arrival": {"kind": "poisson", "rate": 50}, "prompt": {"kind": "fixed", "tokens": 800},
+         "output": {"kind": "fixed", "tokens": 200}, "num_requests": 12, "seed": 1}
+    c = {"prefill": {"replicas": 1}, "decode": {"replicas": 1, "gpu": SMALL_GPU}, "kv_transfer": LINK}
+    res = run(scenario(c, workload=w)).policies["vllm"]
+    req = res.requests
+    assert (req.status == "finished").all()
+    assert req.decode_wait_ms.max() > 1000  # waited seconds for a decode slot
+    released = req.prefill_end_s + (req.decode_wait_ms + req.transfer_queue_ms + req.transfer_ms) / 1e3
+    steps = res.steps[res.steps.replica == 0]  # the prefill replica
+    idle = steps[(steps.num_steps == 0) & (steps.duration_s > 0)]
+    assert len(idle) > 0
+    for row in idle.itertuples():  # while idle, it holds exactly the prompts of the requests not yet transferred
+        held = (req.prefill_end_s <= row.start_s) & (released >= row.start_s + row.duration_s - 1e-9)
+        assert row.mem_token_states == pytest.approx(req.prompt_tokens[held].sum())
+    pre = res.replicas[res.replicas.pool == "prefill"].iloc[0]
+    assert pre.kv_in_use > 0.05 and res.fleet["prefill"]["kv_in_use"] == pre.kv_in_use
+
+
+def test_a_request_the_decode_pool_can_never_hold_is_rejected_up_front():
+    w = {"arrival": {"kind": "poisson", "rate": 5}, "prompt": {"kind": "uniform", "low": 100, "high": 1000},
+         "output": {"kind": "uniform", "low": 100, "high": 1000}, "num_requests": 40, "seed": 3}
+    c = {"prefill": {"replicas": 1}, "decode": {"replicas": 1, "gpu": dict(SMALL_GPU, memory_gib=28.5)},
+         "kv_transfer": LINK}
+    res = run(scenario(c, workload=w)).policies["vllm"]
+    req, s = res.requests, res.summary
+    blocks = res.replicas[res.replicas.pool == "decode"].iloc[0].kv_capacity_tokens // 16
+    room = blocks - int(0.01 * blocks)  # vLLM's admission watermark
+    too_big = -(-(req.prompt_tokens + req.output_tokens - 1) // 16) > room
+    assert 0 < too_big.sum() < len(req)
+    assert (req.status[too_big] == "rejected").all() and (req.reason[too_big] == "exceeds_kv_pool").all()
+    assert (req.status[~too_big] == "finished").all()  # the run ends: no request waits for room that never comes
+    assert s["num_rejected"] == too_big.sum() and s["num_finished"] == (~too_big).sum()
+
+
+def test_one_prefill_and_one_decode_replica_finish_every_request_consistently():
+    res = run(scenario(pools(), n=150, rate=3.0)).policies["vllm"]
+    req, s = res.requests, res.summary
+    assert (req.status == "finished").all() and (req.generated_tokens == req.output_tokens).all()
+    assert s["num_finished"] == 150 and s["num_requests"] == 150
+    # time order of a request's life, and the metrics built on it
+    assert (req.first_scheduled_s >= req.arrival_s).all() and (req.prefill_end_s > req.first_scheduled_s).all()
+    assert (req.first_token_s >= req.prefill_end_s).all() and (req.finish_s >= req.first_token_s).all()
+    many = req.output_tokens > 1
+    waited = (req.decode_wait_ms + req.transfer_queue_ms + req.transfer_ms) / 1e3
+    assert np.allclose(req.first_token_s[many], (req.prefill_end_s + waited)[many], rtol=0, atol=1e-9)
+    assert np.allclose(req.e2el_ms - req.ttft_ms, req.tpot_ms * (req.output_tokens - 1), equal_nan=True)
+    assert s["mean_ttft_ms"] == pytest.approx(req.ttft_ms.mean())
+    assert res.fleet["kv_transfer"]["num_transfers"] == many.sum()
+    assert set(res.replicas.pool) == {"prefill", "decode"} and res.replicas.num_routed.tolist() == [150, many.sum()]
+    # decode spans cut where a landing KV would cut stepping: the same run stepped exactly, to rounding
+    exact = run(scenario(pools(), n=150, rate=3.0, exact=True)).policies["vllm"].requests
+    assert np.allclose(exact.finish_s, req.finish_s, rtol=0, atol=1e-9)
+    assert np.allclose(exact.first_token_s, req.first_token_s, rtol=0, atol=1e-9)
+
+
+def test_a_one_token_request_ends_on_its_prefill_replica():
+    w = {"arrival": {"kind": "poisson", "rate": 4}, "prompt": {"kind": "uniform", "low": 10, "high": 500},
+         "output": {"kind": "fixed", "tokens": 1}, "num_requests": 30}
+    res = run(scenario(pools(), workload=w)).policies["vllm"]
+    req = res.requests
+    assert (req.status == "finished").all() and (req.generated_tokens == 1).all()
+    assert (req.replica == -1).all() and req.transfer_ms.isna().all() and (req.transfer_bytes == 0).all()
+    assert (req.first_token_s == req.prefill_end_s).all() and (req.finish_s == req.first_token_s).all()
+    assert res.fleet["kv_transfer"]["num_transfers"] == 0 and res.fleet["decode"]["busy_fraction"] == 0
+
+
+def test_paged_and_contiguous_decode_pools_both_run():
+    res = run(scenario(pools(prefill=1, decode=2, router="least-outstanding"), n=100, rate=4.0,
+                       policies=("vllm", "orca-oracle", "orca-max"))).policies
+    for name, r in res.items():
+        assert r.summary["num_finished"] == 100, name
+        assert r.fleet["decode"]["num_replicas"] == 2 and r.fleet["split"] == "disaggregated"
+        mem = sum(r.summary[f"memory.{c}"] for c in ("token_states", "reservation", "internal_fragmentation",
+                                                      "external_fragmentation", "free"))
+        assert mem == pytest.approx(1.0)
+    # contiguous slabs reserve the whole request on the decode side: more of it is reservation than paged's
+    assert res["orca-max"].summary["memory.reservation"] > res["vllm"].summary["memory.reservation"]
+    assert res["orca-max"].fleet["kv_transfer"]["mean_decode_wait_ms"] > res["vllm"].fleet["kv_transfer"][
+        "mean_decode_wait_ms"]
+
+
+def test_prefix_caching_on_the_prefill_pool():
+    w = {"arrival": {"kind": "poisson", "rate": 4}, "lengths": "sharegpt", "num_requests": 80,
+         "shared_prefixes": {"lengths": [256, 512], "popularity": [2, 1]}}
+    res = run(scenario(pools(prefill=2, decode=2, router="prefix-affinity"), workload=w,
+                       policies=[{"preset": "vllm", "prefix_caching": True}])).policies["vllm"]
+    assert res.summary["num_finished"] == 80 and res.summary["prefix_hit_rate_tokens"] > 0.1
+
+
+def test_sim_check_describes_the_pools(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("""
+name: t
+model: llama-3-8b
+gpu: a100-80gb
+workload: {arrival: {kind: poisson, rate: 1}, lengths: sharegpt, num_requests: 10}
+policies: [vllm]
+cluster:
+  prefill: {replicas: 2, gpu: h100}
+  decode: {replicas: 3}
+  kv_transfer: nvlink
+""")
+    lines = check_scenario(path)
+    assert ("fleet, disaggregated: prefill 2 x 1 x h100, decode 3 x 1 x a100-80gb; KV transfer nvlink 450 GB/s "
+            "+ 0.01 ms; router round-robin") in lines
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ({"prefill": {"replicas": 0}, "decode": {"replicas": 1}, "kv_transfer": LINK},
+     r"cluster\.prefill\.replicas: a pool needs at least one replica \(got 0\)"),
+    ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "infiniband"}, "unknown link 'infiniband'"),
+    ({"prefill": {"replicas": 1}, "kv_transfer": LINK}, "prefill without decode"),
+    ({"decode": {"replicas": 1}, "kv_transfer": LINK}, "decode without prefill"),
+    ({"replicas": 4, "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": LINK}, "not both"),
+    ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}}, "need kv_transfer"),
+    ({"replicas": 2, "kv_transfer": "nvlink"}, "kv_transfer is the link between"),
+])
+def test_bad_cluster_is_a_clear_error(cluster, message):
+    with pytest.raises(ScenarioError, match=message):
+        scenario(cluster)
+
+
+def test_a_pool_whose_gpu_cannot_hold_the_model_is_an_error_naming_the_pool():
+    c = {"prefill": {"replicas": 1}, "decode": {"replicas": 2, "gpu": "l4"}, "kv_transfer": LINK}
+    with pytest.raises(ScenarioError, match=r"cluster\.decode \(1 x l4\): .*does not fit"):
+        run(scenario(c, n=5))
+
+
+@pytest.mark.parametrize("extra, policies, model, message", [
+    ({"sampling": {"kind": "parallel", "n": 2}}, ("vllm",), "opt-13b", "parallel samples"),
+    ({}, ("fastertransformer",), "opt-13b", "static batching"),
+    ({}, ("vllm",), "gemma-3-27b", "several KV groups"),
+])
+def test_what_disaggregation_does_not_simulate_is_an_error(extra, policies, model, message):
+    gpu = "h100" if model == "gemma-3-27b" else "a100-40gb"
+    with pytest.raises(ScenarioError, match=r"cluster\.prefill .*" + message):
+        run(scenario(pools(), policies=policies, model=model, gpu=gpu, n=5, **extra))
+
+
+def test_a_disaggregated_scenario_reads_back_from_its_dump():
+    """Sweeps and summary.json write the scenario out whole; it must validate again (a sweep's zip of
+    cluster.prefill.replicas and cluster.decode.replicas compares splits)."""
+    c = scenario(pools(prefill=2, decode=3, link="nvlink")).cluster
+    again = ClusterConfig.model_validate(c.model_dump(mode="json"))
+    assert again == c and again.disaggregated and again.replicas is None
