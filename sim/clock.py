@@ -12,7 +12,8 @@ The invariant, stated once:
   one token), and not beams (beams are reselected every step, so they stay with the scheduler). While on
   the clock, ``seq._computed`` and ``seq._output`` are *offsets*: the true counts are offset + ``ticks``
   (``Sequence``'s properties add it), so a tick changes every member without touching any.
-  ``offset_sum`` is the sum of the members' ``_computed`` offsets.
+  ``offset_sum`` is the sum of the members' ``_computed`` offsets; ``_offsets`` holds them sorted (their
+  order never changes as the clock ticks), for window keys (``decode_contexts``).
 - A member's **finish tick** is the value of ``ticks`` once it has sampled its last output token:
   ``output_tokens - _output``, fixed while it stays on. ``_finish_at`` is a heap of (finish tick, order,
   seq); an entry whose sequence left the clock (and perhaps rejoined with another offset) is stale and is
