@@ -563,11 +563,19 @@ class HybridContiguousKv(ContiguousKv):
         if mamba:
             self._labels.append(("mamba", 0, mamba))
         self._held = [0] * len(self._labels)  # slots of the slabs taken, per label (group_slots)
+        self._sizes: dict = {}  # seq -> (slab_for, _fill_cap, _split): a request's lengths never change
+
+    def _size(self, seq) -> tuple:
+        got = self._sizes.get(seq)
+        if got is None:
+            t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
+            split = [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+            got = self._sizes[seq] = (self._slots(t), self._slots(min(t, seq.max_kv_tokens)), split)
+        return got
 
     def _split(self, seq) -> list[int]:
         """A slab of ``seq``'s reservation per ``group_labels`` entry (they add up to ``slab_for``)."""
-        t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
-        return [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+        return self._size(seq)[2]
 
     def group_labels(self) -> list[tuple[str, int, int]]:
         return list(self._labels)
@@ -581,7 +589,7 @@ class HybridContiguousKv(ContiguousKv):
         return self._full * tokens + sum([m * (tokens if tokens < w else w) for w, m in self._window_counts]) + self._state
 
     def slab_for(self, seq) -> int:
-        return self._slots(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens))
+        return self._size(seq)[0]
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
         tokens = self.reservation.column(prompt_tokens, output_tokens)
@@ -595,7 +603,7 @@ class HybridContiguousKv(ContiguousKv):
         return (room < width) | (self.capacity == 0)
 
     def _fill_cap(self, seq) -> int:
-        return self._slots(min(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens), seq.max_kv_tokens))
+        return self._size(seq)[1]
 
     def _take_slab(self, seq) -> int:
         start = super()._take_slab(seq)
@@ -612,6 +620,7 @@ class HybridContiguousKv(ContiguousKv):
         self._live.pop(seq, None)
         self._held = [a - b for a, b in zip(self._held, self._split(seq))]
         super().free(seq)
+        del self._sizes[seq]
 
     def hold(self, seq) -> None:
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
