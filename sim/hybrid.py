@@ -664,7 +664,9 @@ class HybridContiguousKv(ContiguousKv):
         """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a
         decode span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear).
         ``ctx``: the decode clock's keys (``DecodeClock.decode_contexts``: cached tokens + 1), used when the
-        clock holds exactly the live sequences (in a span every running sequence decodes on it)."""
+        clock holds exactly the live sequences: every clock member holds a slab, so equal counts mean the
+        same sequences (in a span every running sequence decodes on the clock; a slab kept for a KV transfer,
+        sim/cluster/disagg.py, makes the counts differ, and then the contexts are sorted here)."""
         if not self._live:
             return [0] * (k + 1)
         if ctx is not None and len(ctx[0]) == len(self._live):
