@@ -438,28 +438,34 @@ class HybridPagedKv:
                 found[key] = pages
             return found[key]
 
-        changed = True
-        while changed and h:
-            changed = False
+        accepts = [-1] * len(self.classes)  # the h each class last accepted
+        while h and any(a != h for a in accepts):
             for k in self._hit_order:
+                if accepts[k] == h:
+                    continue
                 g, n = self.classes[k]
                 if not g.window:  # a full group: its longest run of cached blocks from the start
                     i = 0
                     while i < h and cached(k, n, i) is not None:
                         i += 1
-                    if i < h:
-                        h, changed = i, True
-                    continue
-                while h:
-                    i = h - 1
-                    first = first_kept(g, h * B, B)
-                    while i >= first and cached(k, n, i) is not None:
-                        i -= 1
-                    if i < first:
-                        break  # the class accepts h
-                    h, changed = i, True
-        firsts = [first_kept(g, h * B, B) for g, _ in self.classes]
-        return [tuple(found[(k, i)] if i >= f else None for k, f in enumerate(firsts)) for i in range(h)]
+                    h = i
+                else:
+                    while h:
+                        i = h - 1
+                        first = first_kept(g, h * B, B)
+                        while i >= first and cached(k, n, i) is not None:
+                            i -= 1
+                        if i < first:
+                            break  # the class accepts h
+                        h = i
+                accepts[k] = h
+        if not h:
+            return []
+        cols = []
+        for k, (g, _) in enumerate(self.classes):  # per class: None before the blocks it needs
+            f = first_kept(g, h * B, B)
+            cols.append([None] * f + [found[(k, i)] for i in range(f, h)])
+        return list(zip(*cols))
 
     def _take_hit(self, seq, hits: list) -> None:
         """``seq`` (nothing cached yet) takes the hit's pages: its tables start as the hit's blocks."""
