@@ -1,7 +1,7 @@
 """Today's KV layouts: the capacity table, and the simulator's speed on a hybrid model.
 
     python benchmarks/bench_layouts.py capacity            # KV capacity per GPU, each new model (no simulation)
-    python benchmarks/bench_layouts.py speed [--requests 2000] [--repeats 3]
+    python benchmarks/bench_layouts.py speed [--requests 2000] [--repeats 3] [--calls]
 
 capacity: for each model of issue 16 on the GPUs it is served on, the KV pool per GPU (0.9 of memory, 0.5 GiB
 runtime overhead, the activation estimate, block size 16) with the hybrid allocator off and on, at the model's
@@ -11,7 +11,8 @@ per GPU: with tensor parallelism every rank holds its share of the same tokens).
 speed: wall seconds per simulated request for Gemma-3-27B on one H100 with the hybrid allocator (7 KV groups, window
 freeing) and without it (one group: the classic managers), paged and contiguous, on the same ShareGPT-like Poisson
 requests; the median of ``--repeats`` runs each, the rows taking turns. The issue's bar: the hybrid model at most
-1.5x slower per request.
+1.5x slower per request. ``--calls`` also counts each row's Python function calls in one run (cProfile): a
+measure of the work that the machine's load does not move.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ SPEED_ROWS = [("paged, full attention (hybrid off)", {"preset": "vllm", "hybrid_
               ("contiguous, hybrid (7 groups)", {"preset": "orca-oracle", "hybrid_allocator": True})]
 
 
-def speed(requests: int, repeats: int) -> None:
+def speed(requests: int, repeats: int, calls: bool = False) -> None:
     base = {"name": "bench-layouts", "model": "gemma-3-27b", "gpu": "h100", "decompose": False,
             "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "sharegpt",
                          "num_requests": requests, "seed": 0}}
@@ -94,6 +95,19 @@ def speed(requests: int, repeats: int) -> None:
     for kind in ("paged", "contiguous"):
         a, b = (per[label] for label, _ in SPEED_ROWS if label.startswith(kind))
         print(f"  {kind}: hybrid / full {b / a:.2f}x per request")
+    if calls:
+        import cProfile
+        import pstats
+
+        n = {}
+        for label, s, reqs in setups:
+            prof = cProfile.Profile()
+            prof.runcall(run, s, requests=reqs)
+            n[label] = pstats.Stats(prof).total_calls
+            print(f"  {label:<40} {n[label]:>11,} Python function calls")
+        for kind in ("paged", "contiguous"):
+            a, b = (n[label] for label, _ in SPEED_ROWS if label.startswith(kind))
+            print(f"  {kind}: hybrid / full {b / a:.2f}x function calls")
 
 
 def main() -> None:
@@ -101,11 +115,12 @@ def main() -> None:
     ap.add_argument("what", choices=["capacity", "speed"])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--calls", action="store_true", help="also count each row's Python function calls (cProfile)")
     a = ap.parse_args()
     if a.what == "capacity":
         print_capacity()
     else:
-        speed(a.requests, a.repeats)
+        speed(a.requests, a.repeats, a.calls)
 
 
 if __name__ == "__main__":

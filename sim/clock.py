@@ -12,7 +12,8 @@ The invariant, stated once:
   one token), and not beams (beams are reselected every step, so they stay with the scheduler). While on
   the clock, ``seq._computed`` and ``seq._output`` are *offsets*: the true counts are offset + ``ticks``
   (``Sequence``'s properties add it), so a tick changes every member without touching any.
-  ``offset_sum`` is the sum of the members' ``_computed`` offsets.
+  ``offset_sum`` is the sum of the members' ``_computed`` offsets; ``_offsets`` holds them sorted (their
+  order never changes as the clock ticks), for window keys (``decode_contexts``).
 - A member's **finish tick** is the value of ``ticks`` once it has sampled its last output token:
   ``output_tokens - _output``, fixed while it stays on. ``_finish_at`` is a heap of (finish tick, order,
   seq); an entry whose sequence left the clock (and perhaps rejoined with another offset) is stale and is
@@ -31,6 +32,8 @@ answers how far the group can run unchanged (``span``) and does the ticks (``adv
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
+from itertools import accumulate
 
 
 def insert_by_arrival(queue, seq) -> None:
@@ -66,6 +69,8 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
+        self._offsets: list[int] = []  # the members' computed-token offsets, sorted (decode_contexts)
+        self._prefix: list[int] | None = None  # their prefix sums; None: stale
 
     # ------------------------------------------------------------------------------------ members
 
@@ -78,6 +83,8 @@ class DecodeClock:
         seq.clock = self
         self.members = add_sorted(self.members, seq)
         self.offset_sum += seq._computed
+        insort(self._offsets, seq._computed)
+        self._prefix = None
         self._fresh[seq] = None
         heapq.heappush(self._finish_at, (seq.output_tokens - seq._output, seq.order, seq))
         if self.paged:
@@ -93,6 +100,9 @@ class DecodeClock:
         if self.paged:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
         self.offset_sum -= seq._computed
+        offs = self._offsets
+        del offs[bisect_left(offs, seq._computed)]
+        self._prefix = None
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
             seq.last_token_s = self._last_tick_s
@@ -110,6 +120,16 @@ class DecodeClock:
     def decode_keys(self) -> int:
         """Keys the members read at the next tick: each its cached context plus the new token."""
         return self.offset_sum + len(self.members) * (self.ticks + 1)
+
+    def decode_contexts(self) -> tuple[list[int], list[int], int]:
+        """The keys each member reads at the next tick (cached context + the token) as ``offs[i] + d``: the
+        members' offsets, sorted, their prefix sums, and ``d`` (a model of several KV groups prices window
+        keys from them). Offsets keep their order as the clock ticks: kept sorted as members join and
+        leave, their prefix sums rebuilt once per change."""
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = [0, *accumulate(self._offsets)]
+        return self._offsets, prefix, self.ticks + 1
 
     def _next_finish_tick(self) -> int:
         heap = self._finish_at
@@ -138,21 +158,29 @@ class DecodeClock:
 
     # ------------------------------------------------------------------------------------ ticks
 
-    def place_span_blocks(self, kv, k: int, filled: list | None = None, shared0: int | None = None) -> tuple:
+    def place_span_blocks(self, kv, k: int, filled: list | None = None, shared0: int | None = None,
+                          shared: list | None = None) -> tuple:
         """Give the members the blocks of ticks 2..k (the next tick's are placed when it is planned),
         tick by tick, oldest first; returns the manager's (alloc, capped) after each of the k ticks.
         ``shared0``: the manager's ``shared_filled`` before the span, for a manager of several KV groups
-        (sim/hybrid.py), whose window blocks freed at crossings leave ``filled`` (corrected in place)."""
+        (sim/hybrid.py), whose window blocks freed at crossings leave ``filled`` (corrected in place);
+        ``shared``: its ``shared_blocks`` is appended after each tick (prefix-cached pages leave a window too)."""
         alloc, capped = [kv.alloc], [kv.capped]
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
+        if shared0 is not None:  # several KV groups: the whole span's crossings in one call (sim/hybrid.py)
+            for j, (a, c, sf, sb) in enumerate(kv.span_blocks([cross[(t0 + 1 + j) % B] for j in range(1, k)]), 1):
+                alloc.append(a)
+                capped.append(c)
+                filled[j] -= sf - shared0
+                if shared is not None:
+                    shared.append(sb)
+            return alloc, capped
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
             if movers:
                 add(movers)
             alloc.append(kv.alloc)
             capped.append(kv.capped)
-            if shared0 is not None:
-                filled[j] -= kv.shared_filled - shared0
         return alloc, capped
 
     def advance(self, k: int, ends_s: list[float]) -> None:

@@ -168,13 +168,15 @@ class StepPlan:
     host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
     _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
     _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
+    _contexts: object = field(default=None, compare=False, repr=False)  # () -> the clocked decodes' sorted keys
+    # and their prefix sums (DecodeClock.decode_contexts), for window groups' keys; None: sort _decoding
 
     extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
 
     def __init__(self, num_seqs: int, num_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
                  num_sampled: int, decode_context_tokens: int, prefill_attention_pairs: int, block_size: int,
                  paged: bool, swap_out=(), swap_in=(), copy_blocks=(), copy_slots=(), forks=(), num_preempted: int = 0,
-                 _decoding=(), _entries=(), extra: dict | None = None, host_loads=()) -> None:
+                 _decoding=(), _entries=(), extra: dict | None = None, host_loads=(), _contexts=None) -> None:
         # NOTE: one plan per step, so its fields are set in one go (the generated frozen __init__ sets
         # them one by one, at twice the cost); the plan stays frozen for everyone else.
         self.__dict__.update(
@@ -182,7 +184,8 @@ class StepPlan:
             num_decode_tokens=num_decode_tokens, num_sampled=num_sampled, decode_context_tokens=decode_context_tokens,
             prefill_attention_pairs=prefill_attention_pairs, block_size=block_size, paged=paged, swap_out=swap_out,
             swap_in=swap_in, copy_blocks=copy_blocks, copy_slots=copy_slots, forks=forks, num_preempted=num_preempted,
-            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra, host_loads=host_loads)
+            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra, host_loads=host_loads,
+            _contexts=_contexts)
 
     @classmethod
     def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,

@@ -311,7 +311,7 @@ class Engine:
             self._wakeable = None
             self.process.interrupt(cause)
 
-    def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int,
+    def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int | list[int],
                 ends: list[float] | None = None) -> None:
         """Hand the recorder one step, or a span of ``len(times)`` decode steps ending at ``ends``."""
         s, kv = self.scheduler, self.kv
@@ -322,7 +322,9 @@ class Engine:
                 joins.append(bisect_left(ends, arr[i]) + 1)
                 i += 1
         self.rec.step(start_s, times, plan, mem, num_waiting=len(s.waiting), num_running=s.num_running,
-                      num_swapped=len(s.swapped), shared_slots=shared_blocks * kv.block_size if s.paged else 0,
+                      num_swapped=len(s.swapped), shared_slots=(
+                          0 if not s.paged else shared_blocks * kv.block_size if shared_blocks.__class__ is int
+                          else [x * kv.block_size for x in shared_blocks]),
                       holding=self._holding, prompt_tokens=s.step_prompt_tokens, hit_tokens=s.step_hit_tokens,
                       ends=ends, joins=joins)
 

@@ -18,7 +18,9 @@ the block is freed at the sequence's next block crossing. Group padding (a group
 ``HybridPagedKv``: per-group block tables from one pool of equal-sized pages (vLLM's rule). Blocks that
 leave a window or local chunk are freed when the sequence next takes a block (the same moment on the
 scheduler's fast decode path and its general path, so exact and fast stepping agree). Mamba state: a
-fixed number of pages per sequence, taken at admission.
+fixed number of pages per sequence, taken at admission. Prefix caching (``caching``, on a
+``sharing.SharedBlockPool``): each group's page of a full prompt block is cached under the block's hash;
+a hit follows each group's rule (``match_prefix``) and freed pages stay findable until evicted.
 
 ``HybridContiguousKv``: one slab per request covering every group: full groups reserve the policy's
 length, window groups ``min(length, W)`` (a ring buffer), chunked groups ``min(length, C)``, Mamba groups
@@ -28,13 +30,14 @@ their state.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 from itertools import accumulate
 
 import numpy as np
 
-from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, BlockPool, ContiguousKv, _fill_runs, _merge_segments, blocks_for)
-from sim.layouts import KvLayout, first_kept
+from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, _fill_runs, _merge_segments,
+                    blocks_for)
+from sim.layouts import KvLayout, first_kept, window_sums
+from sim.sharing import SharedBlockPool, prompt_block_hashes
 
 
 class _CrossingPool:
@@ -58,16 +61,19 @@ class _CrossingPool:
     def num_free(self) -> int:
         return 0 if self._kv.refused else self._pool.num_free // self._per
 
+    @property
+    def num_evicted(self) -> int:
+        return self._pool.num_evicted  # prefix caching's evictions (a sharing.SharedBlockPool)
+
 
 class HybridPagedKv:
     kind = "paged"
-    caching = False
-    shared_blocks = 0
     copies: tuple = ()
-    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (none: no prefix caching here)
+    loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (no CPU tier with several groups)
     slides = True  # window and chunked groups free pages at crossings, inside decode spans too
+    num_copies = 0  # no copy-on-write: only full prompt blocks are shared, and no sequence writes into one
 
-    def __init__(self, layout: KvLayout, pool: BlockPool) -> None:
+    def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False) -> None:
         self.layout = layout
         self.blocks = pool
         self.block_size = B = pool.block_size
@@ -80,7 +86,9 @@ class HybridPagedKv:
         self.classes = [(next(g for g in layout.groups if (g.kind, g.window) == key), n) for key, n in classes.items()]
         self.state_pages = sum(g.state_pages for g in layout.groups if not g.attention)
         self.fill_rate = sum(classes.values())  # attention groups
-        self._spec = [(g.kind == "sliding", g.window, n) for g, n in self.classes]  # add_blocks' view
+        self._spec = [(i, g.kind == "sliding", g.window, n) for i, (g, n) in enumerate(self.classes)]  # span_blocks' view
+        self._sizes = [(i, n) for i, (_, n) in enumerate(self.classes)]
+        self._window_min = min([g.window for g, _ in self.classes if g.window] or [1 << 62])  # no page leaves below
         self._class_groups = [n for _, n in self.classes]
         self.pool = _CrossingPool(pool, max(1, self.fill_rate), self)
         self.refused = False  # the last admission asked (can_admit) was refused for memory
@@ -91,7 +99,14 @@ class HybridPagedKv:
         self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
-        self._pages = [0] * len(self.classes)  # pages each class holds (group_slots)
+        self._pages = [0] * len(self.classes)  # pages each class's tables hold, a shared page once per holder
+        # prefix caching (``pool`` a sharing.SharedBlockPool): see "Prefix caching" below
+        self.caching = caching
+        self._extra = [0] * len(self.classes)  # per class: references beyond a page's first holder
+        self.shared_blocks = 0  # their sum (the pages sharing saves)
+        self._hit_order = sorted(range(len(self.classes)), key=lambda k: self.classes[k][0].window > 0)  # full first
+        if caching:
+            assert isinstance(pool, SharedBlockPool) and not self.state_pages, "prefix caching: attention groups only"
 
     # ------------------------------------------------------------------ the rule
 
@@ -104,8 +119,13 @@ class HybridPagedKv:
         B = self.block_size
         end = blocks_for(c + num_new, B)
         if st is None:
+            if not c:  # a new request with no hit: every block of every group (the common admission)
+                return end, [0] * len(self.classes), self.fill_rate * end + self.state_pages, 0
             firsts = [first_kept(g, c, B) for g, _ in self.classes]
-            return end, firsts, sum(n * (end - f) for f, (_, n) in zip(firsts, self.classes)) + self.state_pages, 0
+            take = self.state_pages
+            for f, (_, n) in zip(firsts, self.classes):
+                take += n * (end - f)
+            return end, firsts, take, 0
         end0 = st[0]
         if end <= end0:
             return None
@@ -131,16 +151,37 @@ class HybridPagedKv:
         return need > self.blocks.num_blocks - self.blocks.watermark_blocks
 
     def can_admit(self, seq, num_new: int, hits=()) -> bool:
-        ch = self._change(seq, num_new)
-        ok = ch is None or self.blocks.can_allocate(ch[2] - ch[3], admission=True)
+        if hits:  # the hit's pages are there (those in the free queue leave it): the rest are new
+            ch = self._change(seq, num_new, len(hits) * self.block_size)
+            hit = self._hit_pages(hits)
+            need = ch[2] - hit
+            pool = self.blocks
+            if pool.can_allocate(need, admission=True) and not pool.can_allocate(need + hit, admission=True):
+                ref = pool.ref_cnt  # (counted only when it decides)
+                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if ref[b] == 0)
+        else:
+            ch = self._change(seq, num_new)
+            need = 0 if ch is None else ch[2] - self._freeable(seq, ch)
+        ok = self.blocks.can_allocate(need, admission=True)
         self.refused = not ok
         return ok
 
     def can_grow(self, seq, num_new: int) -> bool:
         ch = self._change(seq, num_new)
-        return ch is None or self.blocks.can_allocate(ch[2] - ch[3])
+        return ch is None or self.blocks.can_allocate(ch[2] - self._freeable(seq, ch))
+
+    def _freeable(self, seq, ch) -> int:
+        """Pages the change ``ch`` frees (it gives back ``ch[3]``; with prefix caching, one that another
+        sequence holds too stays held)."""
+        if not self.caching or not ch[3]:
+            return ch[3]
+        ref, st = self.blocks.ref_cnt, self._st[seq]
+        return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st[1], st[2]) if f > f0
+                   for b in table[:n * (min(f, st[0]) - f0)] if ref[b] == 1)
 
     def admit(self, seq, num_new: int, hits=()) -> None:
+        if hits:
+            self._take_hit(seq, hits)
         self.grow(seq, num_new)
 
     def grow(self, seq, num_new: int, c: int | None = None) -> None:
@@ -150,28 +191,38 @@ class HybridPagedKv:
         end, firsts, take, freed = ch
         B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
         st = self._st.get(seq)
-        if st is None:
-            state = blocks.allocate(self.state_pages) if self.state_pages else []
-            st = self._st[seq] = [end, firsts, [[] for _ in self.classes], state]
+        if st is None:  # the state's pages, then each class's, in one call (the same pages as one by one)
+            new = blocks.allocate(take)
+            p = self.state_pages
+            tables, pages, top, capped, first_sum = [], self._pages, min(end * B, cap), p * B, 0
+            for i, (_, n) in enumerate(self.classes):
+                f = firsts[i]
+                m = n * (end - f)
+                tables.append(new[p:p + m])
+                p += m
+                pages[i] += m
+                capped += n * (top - min(f * B, cap))
+                first_sum += n * f
+            self._st[seq] = [end, firsts, tables, new[:self.state_pages]]
             self._states += 1
-            self.capped += len(state) * B
-            for i, ((_, n), f, table) in enumerate(zip(self.classes, firsts, st[2])):
-                table.extend(blocks.allocate(n * (end - f)))
-                self._pages[i] += n * (end - f)
-                self.capped += n * (min(end * B, cap) - min(f * B, cap))
-                self._first_sum += n * f
+            self.capped += capped
+            self._first_sum += first_sum
             self.alloc += take * B  # the state's pages included
             return
         end0, firsts0, tables = st[0], st[1], st[2]
         pages = self._pages
+        # NOTE: every class frees before any takes: a chunked group may free more pages at a chunk's start
+        # than the others take, and can_grow counted them free (where the pool has the pages anyway, the
+        # same pages are taken either way: frees join the free queue's tail, pages are taken from its head)
         for i, ((g, n), f, f0, table) in enumerate(zip(self.classes, firsts, firsts0, tables)):
             if f > f0:  # blocks that left the window: freed
                 drop = n * (f - f0)
-                blocks.free(table[:drop])
+                self._drop(i, table[:drop])
                 del table[:drop]
                 self.capped -= n * (min(f * B, cap) - min(f0 * B, cap))
                 self._first_sum += drop
                 pages[i] -= drop
+        for i, ((g, n), f, table) in enumerate(zip(self.classes, firsts, tables)):
             start = f if f > end0 else end0
             table.extend(blocks.allocate(n * (end - start)))
             pages[i] += n * (end - start)
@@ -180,61 +231,102 @@ class HybridPagedKv:
         st[0], st[1] = end, firsts
 
     def add_blocks(self, seqs: list) -> None:
-        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block. Within a decode span
-        the sequences' counters have not advanced yet: a crossing sequence has exactly its blocks' tokens
-        cached, which is what is passed (``grow(seq, 1, end * B)``, unrolled: the hot path of decoding).
+        """The scheduler's decode fast path: each of ``seqs`` crosses into a new block (``span_blocks``)."""
+        self.span_blocks([seqs])
 
-        NOTE: the pages are taken in one call. The caller has checked that the pool holds a page per
-        attention group and sequence (``pool.can_allocate``), so the pages taken one group at a time would
-        be the same ones: those at the head of the free queue, which the window pages freed meanwhile
-        (appended at its tail) never reach. The frees then follow in the same order as one at a time."""
-        B, blocks, spec, st_of = self.block_size, self.blocks, self._spec, self._st
-        per, m = self.fill_rate, len(seqs)
+    def span_blocks(self, ticks: list[list]) -> list[tuple[int, int, int, int]]:
+        """Each tick's crossing sequences, tick after tick (a decode span's ticks, or one tick of the fast
+        path): each crosses into a new block. Within a decode span the sequences' counters have not advanced
+        yet: a crossing sequence has exactly its blocks' tokens cached, which is what is used (``grow(seq, 1,
+        end * B)``, unrolled: the hot path of decoding). Returns (alloc, capped, shared_filled,
+        shared_blocks) after each tick.
+
+        NOTE: the pages of all the ticks are taken in one call. The caller has checked that the pool holds a
+        page per attention group and crossing (``pool.can_allocate``, ``DecodeClock.span``) without the
+        pages freed meanwhile, so the pages taken one group and tick at a time would be the same ones:
+        those at the head of the free queue, which the window pages freed meanwhile (appended at its tail)
+        never reach. The frees follow in the same order as one at a time (with prefix caching, one call per
+        table, as ``grow`` frees: a call frees its pages tail first)."""
+        B, blocks, spec, st_of, caching = self.block_size, self.blocks, self._spec, self._st, self.caching
+        per = self.fill_rate
+        m = 0
+        for seqs in ticks:
+            m += len(seqs)
         new = blocks.allocate(per * m)
-        alloc, capped, dropped, p, pages, first_sum = per * m, 0, [], 0, self._pages, 0
-        for seq in seqs:
-            st = st_of[seq]
-            end0 = st[0]
-            c, cap = end0 * B, seq.max_kv_tokens
-            firsts, i = st[1], -1
-            for table, (sliding, window, n) in zip(st[2], spec):
-                i += 1
-                if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
-                    f = (c + 1 - window) // B if sliding else c // window * window // B
-                    f0 = firsts[i]
-                    if f > f0:
-                        drop = n * (f - f0)
-                        dropped += table[:drop]
-                        del table[:drop]
-                        alloc -= drop
-                        capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
-                        first_sum += drop
-                        pages[i] -= drop
-                        firsts[i] = f
-                table += new[p:p + n]
-                p += n
-            capped += per * ((c + B if c + B < cap else cap) - (c if c < cap else cap))
-            st[0] = end0 + 1
+        alloc, capped, first_sum, shared = self.alloc, self.capped, self._first_sum, self.shared_blocks
+        dropped, p, pages, extra, out = [], 0, self._pages, self._extra, []
+        base = self._states * self.state_pages
+        ref = blocks.ref_cnt if caching else None
+        grown, wmin, sizes = per * B, self._window_min, self._sizes
+        for seqs in ticks:
+            alloc += grown * len(seqs)
+            for seq in seqs:
+                st = st_of[seq]
+                end0 = st[0]
+                st[0] = end0 + 1
+                c, tables = end0 * B, st[2]
+                x = seq.max_kv_tokens - c  # capped grows by the new blocks' slots the request will fill
+                capped += grown if x >= B else per * x if x > 0 else 0
+                if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
+                    for i, n in sizes:
+                        tables[i] += new[p:p + n]
+                        p += n
+                    continue
+                firsts, cap = st[1], seq.max_kv_tokens
+                for i, sliding, window, n in spec:
+                    table = tables[i]
+                    if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
+                        f = (c + 1 - window) // B if sliding else c // window * window // B
+                        f0 = firsts[i]
+                        if f > f0:
+                            drop = n * (f - f0)
+                            if caching:  # a page others hold stays (``_drop``); one call per table
+                                gone = table[:drop]
+                                k = sum(1 for b in gone if ref[b] > 1)
+                                if k:
+                                    extra[i] -= k
+                                    shared -= k
+                                    alloc += k * B
+                                    capped += k * B
+                                blocks.free(gone)
+                            else:
+                                dropped += table[:drop]
+                            del table[:drop]
+                            alloc -= drop * B
+                            capped -= n * ((f * B if f * B < cap else cap) - (f0 * B if f0 * B < cap else cap))
+                            first_sum += drop
+                            pages[i] -= drop
+                            firsts[i] = f
+                    table += new[p:p + n]
+                    p += n
+            out.append((alloc, capped, B * (first_sum - base + shared), shared))
         for i, n in enumerate(self._class_groups):
             pages[i] += n * m
         if dropped:
             blocks.free(dropped)
-        self._first_sum += first_sum
-        self.alloc += alloc * B
-        self.capped += capped
+        self.alloc, self.capped, self._first_sum, self.shared_blocks = alloc, capped, first_sum, shared
+        return out
 
     def free(self, seq) -> None:
         st = self._st.pop(seq, None)
         if st is None:
             return
-        B, cap = self.block_size, seq.max_kv_tokens
-        end = st[0]
-        for i, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
-            self._pages[i] -= len(table)
-            self.blocks.free(table)
-            self.alloc -= len(table) * B
-            self.capped -= n * (min(end * B, cap) - min(f * B, cap))
-            self._first_sum -= n * f
+        B, cap, pages, caching = self.block_size, seq.max_kv_tokens, self._pages, self.caching
+        top = min(st[0] * B, cap)
+        held = capped = first_sum = 0
+        for i, (_, n) in enumerate(self.classes):
+            f, table = st[1][i], st[2][i]
+            pages[i] -= len(table)
+            if caching:
+                self._drop(i, table)
+            else:
+                self.blocks.free(table)
+            held += len(table)
+            capped += n * (top - min(f * B, cap))
+            first_sum += n * f
+        self.alloc -= held * B
+        self.capped -= capped
+        self._first_sum -= first_sum
         if st[3]:
             self.blocks.free(st[3])
             self.alloc -= len(st[3]) * B
@@ -264,8 +356,9 @@ class HybridPagedKv:
     @property
     def shared_filled(self) -> int:
         """Filled slots = fill_rate x the scheduler's cached tokens - this: each attention group holds a
-        sequence's tokens from its first kept block on, and each Mamba state fills its pages."""
-        return self.block_size * (self._first_sum - self._states * self.state_pages)
+        sequence's tokens from its first kept block on, and each Mamba state fills its pages; a page shared
+        by prefix caching is a full prompt block that every holder counts: its extra holders are taken out."""
+        return self.block_size * (self._first_sum - self._states * self.state_pages + self.shared_blocks)
 
     def group_labels(self) -> list[tuple[str, int, int]]:
         """(kind, window, groups) of each ``group_slots`` entry: the attention classes, then Mamba state."""
@@ -276,8 +369,149 @@ class HybridPagedKv:
     def group_slots(self) -> list[int]:
         """Slots each ``group_labels`` entry holds now (pages x block size; they add up to ``alloc``)."""
         B = self.block_size
-        out = [p * B for p in self._pages]
+        if self.caching:  # a shared page counts once
+            out = [(p - x) * B for p, x in zip(self._pages, self._extra)]
+        else:
+            out = [p * B for p in self._pages]
         return out + [self._states * self.state_pages * B] if self.state_pages else out
+
+    # ------------------------------------------------------------------ prefix caching
+
+    def _drop(self, i: int, pages: list[int]) -> None:
+        """Give back pages of class ``i`` (left a window, or the sequence is done). With prefix caching a
+        page another sequence holds too stays held, now by one fewer: it stops counting as shared."""
+        if self.caching:
+            ref = self.blocks.ref_cnt
+            k = sum(1 for b in pages if ref[b] > 1)
+            if k:
+                self._share(i, -k)
+        self.blocks.free(pages)
+
+    def _share(self, i: int, k: int) -> None:
+        """``k`` more references (fewer if negative) to pages of class ``i`` that others hold too. Every
+        holder counts a shared page in its own ``alloc`` and ``capped`` (a full prompt block: ``B`` slots
+        each), so the extra holders' are taken out here and ``shared_filled`` takes out their tokens."""
+        B = self.block_size
+        self._extra[i] += k
+        self.shared_blocks += k
+        self.alloc -= k * B
+        self.capped -= k * B
+
+    def _hit_pages(self, hits: list) -> int:
+        return sum(len(pages) for row in hits for pages in row if pages is not None)
+
+    def match_prefix(self, seq) -> list:
+        """The longest cached prompt prefix that every group accepts (vLLM's hybrid coordinator), at least
+        one prompt token left to compute, as ``sharing.SharedPagedKv.match_prefix``. One entry per hit block:
+        per class, the pages of the block (one per group of the class) if the class still needs it at the
+        hit's length, else None.
+
+        The rule, per class (``layouts.first_kept`` at the hit's length ``h`` blocks): a full group needs
+        blocks ``[0, h)`` cached, a sliding group only those covering the last ``W - 1`` tokens before the
+        hit, a chunked group those of the current chunk; blocks before may be gone (freed as they slid
+        out, then evicted). The hit is the largest ``h`` every class accepts: each class in turn lowers
+        ``h`` to the largest it accepts at most ``h``, until none does (vLLM: the full group first, then the
+        others limited to its hit). A class's largest: if a needed block is missing, every ``h`` from it up
+        needs it too, so the next candidate is that block's index."""
+        if not self.caching or seq.num_computed_tokens:
+            return []
+        B = self.block_size
+        hashes = prompt_block_hashes(seq, B)[:(seq.prompt_tokens - 1) // B]
+        h = len(hashes)
+        if not h:
+            return []
+        lookup, found = self.blocks.lookup, {}
+
+        def cached(k: int, n: int, i: int):
+            """The pages of block ``i`` in class ``k`` (its ``n`` groups), or None if one is not cached."""
+            key = (k, i)
+            if key not in found:
+                hb, ident = hashes[i]
+                parent = hashes[i - 1][0] if i else None
+                pages = []
+                for j in range(n):
+                    b = lookup(hash((hb, k, j)), ident, parent)
+                    if b is None:
+                        pages = None
+                        break
+                    pages.append(b)
+                found[key] = pages
+            return found[key]
+
+        accepts = [-1] * len(self.classes)  # the h each class last accepted
+        while h and any(a != h for a in accepts):
+            for k in self._hit_order:
+                if accepts[k] == h:
+                    continue
+                g, n = self.classes[k]
+                if not g.window:  # a full group: its longest run of cached blocks from the start
+                    i = 0
+                    while i < h and cached(k, n, i) is not None:
+                        i += 1
+                    h = i
+                else:
+                    while h:
+                        i = h - 1
+                        first = first_kept(g, h * B, B)
+                        while i >= first and cached(k, n, i) is not None:
+                            i -= 1
+                        if i < first:
+                            break  # the class accepts h
+                        h = i
+                accepts[k] = h
+        if not h:
+            return []
+        cols = []
+        for k, (g, _) in enumerate(self.classes):  # per class: None before the blocks it needs
+            f = first_kept(g, h * B, B)
+            cols.append([None] * f + [found[(k, i)] for i in range(f, h)])
+        return list(zip(*cols))
+
+    def _take_hit(self, seq, hits: list) -> None:
+        """``seq`` (nothing cached yet) takes the hit's pages: its tables start as the hit's blocks."""
+        B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
+        h = len(hits)
+        ref = blocks.ref_cnt
+        firsts, tables = [], []
+        for i, (g, n) in enumerate(self.classes):
+            f = first_kept(g, h * B, B)
+            table = [b for row in hits[f:] for b in row[i]]
+            held = sum(1 for b in table if ref[b])
+            for b in table:
+                blocks.incref(b)
+            firsts.append(f)
+            tables.append(table)
+            self._pages[i] += len(table)
+            self.alloc += len(table) * B
+            self.capped += n * (min(h * B, cap) - min(f * B, cap))
+            self._first_sum += n * f
+            if held:
+                self._share(i, held)
+        state = blocks.allocate(self.state_pages) if self.state_pages else []
+        self._st[seq] = [h, firsts, tables, state]
+        self._states += 1
+        seq.num_computed_tokens = h * B
+
+    def register(self, seq) -> None:
+        """Make ``seq``'s newly computed full prompt blocks findable: each group's page of block ``i`` under
+        the block's hash, the class and the group (every group has its own copy of the block), its identity
+        and its parent's hash (a window page's parent page may be gone, so the parent is checked by hash)."""
+        st = self._st.get(seq)
+        if not self.caching or st is None:
+            return
+        B = self.block_size
+        hashes = prompt_block_hashes(seq, B)
+        done = min(len(hashes), seq.num_computed_tokens // B, st[0])
+        register = self.blocks.register
+        for i in range(seq.num_registered, done):
+            hb, ident = hashes[i]
+            parent = hashes[i - 1][0] if i else None
+            for k, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
+                if i >= f:
+                    row = (i - f) * n
+                    for j in range(n):
+                        register(table[row + j], hash((hb, k, j)), ident, parent)
+        seq.num_registered = max(seq.num_registered, done)
 
     # ------------------------------------------------------------------ pictures
 
@@ -294,11 +528,19 @@ class HybridPagedKv:
         B = self.block_size
         seqs, (free, fresh) = captured
         segs: list = []
-        for firsts, tables, state, filled, cap in seqs:
+        seen: set[int] | None = set() if self.caching else None  # a page shared by prefix caching is drawn
+        for firsts, tables, state, filled, cap in seqs:  # once (a full block for every holder)
             for (_, n), f, table in zip(self.classes, firsts, tables):
                 for j, b in enumerate(table):  # row j // n of the class: token block f + j // n
+                    if seen is not None:
+                        if b in seen:
+                            continue
+                        seen.add(b)
                     lo = (f + j // n) * B
-                    _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
+                    if lo + B <= filled:  # a full block (cap >= filled): one run (_fill_runs' others are empty)
+                        segs.append((b * B, B, SLOT_TOKEN))
+                    else:
+                        _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
             for b in state:
                 _fill_runs(b * B, B, B, B, segs)
         idle = SLOT_EXTERNAL if blocked else SLOT_FREE
@@ -327,11 +569,19 @@ class HybridContiguousKv(ContiguousKv):
         if mamba:
             self._labels.append(("mamba", 0, mamba))
         self._held = [0] * len(self._labels)  # slots of the slabs taken, per label (group_slots)
+        self._sizes: dict = {}  # seq -> (slab_for, _fill_cap, _split): a request's lengths never change
+
+    def _size(self, seq) -> tuple:
+        got = self._sizes.get(seq)
+        if got is None:
+            t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
+            split = [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+            got = self._sizes[seq] = (self._slots(t), self._slots(min(t, seq.max_kv_tokens)), split)
+        return got
 
     def _split(self, seq) -> list[int]:
         """A slab of ``seq``'s reservation per ``group_labels`` entry (they add up to ``slab_for``)."""
-        t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
-        return [n * t if k == "full" else self._state if k == "mamba" else n * min(t, w) for k, w, n in self._labels]
+        return self._size(seq)[2]
 
     def group_labels(self) -> list[tuple[str, int, int]]:
         return list(self._labels)
@@ -342,10 +592,10 @@ class HybridContiguousKv(ContiguousKv):
 
     def _slots(self, tokens: int) -> int:
         """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
-        return self._full * tokens + sum(min(tokens, w) for w in self._windows) + self._state
+        return self._full * tokens + sum([m * (tokens if tokens < w else w) for w, m in self._window_counts]) + self._state
 
     def slab_for(self, seq) -> int:
-        return self._slots(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens))
+        return self._size(seq)[0]
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
         tokens = self.reservation.column(prompt_tokens, output_tokens)
@@ -359,7 +609,7 @@ class HybridContiguousKv(ContiguousKv):
         return (room < width) | (self.capacity == 0)
 
     def _fill_cap(self, seq) -> int:
-        return self._slots(min(self.reservation.tokens(seq.prompt_tokens, seq.output_tokens), seq.max_kv_tokens))
+        return self._size(seq)[1]
 
     def _take_slab(self, seq) -> int:
         start = super()._take_slab(seq)
@@ -376,6 +626,7 @@ class HybridContiguousKv(ContiguousKv):
         self._live.pop(seq, None)
         self._held = [a - b for a, b in zip(self._held, self._split(seq))]
         super().free(seq)
+        del self._sizes[seq]
 
     def hold(self, seq) -> None:
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
@@ -387,31 +638,46 @@ class HybridContiguousKv(ContiguousKv):
         self._live[seq] = None
         super().release(seq)
 
-    def _shared(self, k: int) -> list[int]:
+    def _shared(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` once each live sequence has ``j`` more tokens cached, for j = 0 .. k: the cached
         tokens minus the slots they fill (``_slots``), summed over sorted contexts and prefix sums (window
-        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated)."""
-        c = sorted([s.num_computed_tokens for s in self._live])
-        prefix = [0, *accumulate(c)]
-        n, total, full, state, wins = len(c), prefix[-1], self._full, self._state, self._window_counts
-        out = []
-        for j in range(k + 1):
-            logical = total + n * j
-            physical = full * logical + n * state
-            for w, m in wins:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-                i = bisect_left(c, w - j)
-                physical += m * (prefix[i] + j * i + w * (n - i))
-            out.append(logical - physical)
-        return out
+        sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated).
+        ``ctx``: the live sequences' cached tokens as ``offs[i] + d`` (``offs`` sorted, their prefix sums,
+        ``d``), when the caller keeps them so; else they are sorted here."""
+        if ctx is None:
+            c = sorted([s.num_computed_tokens for s in self._live])
+            ctx = (c, [0, *accumulate(c)], 0)
+        offs, prefix, d = ctx
+        n, full, state = len(offs), self._full, self._state
+        total = prefix[-1] + n * d
+        logical = range(total, total + n * (k + 1), n) if n else [total] * (k + 1)
+        physical = [full * x + n * state for x in logical]
+        for w, m in self._window_counts:  # sum of min(c + j, w): those below w - j grow, the rest hold w
+            physical = [p + m * x for p, x in zip(physical, window_sums(offs, prefix, d, w, k + 1))]
+        return [x - p for x, p in zip(logical, physical)]
 
     @property
     def shared_filled(self) -> int:
-        return self._shared(0)[0] if self._live else 0
+        """``_shared(0)``, without sorting: the cached tokens minus the slots they fill now."""
+        c = [s.num_computed_tokens for s in self._live]
+        logical = sum(c)
+        physical = self._full * logical + len(c) * self._state
+        for w, m in self._window_counts:
+            physical += m * sum([x if x < w else w for x in c])
+        return logical - physical
 
-    def span_shared_filled(self, k: int) -> list[int]:
-        """``shared_filled`` after each of the next ``k`` decode steps of every live sequence (a decode
-        span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear)."""
-        return self._shared(k)[1:] if self._live else [0] * k
+    def span_shared_filled(self, k: int, ctx: tuple | None = None) -> list[int]:
+        """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a
+        decode span: the scheduler's ``complete_span``; window groups stop filling at W, so it is not linear).
+        ``ctx``: the decode clock's keys (``DecodeClock.decode_contexts``: cached tokens + 1), used when the
+        clock holds exactly the live sequences: every clock member holds a slab, so equal counts mean the
+        same sequences (in a span every running sequence decodes on the clock; a slab kept for a KV transfer,
+        sim/cluster/disagg.py, makes the counts differ, and then the contexts are sorted here)."""
+        if not self._live:
+            return [0] * (k + 1)
+        if ctx is not None and len(ctx[0]) == len(self._live):
+            return self._shared(k, (ctx[0], ctx[1], ctx[2] - 1))
+        return self._shared(k)
 
 class GroupTimeline:
     """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),
@@ -426,9 +692,7 @@ class GroupTimeline:
         self._rows = array("d")
 
     def add(self, start_s: float, duration_s: float) -> None:
-        self._rows.append(start_s)
-        self._rows.append(duration_s)
-        self._rows.extend(self.kv.group_slots())
+        self._rows.extend((start_s, duration_s, *self.kv.group_slots()))
 
     def table(self, bin_s: float):
         import pandas as pd

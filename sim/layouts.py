@@ -23,6 +23,7 @@ the capacity table and the tests.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from sim.catalog import ModelSpec
@@ -53,6 +54,26 @@ def first_kept(g: KvGroup, computed: int, block_size: int) -> int:
     if g.kind == "chunked":
         return (computed // g.window) * g.window // block_size
     return 0
+
+
+def window_sums(offs: list[int], prefix: list[int], d: int, window: int, k: int) -> list[int]:
+    """sum(min(o + d + j, window) for o in offs) for j = 0 .. k - 1: the keys a window group reads over
+    ``k`` decode steps, or the slots it holds (``offs`` sorted, ``prefix`` their prefix sums). Linear in j
+    while no value reaches the window (the ``i`` below it grow, the rest hold ``window``): one range per
+    such run, the next run found by bisection."""
+    n, out = len(offs), []
+    w = window - d  # o + d + j reaches the window at j = w - o
+    i, j = bisect_left(offs, w), 0
+    if k == 1:
+        return [prefix[i] + i * d + window * (n - i)]
+    while j < k:
+        end = k if i == 0 else min(k, w - offs[i - 1])
+        base = prefix[i] + i * d + window * (n - i)
+        out.extend(range(base + j * i, base + end * i, i) if i else [base] * (end - j))
+        j = end
+        if j < k:
+            i = bisect_left(offs, w - j, 0, i)
+    return out
 
 
 @dataclass(frozen=True)

@@ -437,7 +437,7 @@ class Recorder:
                            slot_s)
 
     def step(self, start_s: float, times: list[float], plan, mem, *, num_waiting: int, num_running: int,
-             num_swapped: int, shared_slots: int, holding: int, prompt_tokens: int, hit_tokens: int,
+             num_swapped: int, shared_slots: int | list[int], holding: int, prompt_tokens: int, hit_tokens: int,
              ends: list[float] | None = None, joins: list[int] = ()) -> None:
         """One step (``mem``: the five memory classes), or a span of ``len(times)`` decode steps ending at
         ``ends`` (``mem``: what ``Scheduler.complete_span`` returns; ``joins``: the steps after which
@@ -460,12 +460,13 @@ class Recorder:
             for j in joins:
                 waiting_s += ends[-1] - ends[j - 1]
         n, capacity = plan.num_seqs, self.capacity
-        shared = shared_slots
+        shared = shared_slots  # a list along a span whose shared pages leave windows (sim/hybrid.py)
+        shared_s = sum(map(mul, times, shared)) if shared.__class__ is list else shared * total
         if self.groups is not None:
             self.groups.add(start_s, total)
         # TIMELINE_COLUMNS, in order
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
-                  plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared * total, holding * total]
+                  plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]
 
         per_step = None
         if k > 1:
@@ -475,8 +476,8 @@ class Recorder:
                     w = waiting + sum(1 for x in joins if x <= j)
                     cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
                                     capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0, shared * t,
-                           holding * t]
+                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0,
+                           (shared[j] if shared.__class__ is list else shared) * t, holding * t]
 
         self.timeline.add(start_s, times, totals, per_step)
         self.num_steps += k

@@ -61,10 +61,18 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
     layout = policy_layout(scenario.name, model, gpu, policy, scenario.tensor_parallel)
     sampling = scenario.sampling
     width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
-    if layout is not None and not layout.single and (width > 1 or policy.prefix_caching):
-        raise ScenarioError(f"{scenario.name}: policy {policy.name}: prefix_caching and sampling are not simulated "
-                            f"with several KV groups yet ({model.name} has {len(layout.groups)}); set "
-                            f"hybrid_allocator: false or drop them")
+    if layout is not None and not layout.single:
+        where = f"{scenario.name}: policy {policy.name}"
+        if width > 1:
+            raise ScenarioError(f"{where}: parallel sampling and beam search are not simulated with several KV "
+                                f"groups yet ({model.name} has {len(layout.groups)}); set hybrid_allocator: false "
+                                f"or drop workload.sampling")
+        if policy.prefix_caching and any(g.kind == "mamba" for g in layout.groups):
+            raise ScenarioError(f"{where}: prefix_caching: {model.name} has Mamba layers, whose state is not cached "
+                                f"by prefix (only its attention groups could be); set prefix_caching: false")
+        if policy.kv_offload is not None:
+            raise ScenarioError(f"{where}: kv_offload (a CPU tier) is not simulated with several KV groups yet "
+                                f"({model.name} has {len(layout.groups)}); set hybrid_allocator: false or drop it")
     try:
         pool = kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
                        block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
@@ -106,7 +114,9 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
     a, pool = r.policy.allocator, r.pool
     if r.layout is not None and not r.layout.single:  # several KV groups (sim/hybrid.py)
         if a.kind == "paged":
-            return HybridPagedKv(r.layout, BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))
+            caching = r.policy.prefix_caching  # reference-counted pages with a prefix cache (sim/sharing.py)
+            blocks = (SharedBlockPool if caching else BlockPool)(pool.num_blocks, pool.block_size, r.watermark_blocks)
+            return HybridPagedKv(r.layout, blocks, caching)
         alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
         return HybridContiguousKv(r.layout, alloc, Reservation(a.reserve, r.max_model_len))
     if a.kind == "paged":

@@ -69,6 +69,7 @@ class Scheduler:
         self._pending_forks: list[tuple[int, int]] = []  # (source, target) ids, for the next plan
         self._pending_slot_copies: list[tuple[int, int, int]] = []
         self.clock = DecodeClock(self.block_size, self.paged, self.itl)  # the running sequences that decode
+        self._contexts = self.clock.decode_contexts  # (bound once: a plan carries it)
         # the step being planned
         self._entries: list[tuple[Sequence, int]] = []  # explicit sequences and their new tokens
         self._tick = False  # the clocked group decodes in this step
@@ -405,6 +406,7 @@ class Scheduler:
                         copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
                         forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
                         _decoding=self.clock.members if n_clk else (), _entries=e,
+                        _contexts=self._contexts if n_clk else None,
                         host_loads=tuple(self.kv.loads) if self.kv.loads else ())
 
     # ------------------------------------------------------------------------------------ complete
@@ -509,23 +511,28 @@ class Scheduler:
         the inputs of ``kv.breakdown`` (which is linear in them, so the engine integrates them over time):
         (filled, alloc, capped) -- lists, one value per step, or a number where constant -- and the
         constant rounding, held and blocked; and the block references sharing saves (constant along a
-        span: no fork, hit or copy happens in one)."""
+        span: no fork, hit or copy happens in one; but a prefix-cached page of a window group that leaves a
+        holder's window stops being shared: then a list, one value per step)."""
         k = len(ends_s)
         n = len(self.clock.members)
         kv = self.kv
         rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
-        sf0 = kv.shared_filled
+        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
+        span_sf = None if span_shared is None else span_shared(k, self._contexts())  # now, then after each step
+        sf0 = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
         filled = [f0 + rate * n * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
+        shared = kv.shared_blocks
         if self.paged and k > 1:
             # a manager of KV groups (sim/hybrid.py) frees window pages at crossings, even with one group
-            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None)
-        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
-        if span_shared is not None:
-            filled = [x - (s - sf0) for x, s in zip(filled, span_shared(k))]
+            track = [shared] if kv.slides and kv.caching else None
+            alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None, track)
+            if track is not None:
+                shared = track
+        if span_sf is not None:
+            filled = [x - (s - sf0) for x, s in zip(filled, span_sf[1:])]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
-        shared = kv.shared_blocks
         self.filled += n * k
         self.clock.advance(k, ends_s)
         self._finish(self.clock.pop_finished(), ends_s[-1])

@@ -42,6 +42,20 @@ def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, pro
     return out
 
 
+def prompt_block_hashes(seq, block_size: int) -> list[tuple[int, tuple]]:
+    """(hash, identity) of each of ``seq``'s cacheable prompt blocks, computed once (the chain of the
+    module's doc; with several KV groups every group's pages of a block share it, sim/hybrid.py)."""
+    if seq.block_hashes is None:
+        out, h = [], None
+        ids = seq.prefix_ids
+        if ids is not None and len(ids):
+            for ident in block_identities(ids, seq.hash_block, block_size, seq.prompt_tokens):
+                h = hash((h, ident))
+                out.append((h, ident))
+        seq.block_hashes = out
+    return seq.block_hashes
+
+
 class _Counts(dict):
     """Reference counts of the held blocks only; a block no one holds reads 0."""
 
@@ -342,18 +356,6 @@ class SharedPagedKv(PagedKv):
 
     # -- the prefix cache ----------------------------------------------------------------------------
 
-    def _hashes(self, seq) -> list[tuple[int, tuple]]:
-        """(hash, identity) of each of ``seq``'s cacheable prompt blocks, computed once."""
-        if seq.block_hashes is None:
-            out, h = [], None
-            ids = seq.prefix_ids
-            if ids is not None and len(ids):
-                for ident in block_identities(ids, seq.hash_block, self.block_size, seq.prompt_tokens):
-                    h = hash((h, ident))
-                    out.append((h, ident))
-            seq.block_hashes = out
-        return seq.block_hashes
-
     def match_prefix(self, seq) -> list[int]:
         """The cached blocks holding ``seq``'s longest cached prompt prefix (at least one prompt token
         is always left to compute, as vLLM does, so the step samples)."""
@@ -361,7 +363,7 @@ class SharedPagedKv(PagedKv):
             return []
         hits, parent = [], None
         limit = (seq.prompt_tokens - 1) // self.block_size
-        hashes = self._hashes(seq)[:limit]
+        hashes = prompt_block_hashes(seq, self.block_size)[:limit]
         for h, ident in hashes:
             b = self.pool.lookup(h, ident, parent)
             if b is None:
@@ -382,7 +384,7 @@ class SharedPagedKv(PagedKv):
         """Make ``seq``'s newly computed full prompt blocks findable."""
         if not self.caching:
             return
-        hashes = self._hashes(seq)
+        hashes = prompt_block_hashes(seq, self.block_size)
         done = min(len(hashes), seq.num_computed_tokens // self.block_size, len(seq.block_table))
         table = seq.block_table
         for i in range(seq.num_registered, done):

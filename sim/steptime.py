@@ -43,6 +43,7 @@ from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
+from sim.layouts import window_sums
 from sim.userfile import read_json
 
 
@@ -146,7 +147,7 @@ class RooflineStepTime:
         self.model, self.gpu = model, gpu
         self.layout = layout
         self._groups = None  # several KV groups: attention priced per group (_groups_attention_s)
-        self._contexts = None  # (plan, sorted decode contexts, prefix sums): _decode_contexts
+        self._contexts = None  # (plan, (sorted decode offsets, prefix sums, shift)): _decode_contexts
         if layout is not None:
             self._set_layout(layout)
 
@@ -184,40 +185,49 @@ class RooflineStepTime:
             return c % window + 1
         return c + 1
 
-    def _decode_contexts(self, plan: StepPlan) -> tuple[list[int], list[int]]:
-        """The clocked decodes' keys (cached context + the token), sorted, and their prefix sums; kept for
-        the plan (the engine prices a span's first step, then the span, from the same plan). Python lists:
-        batches are small, and numpy's per-call overhead dominated."""
+    def _decode_contexts(self, plan: StepPlan) -> tuple[list[int], list[int], int]:
+        """The clocked decodes' keys (cached context + the token) as ``offs[i] + d``: ``offs`` sorted, with
+        their prefix sums; kept for the plan (the engine prices a span's first step, then the span, from the
+        same plan). The scheduler's decode clock keeps its offsets sorted (``DecodeClock.decode_contexts``),
+        so nothing here is per sequence. Python lists: batches are small, and numpy's per-call overhead
+        dominated."""
         got = self._contexts
         if got is not None and got[0] is plan:
-            return got[1], got[2]
-        a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
-        prefix = [0, *accumulate(a)]
-        self._contexts = (plan, a, prefix)
-        return a, prefix
+            return got[1]
+        if plan._contexts is not None:
+            ctx = plan._contexts()
+        else:  # a plan built elsewhere: its decodes' keys, sorted
+            a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
+            ctx = (a, [0, *accumulate(a)], 0)
+        self._contexts = (plan, ctx)
+        return ctx
 
     def _groups_attention_s(self, plan: StepPlan) -> float:
         """Attention of a step of a model with several KV groups: the clocked decodes' keys summed over
         their sorted contexts (``_decode_contexts``), the other sequences one by one. Key and pair counts
         are integers, so how they are summed does not change the figure."""
-        a, prefix = self._decode_contexts(plan)
-        seqs = [(s.num_computed_tokens, n) for s, n in plan._entries]
+        offs, prefix, d = self._decode_contexts(plan)
+        m = len(offs)
+        dec, pre = [], []  # the other sequences: one-token steps (their keys: context + 1), chunks
+        for s, n in plan._entries:
+            if n == 1:
+                dec.append(s.num_computed_tokens + 1)
+            else:
+                pre.append((s.num_computed_tokens, n))
         per_key, _ = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s  # the paged kernel's block overhead, as for the classic layout
         t = 0.0
         for kind, window, key_s, pair_s in self._groups:
-            if kind == "sliding":
-                i = bisect_left(a, window)
-                keys = prefix[i] + window * (len(a) - i)
+            if kind == "sliding":  # keys offs + d below W grow, the rest read W
+                i = bisect_left(offs, window - d)
+                keys = prefix[i] + i * d + window * (m - i) + sum([x if x < window else window for x in dec])
             elif kind == "chunked":
-                keys = sum((c - 1) % window + 1 for c in a)
+                keys = sum((o + d - 1) % window + 1 for o in offs) + sum([(x - 1) % window + 1 for x in dec])
             else:
-                keys = prefix[-1]
+                keys = prefix[-1] + m * d + sum(dec)
             pairs = 0
-            for c, n in seqs:
-                if n == 1:
-                    keys += self._keys(kind, window, c)
-                elif kind == "sliding":  # sum over positions c..c+n-1 of min(p + 1, W)
+            for c, n in pre:
+                if kind == "sliding":  # sum over positions c..c+n-1 of min(p + 1, W)
                     lo, hi = c + 1, c + n
                     below = max(0, min(hi, window) - lo + 1)
                     pairs += (lo + lo + below - 1) * below // 2 + (n - below) * window
@@ -226,9 +236,8 @@ class RooflineStepTime:
                 else:
                     pairs += n * c + n * (n + 1) // 2
             t += keys * key_s * f + pairs * pair_s
-        decodes = len(a) + sum(1 for _, n in seqs if n == 1)
-        prefill = sum(n for _, n in seqs if n > 1)
-        return t + decodes * self._mamba_seq_s + prefill * self._mamba_token_s
+        prefill = sum(n for _, n in pre)
+        return t + (m + len(dec)) * self._mamba_seq_s + prefill * self._mamba_token_s
 
     def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
@@ -236,30 +245,30 @@ class RooflineStepTime:
         contexts and prefix sums), then priced with the same float operations as ``step_time_s`` (a span is
         decode-only: no copies or swaps to add)."""
         n = plan.num_seqs
-        fixed = self._fixed_parts(n, n, n)
+        gpu, serial, hidden = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s
-        a, prefix = self._decode_contexts(plan)
-        total = prefix[-1]
-        rest = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
-        gpu, serial, hidden = fixed
-        out = []
+        ctx = self._decode_contexts(plan)
+        r0, r1, r2 = n * self._mamba_seq_s, 0 * self._mamba_token_s, n * per_seq
         # NOTE: plain floats in step_time_s's order (spans are short: numpy's overhead would dominate), so
-        # each step's figure is the same bits as stepping's
-        for j in range(k):
-            t = 0.0
-            for kind, window, key_s, pair_s in self._groups:
-                if kind == "sliding":  # sum of min(a + j, W): those below W - j grow, the rest read W
-                    i = bisect_left(a, window - j)
-                    keys = prefix[i] + j * i + window * (n - i)
-                elif kind == "chunked":
-                    keys = sum((c - 1 + j) % window + 1 for c in a)
-                else:
-                    keys = total + n * j
-                t += keys * key_s * f + 0 * pair_s
-            g = gpu + (t + rest[0] + rest[1] + rest[2])
-            out.append(serial + (g if g >= hidden else hidden))
-        return out
+        # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
+        # keys * key_s * f + pairs * pair_s in turn, then + r0 + r1 + r2; adding an exact zero to a float
+        # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
+        offs, prefix, d = ctx
+        m = len(offs)
+        t = None
+        for kind, window, key_s, _ in self._groups:
+            if kind == "sliding":  # keys stop growing at W
+                keys = window_sums(offs, prefix, d, window, k)
+            elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
+                keys = [sum((o + d - 1 + j) % window + 1 for o in offs) for j in range(k)]
+            else:
+                total = prefix[-1] + m * d
+                keys = range(total, total + m * k, m) if m else [total] * k
+            t = [x * key_s * f for x in keys] if t is None else [u + x * key_s * f for u, x in zip(t, keys)]
+        if r0 == 0.0 and r1 == 0.0:
+            return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]
+        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens

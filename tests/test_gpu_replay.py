@@ -130,11 +130,13 @@ def test_calibration_writes_a_profile_the_simulator_reads(tmp_path):
 HYBRID = ROOT / "gpu" / "configs" / "tiny-hybrid.json"  # 5 layers: sliding W = 8 (3) and full (2), 128 hidden
 
 
-def hybrid_scenario(kv_pool_tokens: int, policies: list, num_requests: int, prompt: tuple, output: tuple):
+def hybrid_scenario(kv_pool_tokens: int, policies: list, num_requests: int, prompt: tuple, output: tuple,
+                    shared_prefixes: dict | None = None):
     """The tiny hybrid model (KV groups: sliding 2 + 1 layers, full 2 layers; pages of 2 layers) on blocks of
     4 tokens (the window is 2 blocks); ``kv_pool_tokens`` as tokens of all 5 layers."""
     from gpu.calibrate import resolve_model
 
+    extra = {} if shared_prefixes is None else {"shared_prefixes": shared_prefixes}
     return parse_scenario({
         "name": "tiny-hybrid", "model": str(HYBRID),
         "gpu": {"name": "tiny-device", "memory_gib": memory_gib_for_pool(resolve_model(str(HYBRID)), kv_pool_tokens),
@@ -143,7 +145,7 @@ def hybrid_scenario(kv_pool_tokens: int, policies: list, num_requests: int, prom
         "workload": {"arrival": {"kind": "poisson", "rate": 1e6},
                      "prompt": {"kind": "uniform", "low": prompt[0], "high": prompt[1]},
                      "output": {"kind": "uniform", "low": output[0], "high": output[1]},
-                     "num_requests": num_requests, "seed": 2},
+                     "num_requests": num_requests, "seed": 2, **extra},
         "policies": [{"preset": "vllm", "block_size": 4, **p} for p in policies]})
 
 
@@ -279,6 +281,23 @@ def test_replay_refuses_what_it_cannot_run_with_several_groups():
         s = hybrid_scenario(20, [policy], 2, (10, 16), (6, 10))
         with pytest.raises(ScenarioError, match=key):
             replay(s, "cpu")
+
+
+def test_hybrid_prefix_cache_hits_compute_the_same_tokens():
+    """Prefix caching with several KV groups on the device: a hit takes the full group's pages of the whole
+    prefix but only the window group's last blocks (the ones before were freed as they left the window and
+    may be gone); the request prefills only its suffix over those pages and still generates the tokens of a
+    plain recomputation."""
+    s = hybrid_scenario(120, [{"name": "apc", "prefix_caching": True},
+                              {"preset": "vllm-v1", "name": "apc-v1", "prefix_caching": True,
+                               "max_num_batched_tokens": 16}], 8, (4, 12), (4, 8),
+                        shared_prefixes={"lengths": [20, 33], "popularity": [2, 1], "hash_block": 4})
+    result, executors = replay(s, "cpu")
+    for name in ("apc", "apc-v1"):
+        assert result.policies[name].summary["prefix_hit_rate_tokens"] > 0.3, name
+        ex = executors.executors[name]
+        for i in range(8):
+            assert ex.generated(i) == reference_generation(ex.model, ex.prompt_ids(i), len(ex.generated(i))), (name, i)
 
 
 def test_hybrid_open_loop_replays_the_recorded_group_tables():

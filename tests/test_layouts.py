@@ -16,6 +16,7 @@ from sim.hybrid import HybridContiguousKv, HybridPagedKv, _CrossingPool
 from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, Reservation, activation_bytes, breakdown, kv_pool
 from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout
 from sim.policy import resolve_policy
+from sim.sharing import SharedBlockPool
 from sim.steptime import distinct_experts
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -194,13 +195,13 @@ def test_fp8_kv_on_a_gpu_without_fp8_names_the_key():
 # ------------------------------------------------------------------------------------------ allocators (hypothesis)
 
 
-def _paged(kinds=("sliding", "sliding", "full", "mamba"), window=40, blocks=400):
+def _paged(kinds=("sliding", "sliding", "full", "mamba"), window=40, blocks=400, caching=False):
     from sim.catalog import ModelSpec
     m = ModelSpec("t", len(kinds), 256, 4, 2, 512, 1000, 4096, True, False, layer_kinds=tuple(kinds),
                   sliding_window=window, attention_chunk_size=window, mamba_d_inner=256, mamba_d_state=4,
                   mamba_d_conv=4, mamba_dt_rank=16)
     lay = kv_layout(m, 1, 8)
-    return HybridPagedKv(lay, BlockPool(blocks, 8)), lay
+    return HybridPagedKv(lay, (SharedBlockPool if caching else BlockPool)(blocks, 8), caching), lay
 
 
 def _check_paged(kv: HybridPagedKv, seqs):
@@ -313,6 +314,8 @@ def test_hybrid_contiguous_accounting(reqs):
     assert [k for k, _, _ in kv.group_labels()] == ["full", "sliding", "mamba"]
     if live:  # a decode span: shared_filled after each of the next k steps, in closed form
         span = kv.span_shared_filled(60)
+        assert span[0] == kv.shared_filled
+        span = span[1:]
         for j in range(60):
             for s in live:
                 s.num_computed_tokens += 1
@@ -462,3 +465,243 @@ def test_memory_by_layer_group_table(tmp_path):
     only_full = run(_scenario(path, "window", policies=[{"preset": "vllm", "name": "full", "hybrid_allocator": False}]))
     write_results(only_full, tmp_path / "full")
     assert not (tmp_path / "full" / "kv_groups.parquet").exists()
+
+
+# ------------------------------------------------------------------------------------------ prefix caching
+
+
+def _prefilled(kv, seq, chunk: int) -> None:
+    """Prefill ``seq`` in chunks as the scheduler does (grow, compute, register), then decode one token."""
+    while seq.num_computed_tokens < seq.prompt_tokens:
+        n = min(chunk, seq.prompt_tokens - seq.num_computed_tokens)
+        if seq.num_computed_tokens:
+            kv.grow(seq, n)
+        else:
+            kv.admit(seq, n)
+        seq.num_computed_tokens += n
+        kv.register(seq)
+    kv.grow(seq, 1)
+    seq.num_computed_tokens += 1
+
+
+def test_window_prefix_hit_rule_by_hand():
+    """Blocks of 8, a sliding group (W = 24) and a full group, one page per block each. A prompt of 64
+    tokens (ids 1..8, one per block) prefilled in chunks of 8: its sliding pages of blocks 0..4 leave the
+    window one per chunk (at 32, 40, 48, 56 cached tokens, and 64 when it decodes), so they reach the free
+    queue first, oldest first; then the request finishes (each table freed tail first). A second request
+    of the same 64 tokens may hit 7 blocks (one token left to compute): the full group needs blocks 0..6,
+    the sliding group only those covering the 23 tokens before 56, blocks 4, 5, 6."""
+    kv, _ = _paged(("sliding", "full"), window=24, blocks=18, caching=True)
+    assert [g.kind for g, _ in kv.classes] == ["sliding", "full"]
+    ids = np.arange(1, 9)
+    a = Sequence(0, 0.0, 64, 10, prefix_ids=ids, hash_block=8)
+    _prefilled(kv, a, 8)
+    kv.free(a)
+    pool = kv.blocks
+    # pages in fresh order: block i's sliding page is 2i, its full page 2i + 1 (18 pages: all used)
+    assert pool.free_blocks[:5] == [0, 2, 4, 6, 8] and pool.num_free == 18 and kv.alloc == 0
+
+    def hit_after_evicting(n_pages):
+        k2, _ = _paged(("sliding", "full"), window=24, blocks=18, caching=True)
+        a2 = Sequence(0, 0.0, 64, 10, prefix_ids=ids, hash_block=8)
+        _prefilled(k2, a2, 8)
+        k2.free(a2)
+        for j in range(n_pages // 2):  # unrelated one-token prompts: a sliding and a full page each
+            other = Sequence(10 + j, 0.0, 1, 5, prefix_ids=np.array([100 + j]), hash_block=8)
+            k2.admit(other, 1)
+        b = Sequence(1, 0.0, 64, 10, prefix_ids=ids, hash_block=8)
+        return k2.match_prefix(b)
+
+    hits = hit_after_evicting(0)
+    assert len(hits) == 7
+    assert [row[0] is None for row in hits] == [True] * 4 + [False] * 3  # sliding: blocks 4..6 only
+    assert [row[1] for row in hits] == [[2 * i + 1] for i in range(7)]  # full: blocks 0..6
+    assert [row[0] for row in hits[4:]] == [[8], [10], [12]]
+    # sliding pages of blocks 0..3 evicted: the full group still has 0..6, the window needs only 4..6
+    assert len(hit_after_evicting(4)) == 7
+    # then block 4's sliding page too: a hit at h needs sliding blocks [(8h + 1 - 24) // 8, h), and every
+    # h from 1 to 7 needs one of blocks 0..4 -- no hit, though the full group alone would give 7
+    assert hit_after_evicting(6) == []
+
+
+def test_chunked_and_full_hit_rule_by_hand():
+    """A chunked group (C = 32) needs the blocks of the current chunk before the hit: a 64-token prompt's
+    hit of 7 blocks (56 tokens) needs blocks 4..6 (chunk 32..63); at 4 blocks (32 tokens) none."""
+    kv, _ = _paged(("chunked", "full"), window=32, blocks=400, caching=True)
+    ids = np.arange(1, 9)
+    a = Sequence(0, 0.0, 64, 10, prefix_ids=ids, hash_block=8)
+    _prefilled(kv, a, 64)
+    hits = kv.match_prefix(Sequence(1, 0.0, 64, 10, prefix_ids=ids, hash_block=8))
+    assert len(hits) == 7 and [row[0] is None for row in hits] == [True] * 4 + [False] * 3
+    # a prompt sharing only the first 5 blocks: hit 5 blocks, the chunked group needs block 4 only
+    other = np.array([1, 2, 3, 4, 5, 60, 70, 80])
+    hits = kv.match_prefix(Sequence(2, 0.0, 64, 10, prefix_ids=other, hash_block=8))
+    assert len(hits) == 5 and [row[0] is None for row in hits] == [True] * 4 + [False]
+
+
+def _check_shared(kv: HybridPagedKv, seqs):
+    """Pages may have several holders: each holder's tables as without sharing, the pool's reference
+    counts equal to the holders, the counters physical, and the memory classes adding up to the pool."""
+    from collections import Counter
+
+    B = kv.block_size
+    held = Counter(b for s in seqs for b in kv.table(s))
+    pool = kv.blocks
+    assert all(pool.ref_cnt[b] == n for b, n in held.items()), "reference counts != holders"
+    assert len(held) + pool.num_free == pool.num_blocks, "a page leaked"
+    assert kv.alloc == len(held) * B and kv.shared_blocks == sum(held.values()) - len(held)
+    filled = capped = 0
+    seen = set()
+    for s in seqs:
+        end, firsts, tables, _ = kv._st[s]
+        c = s.num_computed_tokens
+        for (g, n), f, t in zip(kv.classes, firsts, tables):
+            assert len(t) == n * (end - f) and f * B <= c
+            for j, b in enumerate(t):
+                lo = (f + j // n) * B
+                if b not in seen:  # a shared page counts once: a full prompt block for every holder
+                    seen.add(b)
+                    filled += min(max(c - lo, 0), B)
+                    capped += min(max(s.max_kv_tokens - lo, 0), B)
+                else:
+                    assert c >= lo + B and s.max_kv_tokens >= lo + B
+    logical = sum(s.num_computed_tokens for s in seqs)
+    assert logical * kv.fill_rate - kv.shared_filled == filled and kv.capped == capped
+    per_class = [len({b for s in seqs for b in kv._st[s][2][i]}) * B for i in range(len(kv.classes))]
+    assert kv.group_slots() == per_class and sum(per_class) == kv.alloc
+    classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
+    assert sum(classes) == kv.capacity and min(classes) >= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([("sliding", "sliding", "full"), ("chunked", "full"), ("sliding",), ("sliding", "chunked")]),
+       st.lists(st.tuples(st.integers(1, 120), st.integers(1, 80), st.integers(1, 64), st.integers(0, 3)),
+                min_size=1, max_size=10),
+       st.integers(0, 300), st.integers(30, 200))
+def test_hybrid_prefix_caching_accounting(kinds, reqs, steps, blocks):
+    """Requests of a few shared prefixes (ids per block: the prefix's, then their own) admitted with their
+    hits, prefilled in chunks, decoded and finished or preempted: pages are held by exactly their holders,
+    nothing leaks, the counters stay physical and the memory classes add up, with every group's hit rule."""
+    kv, lay = _paged(kinds, window=24, blocks=blocks, caching=True)
+    live, waiting = [], []
+    for i, (p, o, ch, pre) in enumerate(reqs):
+        ids = np.array([pre * 1000 + j for j in range(10)] + [10_000 * (i + 1) + j for j in range(20)])
+        waiting.append((Sequence(i, 0.0, p, o, prefix_ids=ids, hash_block=8), ch))
+    chunk = {s: ch for s, ch in waiting}
+    hit_blocks = 0
+    for _ in range(steps):
+        if waiting:
+            s = waiting[0][0]
+            hits = kv.match_prefix(s)
+            n = min(chunk[s], s.prompt_tokens - len(hits) * 8)
+            if kv.can_admit(s, n, hits):
+                waiting.pop(0)
+                kv.admit(s, n, hits)
+                hit_blocks += len(hits)
+                assert s.num_computed_tokens == len(hits) * 8
+                s.num_computed_tokens += n
+                kv.register(s)
+                live.append(s)
+        for s in list(live):
+            left = s.prompt_tokens + s.output_tokens - 1 - s.num_computed_tokens
+            if left <= 0:
+                kv.free(s)
+                live.remove(s)
+                continue
+            n = min(left, chunk[s]) if s.num_computed_tokens < s.prompt_tokens else 1
+            if not kv.can_grow(s, n):
+                kv.free(s)  # preempted: recomputed later
+                s.num_computed_tokens = 0
+                s.num_registered = 0
+                live.remove(s)
+                waiting.append((s, chunk[s]))
+                continue
+            kv.grow(s, n)
+            s.num_computed_tokens += n
+            kv.register(s)
+        _check_shared(kv, live)
+    for s in live:
+        kv.free(s)
+    assert kv.blocks.num_free == kv.blocks.num_blocks and kv.alloc == 0 and kv.capped == 0
+    assert kv.shared_blocks == 0 and kv._first_sum == 0
+
+
+SHARED_WORKLOAD = {"arrival": {"kind": "poisson", "rate": 30}, "num_requests": 60, "seed": 3,
+                   "prompt": {"kind": "uniform", "low": 1, "high": 300},
+                   "output": {"kind": "uniform", "low": 1, "high": 150},
+                   "shared_prefixes": {"lengths": [64, 200], "popularity": [3, 1]}}
+CACHING_POLICIES = [{"preset": "vllm", "name": "apc", "prefix_caching": True},
+                    {"preset": "vllm-v1", "name": "apc-v1", "prefix_caching": True},
+                    {"preset": "vllm-v1", "name": "apc-swap", "prefix_caching": True, "preemption": "swap",
+                     "swap_space_gib": 0.002}]
+
+
+@pytest.mark.parametrize("kind", ["window", "chunked", "sliding_only"])
+def test_prefix_caching_exact_and_fast_agree(tmp_path, monkeypatch, kind):
+    """Prefix caching with window freeing: stepping every iteration, skipping decode spans (cached pages
+    leave windows inside spans, and stop being shared there) and, for the window model, the scheduler's
+    per-sequence path forced at every step give the same requests, memory classes and sharing figures."""
+    from test_engine import assert_same_requests
+
+    path = _tiny(tmp_path, **TINY[kind])
+    make = lambda exact: _scenario(path, kind, exact, policies=CACHING_POLICIES, workload=SHARED_WORKLOAD)  # noqa: E731
+    fast = run(make(False))
+    others = [run(make(True))]
+    if kind == "window":
+        monkeypatch.setattr(_CrossingPool, "can_allocate", lambda self, n, admission=False: n == 0)
+        others.append(run(make(False)))
+    for name, res in fast.policies.items():
+        assert len(res.steps) < len(others[0].policies[name].steps)
+        for other in others:
+            o = other.policies[name]
+            assert_same_requests(res.requests, o.requests)
+            for key in [f"memory.{c}" for c in MEMORY_CLASSES] + ["memory_saved_by_sharing"]:
+                assert res.summary[key] == pytest.approx(o.summary[key], rel=1e-6, abs=1e-12), (name, key)
+            for key in ("prefix_hit_rate_tokens", "prefill_tokens_saved", "num_evicted_blocks"):
+                assert res.summary[key] == o.summary[key], (name, key)
+        assert res.summary["num_finished"] == 60 and res.summary["prefix_hit_rate_tokens"] > 0.1
+        total = res.steps[[f"mem_{c}" for c in MEMORY_CLASSES]].sum(axis=1)
+        assert np.allclose(total, res.summary["kv_capacity_tokens"])
+        assert (res.steps[[f"mem_{c}" for c in MEMORY_CLASSES]] >= -1e-9).all().all()
+
+
+def test_prefix_caching_refusals_name_the_key(tmp_path):
+    """Mamba state is not cached by prefix; samples, beams and a CPU tier are not simulated with several
+    groups: each refused up front, naming the key."""
+    cases = [("mamba", {"preset": "vllm", "prefix_caching": True}, {}, "prefix_caching: .* Mamba layers"),
+             ("window", {"preset": "vllm", "prefix_caching": True, "kv_offload": {"cpu_gib": 1}}, {},
+              "kv_offload .* several KV groups"),
+             ("window", {"preset": "vllm"}, {"sampling": {"kind": "parallel", "n": 2}},
+              "parallel sampling and beam search .* workload.sampling")]
+    for kind, pol, over, match in cases:
+        s = _scenario(_tiny(tmp_path, **TINY[kind]), kind, policies=[pol], **over)
+        with pytest.raises(ScenarioError, match=match):
+            resolve_policy(s, s.model_spec(), s.gpu_spec(), s.policies[0])
+
+
+def test_prefix_hit_rate_hybrid_on_and_off(tmp_path):
+    """Shared prefixes of 64 and 200 tokens. With memory to spare, the hybrid allocator finds every hit the
+    single group finds, whether the window (64) is shorter than the prefixes -- their window pages left the
+    window and were freed, yet stay cached -- or longer than any prompt (windows do not matter). Under
+    memory pressure too when windows do not matter; with the short window the hybrid rate is lower: a
+    window group's pages of a prefix are freed as soon as they leave a holder's window, so they are
+    evicted first."""
+    rates = {}
+    for win in (64, 2048):
+        path = _tiny(tmp_path, layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=win)
+        for mem in (0.2, 0.065):
+            s = _scenario(path, "window", policies=[
+                {"preset": "vllm-v1", "name": "on", "prefix_caching": True},
+                {"preset": "vllm-v1", "name": "off", "prefix_caching": True, "hybrid_allocator": False}],
+                workload=SHARED_WORKLOAD)
+            s = s.model_copy(update={"gpu": s.gpu.model_copy(update={"memory_gib": mem})})
+            r = run(s)
+            for name, res in r.policies.items():
+                rates[(win, mem, name)] = res.summary["prefix_hit_rate_tokens"]
+                assert res.summary["num_evicted_blocks"] == 0 or mem < 0.2
+    ample = rates[(64, 0.2, "off")]
+    assert ample > 0.3 and all(rates[(w, 0.2, n)] == ample for w in (64, 2048) for n in ("on", "off"))
+    assert all(rates[(w, 0.065, n)] <= ample for w in (64, 2048) for n in ("on", "off"))
+    # with a window longer than any prompt the two agree under pressure too; with a short one the window
+    # pages of the shared prefixes were evicted first (README: Prefix caching with several groups)
+    assert rates[(2048, 0.065, "on")] == rates[(2048, 0.065, "off")] > rates[(64, 0.065, "on")]

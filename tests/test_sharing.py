@@ -208,7 +208,7 @@ def test_identity_checks_make_hash_collisions_harmless(make_scenario, monkeypatc
 
     def verified(self, seq):
         hits = orig(self, seq)
-        wanted = self._hashes(seq)
+        wanted = sharing.prompt_block_hashes(seq, self.block_size)
         for i, b in enumerate(hits):
             assert self.pool.key[b][1] == wanted[i][1]  # its own tokens...
             assert self.pool.key[b][2] == (hits[i - 1] if i else None)  # ...after its own prefix
