@@ -73,9 +73,14 @@ class HybridPagedKv:
     slides = True  # window and chunked groups free pages at crossings, inside decode spans too
     num_copies = 0  # no copy-on-write: only full prompt blocks are shared, and no sequence writes into one
 
-    def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False) -> None:
+    def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False,
+                 prefill_cap: int | None = None, recompute: bool = True) -> None:
+        """``prefill_cap``: the most tokens one step prefills for a sequence (a chunked policy's token
+        budget; None: its whole prompt at once); ``recompute``: a preempted sequence prefills its prompt
+        and generated tokens again (else it is swapped and keeps its tables). ``never_fits`` needs both."""
         self.layout = layout
         self.blocks = pool
+        self._prefill_cap, self._recompute = prefill_cap, recompute
         self.block_size = B = pool.block_size
         self.capacity = pool.num_blocks * B
         classes: dict[tuple[str, int], int] = {}  # groups of one kind and window move alike: one table each
@@ -140,14 +145,22 @@ class HybridPagedKv:
         return end, firsts, take, freed
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
-        """Per request: an upper bound of the pages it ever holds exceeds the pool above the watermark. A
-        window group holds at most its prompt's blocks (a prefill) plus the window's and two partial ones."""
+        """Per request: an upper bound of the pages it can ever hold exceeds the pool above the watermark,
+        so that a request admitted alone always fits, after a preemption too. A full group holds the blocks
+        of up to total - 1 tokens (the last token's KV is never written). A step that writes ``n`` tokens
+        from ``c`` keeps, in a window (or local chunk) group of ``W``, the blocks from the one holding
+        c + 1 - W (the chunk's start) to the one holding c + n - 1: at most (n + W - 2) // B + 2. ``n`` is
+        1 for a decode and, for a prefill, the prompt or, after a recompute preemption, the prompt and the
+        tokens generated so far -- up to total - 1 -- capped by a chunked policy's token budget."""
         B = self.block_size
         p = np.asarray(prompt_tokens)
-        total = blocks_for(p + np.asarray(output_tokens) - 1, B)
-        prompt = blocks_for(p, B)
-        need = self.state_pages + sum(n * (total if not g.window else np.minimum(total, prompt + g.window // B + 2))
-                                      for g, n in self.classes)
+        last = p + np.asarray(output_tokens) - 1
+        total = blocks_for(last, B)
+        n = last if self._recompute else p
+        if self._prefill_cap is not None:
+            n = np.minimum(n, self._prefill_cap)
+        need = self.state_pages + sum(k * (total if not g.window else np.minimum(total, (n + g.window - 2) // B + 2))
+                                      for g, k in self.classes)
         return need > self.blocks.num_blocks - self.blocks.watermark_blocks
 
     def can_admit(self, seq, num_new: int, hits=()) -> bool:

@@ -2,6 +2,7 @@
 (hypothesis), capacity by hand, bad input, and exact-vs-fast equivalence with window freeing, MLA and Mamba."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout
 from sim.policy import resolve_policy
 from sim.sharing import SharedBlockPool
 from sim.steptime import distinct_experts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------ shapes
 
@@ -116,6 +119,47 @@ def test_distinct_experts_formula():
     assert distinct_experts(256, 8, 1) == pytest.approx(8)
     assert distinct_experts(256, 8, 10_000) == pytest.approx(256)
     assert distinct_experts(16, 2, 2) == pytest.approx(16 * (1 - (14 / 16) ** 2))
+
+
+def _tiny_hybrid(memory_gib: float, policies: list, **workload):
+    """The tiny hybrid model (2 sliding groups of W = 8, 1 full group) on a made-up device: at 0.0029 GiB
+    a pool of 73 pages of 4 tokens."""
+    return parse_scenario({"name": "t", "model": "gpu/configs/tiny-hybrid.json",
+                           "gpu": {"name": "tiny", "memory_gib": memory_gib, "hbm_gb_per_s": 50, "tflops": 1},
+                           "runtime_overhead_gib": 0, "activation_reserve_tokens": 16,
+                           "workload": {"arrival": {"kind": "poisson", "rate": 50}, "num_requests": 40, "seed": 0,
+                                        **workload}, "policies": policies}, base_dir=str(ROOT))
+
+
+def test_never_fits_bounds_a_recomputed_prefill_by_hand():
+    """A request of 10 + 118 tokens (its KV: 127 tokens, 32 pages per group): preempted by recompute, it
+    prefills all 127 at once and the window groups hold all 32 (3 x 32 = 96 > 73 pages); swapped, a
+    window group holds at most (10 + 8 - 2) // 4 + 2 = 6 of the prompt's (2 x 6 + 32 = 44); chunked at
+    16 tokens, (16 + 6) // 4 + 2 = 7 (46). 10 + 60 tokens: 18 pages per group, 54, fit either way."""
+    s = _tiny_hybrid(0.0029, [{"preset": "vllm", "block_size": 4},
+                              {"preset": "vllm", "name": "swap", "preemption": "swap", "block_size": 4},
+                              {"preset": "vllm-v1", "name": "v1", "block_size": 4, "max_num_batched_tokens": 16}],
+                     lengths="alpaca")
+    from sim.policy import make_kv
+
+    prompt, output = np.array([10, 10]), np.array([118, 60])
+    fits = {}
+    for p in s.policies:
+        kv = make_kv(resolve_policy(s, s.model_spec(), s.gpu_spec(), p))
+        assert kv.blocks.num_blocks == 73 and [(g.window, n) for g, n in kv.classes] == [(8, 2), (0, 1)]
+        fits[p.name] = kv.never_fits(prompt, output).tolist()
+    assert fits == {"vllm": [True, False], "swap": [False, False], "v1": [False, False]}
+
+
+@pytest.mark.parametrize("preset", ["vllm", "vllm-v1"])
+def test_a_request_whose_recompute_cannot_fit_is_rejected_up_front(preset):
+    """Short prompts and long outputs on 73 pages: before, a preempted request whose re-prefill needed
+    every group's pages for all its tokens waited forever ("scheduler stalled ... a bug"); now the requests
+    that could not come back are rejected up front and the rest finish."""
+    s = _tiny_hybrid(0.0029, [{"preset": preset, "block_size": 4}], prompt={"kind": "uniform", "low": 8, "high": 12},
+                     output={"kind": "uniform", "low": 100, "high": 300})
+    m = run(s).policies[preset].summary
+    assert m["num_rejected"] > 0 and m["num_finished"] + m["num_rejected"] == 40
 
 
 def test_an_fp8_checkpoint_reads_its_dense_weights_at_a_byte():
