@@ -49,9 +49,9 @@ from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES
-from sim.metrics import FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog, summarize
+from sim.metrics import FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog
 from sim.policy import rejection_reasons, resolve_policy
-from sim.cluster.fleet import _at, _imbalance, merge_itl, merge_sharing, merge_timelines
+from sim.cluster.fleet import _at, _imbalance, fleet_summary, merged_steps
 from sim.cluster.router import Replicas, make_router
 
 POOLS = ("prefill", "decode")
@@ -266,28 +266,9 @@ class DisaggFleet:
                 transfer_bytes=np.where(np.isnan(t["start_s"]), 0, r.prompt_tokens * self.bytes_per_token))
         per = [e.results(prefill_frame.iloc[np.flatnonzero(self.prefill_of == k)]) for k, e in enumerate(self.prefill)]
         per += [e.results(frame.iloc[np.flatnonzero(self.decode_of == k)]) for k, e in enumerate(self.decode)]
-        first = float(r.arrival_s[0]) if len(r) else 0.0
-        end = max(e._end_s for e in engines)
+        first, end, summary, tl = fleet_summary(frame, engines, r)
         duration = end - first
-        capacity = sum(e.kv.capacity for e in engines)
-        tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
-        mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
-        recs = [e.rec for e in engines]
-        summary = summarize(frame, merge_itl([x.itl for x in recs]), mem, duration, capacity,
-                            float(tl.busy_s.sum()), sum(x.num_steps for x in recs), sum(x.seq_steps for x in recs),
-                            int(tl.num_preempted.sum()), decode_steps=sum(x.decode_steps for x in recs),
-                            decode_seq_steps=sum(x.decode_seq_steps for x in recs),
-                            running_request_s=math.fsum(x.running_request_s for x in recs),
-                            sharing=merge_sharing([e.sharing_counts() for e in engines]),
-                            shared_slot_s=float(tl.shared_slot_s.sum()))
-        if summary["busy_fraction"] is not None:
-            summary["busy_fraction"] /= len(engines)  # a mean over replicas, like the memory shares
-        if r.beyond_horizon:
-            summary["num_requests"] += r.beyond_horizon
-            summary["num_unfinished"] += r.beyond_horizon
-        steps = pd.concat([p.steps.assign(replica=np.int16(k)) for k, p in enumerate(per)], ignore_index=True)
-        snaps = [(p.snapshot["num_waiting"], -k, p.snapshot) for k, p in enumerate(per) if p.snapshot is not None]
-        snapshot = max(snaps, key=lambda x: x[:2])[2] if snaps else None
+        steps, snapshot = merged_steps(per)
         rows, pools = [], {}
         for name, assigned, offset in (("prefill", self.prefill_of, 0), ("decode", self.decode_of, len(self.prefill))):
             pool = self.pools[name]

@@ -139,28 +139,9 @@ class Fleet:
         per = []
         for k, e in enumerate(engines):
             per.append(e.results(frame.iloc[np.flatnonzero(self.assigned == k)]))
-        first = float(r.arrival_s[0]) if len(r) else 0.0
-        end = max(e._end_s for e in engines)
-        capacity = sum(e.kv.capacity for e in engines)
-        tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
-        mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
-        recs = [e.rec for e in engines]
-        summary = summarize(frame, merge_itl([x.itl for x in recs]), mem, end - first, capacity,
-                            float(tl.busy_s.sum()), sum(x.num_steps for x in recs), sum(x.seq_steps for x in recs),
-                            int(tl.num_preempted.sum()), decode_steps=sum(x.decode_steps for x in recs),
-                            decode_seq_steps=sum(x.decode_seq_steps for x in recs),
-                            running_request_s=math.fsum(x.running_request_s for x in recs),
-                            sharing=merge_sharing([e.sharing_counts() for e in engines]),
-                            shared_slot_s=float(tl.shared_slot_s.sum()))
-        if len(engines) > 1 and summary["busy_fraction"] is not None:
-            summary["busy_fraction"] /= len(engines)  # a mean over replicas, like the memory shares
-        if r.beyond_horizon:
-            summary["num_requests"] += r.beyond_horizon
-            summary["num_unfinished"] += r.beyond_horizon
+        first, end, summary, tl = fleet_summary(frame, engines, r)
         requests = frame.assign(replica=self.assigned)
-        steps = pd.concat([p.steps.assign(replica=np.int16(k)) for k, p in enumerate(per)], ignore_index=True)
-        snaps = [(p.snapshot["num_waiting"], -k, p.snapshot) for k, p in enumerate(per) if p.snapshot is not None]
-        snapshot = max(snaps, key=lambda x: x[:2])[2] if snaps else None
+        steps, snapshot = merged_steps(per)
         duration = end - first
         routed = np.bincount(self.assigned[self.assigned >= 0], minlength=len(engines))
         used = []  # each replica's KV in use (token states, reservation, internal), time-averaged over the run
@@ -254,6 +235,39 @@ def merge_sharing(counts: list[SharingCounts | None]) -> SharingCounts | None:
     return SharingCounts(c.paged, c.caching, c.block_size, sum(x.prefill_tokens_saved for x in counts),
                          sum(x.num_cow_copies for x in counts), sum(x.num_evicted_blocks for x in counts),
                          sum(x.num_slab_copies for x in counts), offload=offload)
+
+
+def fleet_summary(frame: pd.DataFrame, engines: list[Engine], requests) -> tuple[float, float, dict, pd.DataFrame]:
+    """(first arrival, end, summary, merged timeline) of ``engines`` serving ``requests`` together: today's
+    metrics by the same ``summarize`` over every request of ``frame``; KV capacity, steps and preemptions
+    summed over replicas; memory shares and ``busy_fraction`` means over them (a mean of one replica is its
+    own value, bit for bit)."""
+    first = float(requests.arrival_s[0]) if len(requests) else 0.0
+    end = max(e._end_s for e in engines)
+    capacity = sum(e.kv.capacity for e in engines)
+    tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
+    mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
+    recs = [e.rec for e in engines]
+    summary = summarize(frame, merge_itl([x.itl for x in recs]), mem, end - first, capacity,
+                        float(tl.busy_s.sum()), sum(x.num_steps for x in recs), sum(x.seq_steps for x in recs),
+                        int(tl.num_preempted.sum()), decode_steps=sum(x.decode_steps for x in recs),
+                        decode_seq_steps=sum(x.decode_seq_steps for x in recs),
+                        running_request_s=math.fsum(x.running_request_s for x in recs),
+                        sharing=merge_sharing([e.sharing_counts() for e in engines]),
+                        shared_slot_s=float(tl.shared_slot_s.sum()))
+    if summary["busy_fraction"] is not None:
+        summary["busy_fraction"] /= len(engines)  # a mean over replicas, like the memory shares
+    if requests.beyond_horizon:
+        summary["num_requests"] += requests.beyond_horizon
+        summary["num_unfinished"] += requests.beyond_horizon
+    return first, end, summary, tl
+
+
+def merged_steps(per: list[PolicyResult]) -> tuple[pd.DataFrame, dict | None]:
+    """Every replica's steps (a ``replica`` column), and the snapshot of the replica with the longest queue."""
+    steps = pd.concat([p.steps.assign(replica=np.int16(k)) for k, p in enumerate(per)], ignore_index=True)
+    snaps = [(p.snapshot["num_waiting"], -k, p.snapshot) for k, p in enumerate(per) if p.snapshot is not None]
+    return steps, (max(snaps, key=lambda x: x[:2])[2] if snaps else None)
 
 
 def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
