@@ -105,12 +105,26 @@ class Fleet:
         for mask in np.unique(ok[routable]).tolist():
             cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
         self._cands, self._ok = cands, ok
+        if not self.router.live:  # routing reads no replica state: route every request now, and each replica
+            self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
+            return self._results()
         env = self.env
         env.process(self._route(env))  # first: at t = 0 it routes before any replica plans
         for e in self.engines:
             e.attach(env, self)
         env.run()
         return self._results()
+
+    def _preassign(self) -> None:
+        """Route in arrival order, as at the arrivals, then run each replica to its end on its own clock:
+        with no state read at routing, replicas never affect one another."""
+        route, cands, ok, assigned = self.router.route, self._cands, self._ok, self.assigned
+        single = len(cands) == 1
+        whole = next(iter(cands.values()))
+        for i in self._order:
+            assigned[i] = route(i, whole if single else cands[int(ok[i])])
+        for k, e in enumerate(self.engines):
+            e.serve(np.flatnonzero(assigned == k))
 
     def _route(self, env: simpy.Environment):
         engines, route, times, ok, cands, assigned = (self.engines, self.router.route, self._times, self._ok,

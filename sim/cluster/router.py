@@ -41,6 +41,7 @@ class Replicas:
 
 class Router:
     name = ""
+    live = True  # reads replica state: routes at each arrival on the fleet's clock (else all at once, ahead)
 
     def __init__(self, replicas: Replicas, requests, options) -> None:
         self.replicas = replicas
@@ -53,6 +54,7 @@ class Router:
 
 class RoundRobin(Router):
     name = "round-robin"
+    live = False
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
@@ -66,6 +68,7 @@ class RoundRobin(Router):
 
 class Random(Router):
     name = "random"
+    live = False
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
