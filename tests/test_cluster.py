@@ -81,6 +81,29 @@ def test_round_robin_replicas_are_independent_servers_on_every_nth_request():
     assert 0 < s["busy_fraction"] <= 1
 
 
+@pytest.mark.parametrize("router", ["round-robin", "random"])
+def test_routing_ahead_equals_routing_at_each_arrival(router, monkeypatch):
+    """A router that reads no replica state routes every request ahead and each replica runs alone; the
+    same fleet with the requests pushed at their arrivals on the shared clock gives every request the same
+    times exactly. (Pushed, a replica prices a decode span only up to the N-th next fleet arrival, so it
+    may record one span as two: the same steps, their time integrals summed in another order.)"""
+    from sim.cluster import router as routers
+
+    sc = scenario(rate=6, n=200, cluster={"replicas": 3, "router": router}, horizon_s=60.0,
+                  policies=("vllm", "orca-pow2"))
+    ahead = run(sc)
+    monkeypatch.setattr(routers.ROUTER_CLASSES[router], "live", True)
+    pushed = run(sc)
+    for name, a in ahead.policies.items():
+        b = pushed.policies[name]
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        assert a.summary.keys() == b.summary.keys() and a.summary["num_steps"] == b.summary["num_steps"]
+        for k, v in a.summary.items():
+            assert v == pytest.approx(b.summary[k], rel=1e-12, abs=1e-15, nan_ok=True), k
+        pd.testing.assert_frame_equal(a.timeline, b.timeline, rtol=1e-12)
+        assert (a.replicas.num_routed == b.replicas.num_routed).all()
+
+
 def test_least_outstanding_beats_round_robin_on_a_bursty_workload():
     """Gamma arrivals with cv 3 near saturation: routing to the replica with the fewest outstanding
     requests lowers mean and p99 end-to-end latency against blind round-robin (two seeds)."""

@@ -109,7 +109,11 @@ class Fleet:
             self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
             return self._results()
         env = self.env
-        env.process(self._route(env))  # first: at t = 0 it routes before any replica plans
+        self._single, self._whole = len(cands) == 1, next(iter(cands.values()))
+        if self._order:  # scheduled first: at t = 0 it routes before any replica plans
+            _at(env, max(self._times[0], env.now)).callbacks.append(self._route)
+        else:
+            self._close()
         for e in self.engines:
             e.attach(env, self)
         env.run()
@@ -126,21 +130,27 @@ class Fleet:
         for k, e in enumerate(self.engines):
             e.serve(np.flatnonzero(assigned == k))
 
-    def _route(self, env: simpy.Environment):
-        engines, route, times, ok, cands, assigned = (self.engines, self.router.route, self._times, self._ok,
-                                                      self._cands, self.assigned)
-        single = len(cands) == 1
-        whole = next(iter(cands.values()))
-        for pos, i in enumerate(self._order):
-            t = times[pos]
-            if t > env.now:
-                yield _at(env, t)
-            self._pos = pos + 1
-            k = route(i, whole if single else cands[int(ok[i])])
+    def _route(self, _event) -> None:
+        """At an arrival (an urgent event, before any replica's of the same time): route the requests
+        arriving now, from the replicas' live state, and schedule the next arrival (or close)."""
+        engines, route, times, order, ok, cands, assigned = (self.engines, self.router.route, self._times,
+                                                             self._order, self._ok, self._cands, self.assigned)
+        pos, now = self._pos, self.env.now
+        while times[pos] <= now:  # (the sentinel at infinity ends it)
+            i, t = order[pos], times[pos]
+            pos += 1
+            self._pos = pos
+            k = route(i, self._whole if self._single else cands[int(ok[i])])
             assigned[i] = k
             engines[k].push(i, t)
+        if pos < len(order):
+            _at(self.env, times[pos]).callbacks.append(self._route)
+        else:
+            self._close()
+
+    def _close(self) -> None:
         self.closed = True
-        for e in engines:
+        for e in self.engines:
             e.wake(None)
 
     # ------------------------------------------------------------------------------------- results
