@@ -11,7 +11,9 @@ both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each rep
 
 - fleet: ``--replicas`` replicas behind each of ``--routers`` (round-robin and least-outstanding);
 - independent: the same requests as ``--replicas`` single servers, server k taking requests k, k+N, ...
-  (what round-robin gives each replica), timed together.
+  (what round-robin gives each replica), timed together;
+- with ``--replay``, after each fleet: the requests as that fleet routed them, as independent servers
+  (for a router reading live state, what routing at each arrival on one clock costs over the same work).
 
 The runs alternate, ``--rounds`` times (default 3: fleet, fleet, independent, fleet, ...), so a shared
 machine's slow and fast spells fall on all of them; each run's figure is its median over the rounds.
@@ -70,6 +72,8 @@ def main() -> None:
     ap.add_argument("--no-independent", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--minutes", type=float, default=None, help="only the first M minutes of the tiled trace")
+    ap.add_argument("--replay", action="store_true",
+                    help="after each fleet, its own routing as independent servers (what routing at arrivals costs)")
     a = ap.parse_args()
     if shutil.which("taskset") and "KVSIM_PINNED" not in os.environ:
         os.environ["KVSIM_PINNED"] = "1"
@@ -81,28 +85,36 @@ def main() -> None:
                                  "other_server")
     n = len(requests)
 
+    assigned = {}  # router -> each request's replica
+
     def fleet(router):
         s = parse_scenario(scenario({"replicas": a.replicas, "router": router}))
         t = time.process_time()
         res = run(s, requests=requests).policies["vllm"]
-        return time.process_time() - t, {"finished": res.summary["num_finished"], "events": res.num_events,
-                                         "p99_ttft_ms": res.summary["p99_ttft_ms"],
-                                         "load_imbalance_kv": res.fleet["load_imbalance_kv"]}
+        cpu = time.process_time() - t
+        assigned[router] = res.requests.replica.to_numpy()
+        return cpu, {"finished": res.summary["num_finished"], "events": res.num_events,
+                     "p99_ttft_ms": res.summary["p99_ttft_ms"], "load_imbalance_kv": res.fleet["load_imbalance_kv"]}
 
-    def independent():
+    def independent(parts):
         cpu, finished, events = 0.0, 0, 0
-        for k in range(a.replicas):
-            part = requests.take(np.arange(k, n, a.replicas), "other_server")
+        for part in parts:
             t = time.process_time()
-            res = run(base, requests=part).policies["vllm"]
+            res = run(base, requests=requests.take(part, "other_server")).policies["vllm"]
             cpu += time.process_time() - t
             finished += res.summary["num_finished"]
             events += res.num_events
         return cpu, {"finished": finished, "events": events}
 
-    runs = {f"fleet {a.replicas} x {r}": (lambda r=r: fleet(r)) for r in a.routers}
+    runs = {}
+    for r in a.routers:
+        runs[f"fleet {a.replicas} x {r}"] = lambda r=r: fleet(r)
+        if a.replay:
+            runs[f"  {r}'s routing, independent"] = lambda r=r: independent(
+                [np.flatnonzero(assigned[r] == k) for k in range(a.replicas)])
     if not a.no_independent:
-        runs[f"independent {a.replicas} servers"] = independent
+        runs[f"independent {a.replicas} servers"] = lambda: independent(
+            [np.arange(k, n, a.replicas) for k in range(a.replicas)])
     times: dict[str, list[float]] = {name: [] for name in runs}
     info = {}
     for _ in range(a.rounds):
@@ -114,9 +126,11 @@ def main() -> None:
     ind = rows[-1]["cpu_s"] if not a.no_independent else None
     print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each; "
           f"CPU s: median of {a.rounds} alternating rounds")
-    for r in rows:
-        extra = f"  {r['cpu_s'] / ind - 1:+.1%} vs independent" if ind and not r["run"].startswith("indep") else ""
-        print(f"{r['run']:<34} {r['cpu_s']:7.1f} s CPU  {r['requests'] / r['cpu_s']:9,.0f} req/s  "
+    for j, r in enumerate(rows):
+        extra = f"  {r['cpu_s'] / ind - 1:+.1%} vs independent" if ind and r["run"].startswith("fleet") else ""
+        if r["run"].startswith("  "):  # the fleet above it over the same routing run as independent servers
+            extra = f"  (the fleet: {rows[j - 1]['cpu_s'] / r['cpu_s'] - 1:+.1%} over this)"
+        print(f"{r['run']:<42} {r['cpu_s']:7.1f} s CPU  {r['requests'] / r['cpu_s']:9,.0f} req/s  "
               f"finished {r['finished']:,}  events {r['events']:,}{extra}")
     print(json.dumps(rows))
 

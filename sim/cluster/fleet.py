@@ -3,6 +3,11 @@ model) on one SimPy clock, behind a router that sends each request to a replica 
 
     arrivals ─► router (live replica state) ─► Engine.push ─► replica's steps ─► shared request log
 
+A router that reads no replica state (``Router.live`` false: round-robin, random) routes every request
+ahead instead, and each replica serves its own requests as a lone server does (``Engine.serve``): the
+replicas then cannot affect one another, so running them one after the other is the same simulation,
+without a push per request and with decode spans priced up to the replica's own next arrival.
+
 The fleet's summary has the single server's metrics (the same names, over all requests; time shares
 such as ``busy_fraction`` are means over replicas; ``kv_capacity_tokens`` is the fleet's total),
 computed by the same ``summarize``; so a fleet of one replica gives exactly the single server's
@@ -105,11 +110,11 @@ class Fleet:
         for mask in np.unique(ok[routable]).tolist():
             cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
         self._cands, self._ok = cands, ok
+        self._single, self._whole = len(cands) == 1, cands[every]  # single: any replica can serve any request
         if not self.router.live:  # routing reads no replica state: route every request now, and each replica
             self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
             return self._results()
         env = self.env
-        self._single, self._whole = len(cands) == 1, next(iter(cands.values()))
         if self._order:  # scheduled first: at t = 0 it routes before any replica plans
             _at(env, max(self._times[0], env.now)).callbacks.append(self._route)
         else:
@@ -122,9 +127,8 @@ class Fleet:
     def _preassign(self) -> None:
         """Route in arrival order, as at the arrivals, then run each replica to its end on its own clock:
         with no state read at routing, replicas never affect one another."""
-        route, cands, ok, assigned = self.router.route, self._cands, self._ok, self.assigned
-        single = len(cands) == 1
-        whole = next(iter(cands.values()))
+        route, cands, ok, assigned, single, whole = (self.router.route, self._cands, self._ok, self.assigned,
+                                                     self._single, self._whole)
         for i in self._order:
             assigned[i] = route(i, whole if single else cands[int(ok[i])])
         for k, e in enumerate(self.engines):
