@@ -9,12 +9,17 @@ copy k shifted by k/copies of the trace's span (wrapping around), so the request
 both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each replica one A100-80GB,
 ``vllm``. Runs (in this process, one after the other; pinned to one core when ``taskset`` exists):
 
-- fleet: ``--replicas`` replicas behind round-robin and behind least-outstanding;
+- fleet: ``--replicas`` replicas behind each of ``--routers`` (round-robin and least-outstanding);
 - independent: the same requests as ``--replicas`` single servers, server k taking requests k, k+N, ...
-  (what round-robin gives each replica), timed together.
+  (what round-robin gives each replica), timed together;
+- with ``--replay``, after each fleet: the requests as that fleet routed them, as independent servers
+  (for a router reading live state, what routing at each arrival on one clock costs over the same work).
 
+The runs alternate, ``--rounds`` times (default 3: fleet, fleet, independent, fleet, ...), so a shared
+machine's slow and fast spells fall on all of them; each run's figure is its median over the rounds.
 Prints CPU seconds (this process's: a loaded machine's other work does not count), simulated requests
-per second, and the fleet's cost over the independent servers'.
+per second, and each fleet's cost over the independent servers'. ``--minutes M``: only the first M
+minutes of the tiled trace (a quick check).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from sim.config import parse_scenario  # noqa: E402
 from sim.run import run  # noqa: E402
 from sim.trace_paths import locate  # noqa: E402
 from sim.workload import load_requests  # noqa: E402
+from traces.workload import load_trace  # noqa: E402
 
 
 def scenario(cluster: dict | None) -> dict:
@@ -64,37 +70,68 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--routers", nargs="+", default=["round-robin", "least-outstanding"])
     ap.add_argument("--no-independent", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--minutes", type=float, default=None, help="only the first M minutes of the tiled trace")
+    ap.add_argument("--replay", action="store_true",
+                    help="after each fleet, its own routing as independent servers (what routing at arrivals costs)")
     a = ap.parse_args()
     if shutil.which("taskset") and "KVSIM_PINNED" not in os.environ:
         os.environ["KVSIM_PINNED"] = "1"
         os.execvp("taskset", ["taskset", "-c", "0", sys.executable, *sys.argv])
     base = parse_scenario(scenario(None))
-    requests = tiled(load_requests(base), a.copies)
+    requests = tiled(load_requests(base, load_trace), a.copies)
+    if a.minutes is not None:
+        requests = requests.take(np.flatnonzero(requests.arrival_s < requests.arrival_s[0] + 60 * a.minutes),
+                                 "other_server")
     n = len(requests)
-    rows = []
-    for router in a.routers:
+
+    assigned = {}  # router -> each request's replica
+
+    def fleet(router):
         s = parse_scenario(scenario({"replicas": a.replicas, "router": router}))
         t = time.process_time()
         res = run(s, requests=requests).policies["vllm"]
-        wall = time.process_time() - t
-        rows.append({"run": f"fleet {a.replicas} x {router}", "wall_s": wall, "requests": n,
-                     "finished": res.summary["num_finished"], "p99_ttft_ms": res.summary["p99_ttft_ms"],
-                     "load_imbalance_kv": res.fleet["load_imbalance_kv"]})
-    if not a.no_independent:
-        wall, finished = 0.0, 0
-        for k in range(a.replicas):
-            part = requests.take(np.arange(k, n, a.replicas), "other_server")
+        cpu = time.process_time() - t
+        assigned[router] = res.requests.replica.to_numpy()
+        return cpu, {"finished": res.summary["num_finished"], "events": res.num_events,
+                     "p99_ttft_ms": res.summary["p99_ttft_ms"], "load_imbalance_kv": res.fleet["load_imbalance_kv"]}
+
+    def independent(parts):
+        cpu, finished, events = 0.0, 0, 0
+        for part in parts:
             t = time.process_time()
-            res = run(base, requests=part).policies["vllm"]
-            wall += time.process_time() - t
+            res = run(base, requests=requests.take(part, "other_server")).policies["vllm"]
+            cpu += time.process_time() - t
             finished += res.summary["num_finished"]
-        rows.append({"run": f"independent {a.replicas} servers", "wall_s": wall, "requests": n, "finished": finished})
-    ind = rows[-1]["wall_s"] if not a.no_independent else None
-    print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each")
-    for r in rows:
-        extra = f"  {r['wall_s'] / ind - 1:+.0%} vs independent" if ind and not r["run"].startswith("indep") else ""
-        print(f"{r['run']:<34} {r['wall_s']:7.1f} s CPU  {r['requests'] / r['wall_s']:9,.0f} req/s  "
-              f"finished {r['finished']:,}{extra}")
+            events += res.num_events
+        return cpu, {"finished": finished, "events": events}
+
+    runs = {}
+    for r in a.routers:
+        runs[f"fleet {a.replicas} x {r}"] = lambda r=r: fleet(r)
+        if a.replay:
+            runs[f"  {r}'s routing, independent"] = lambda r=r: independent(
+                [np.flatnonzero(assigned[r] == k) for k in range(a.replicas)])
+    if not a.no_independent:
+        runs[f"independent {a.replicas} servers"] = lambda: independent(
+            [np.arange(k, n, a.replicas) for k in range(a.replicas)])
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    info = {}
+    for _ in range(a.rounds):
+        for name, f in runs.items():
+            cpu, info[name] = f()
+            times[name].append(cpu)
+    rows = [{"run": name, "cpu_s": float(np.median(ts)), "cpu_s_rounds": ts, "requests": n, **info[name]}
+            for name, ts in times.items()]
+    ind = rows[-1]["cpu_s"] if not a.no_independent else None
+    print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each; "
+          f"CPU s: median of {a.rounds} alternating rounds")
+    for j, r in enumerate(rows):
+        extra = f"  {r['cpu_s'] / ind - 1:+.1%} vs independent" if ind and r["run"].startswith("fleet") else ""
+        if r["run"].startswith("  "):  # the fleet above it over the same routing run as independent servers
+            extra = f"  (the fleet: {rows[j - 1]['cpu_s'] / r['cpu_s'] - 1:+.1%} over this)"
+        print(f"{r['run']:<42} {r['cpu_s']:7.1f} s CPU  {r['requests'] / r['cpu_s']:9,.0f} req/s  "
+              f"finished {r['finished']:,}  events {r['events']:,}{extra}")
     print(json.dumps(rows))
 
 

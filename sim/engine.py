@@ -98,7 +98,15 @@ class Engine:
         reason = rejection_reasons(self.resolved, self.kv, r.prompt_tokens, r.output_tokens)
         self.log.status[reason > 0] = REJECTED
         self.log.reason[:] = reason
-        self._ids = np.flatnonzero(reason == 0).tolist()
+        self.serve(np.flatnonzero(reason == 0))
+        return self.results()
+
+    def serve(self, ids: np.ndarray) -> None:
+        """Serve requests ``ids`` (rows of the table, in arrival order), knowing their arrivals ahead, on
+        this server's own clock. A fleet whose router reads no replica state gives each replica its
+        requests this way (``sim.cluster.fleet``): the replica is then exactly a lone server."""
+        r = self.requests
+        self._ids = ids.tolist()
         # plain Python lists for the hot loop, with an arrival at infinity as a sentinel
         self._arrivals = r.arrival_s[self._ids].tolist() + [math.inf]
         self._prompts = r.prompt_tokens[self._ids].tolist()
@@ -109,7 +117,6 @@ class Engine:
         env.process(self._serve(env))
         env.run()
         self._end_s = env.now
-        return self.results()
 
     def results(self, requests: pd.DataFrame | None = None) -> PolicyResult:
         """The finished run's result; ``requests``: this server's rows of a log shared by a fleet."""

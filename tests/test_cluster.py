@@ -35,27 +35,32 @@ def assert_same_run(single, fleet):
         assert (b.requests.replica == 0).sum() == (b.requests.status != "rejected").sum()
 
 
-def test_a_fleet_of_one_replica_is_the_single_server_exactly():
-    """Every policy kind (static, contiguous, paged, chunked), with decode spans, a horizon and a warm-up."""
+@pytest.mark.parametrize("router", ["round-robin", "least-outstanding"])
+def test_a_fleet_of_one_replica_is_the_single_server_exactly(router):
+    """Every policy kind (static, contiguous, paged, chunked), with decode spans, a horizon and a warm-up;
+    both ways a fleet runs: routed ahead (round-robin reads no replica state) and pushed at each arrival."""
     policies = ("fastertransformer", "orca-pow2", "orca-oracle-mixed", "vllm", "vllm-v1")
     base = scenario(rate=3.0, n=150, policies=policies, horizon_s=60.0, startup_s=0.5)
-    assert_same_run(run(base), run(base.model_copy(update={"cluster": ClusterConfig(replicas=1)})))
+    cluster = ClusterConfig(replicas=1, router=router)
+    assert_same_run(run(base), run(base.model_copy(update={"cluster": cluster})))
 
 
-def test_a_fleet_of_one_with_prefix_caching_and_swapping_is_the_single_server_exactly():
+@pytest.mark.parametrize("router", ["round-robin", "least-outstanding"])
+def test_a_fleet_of_one_with_prefix_caching_and_swapping_is_the_single_server_exactly(router):
     base = parse_scenario({
         "name": "t", "model": "opt-13b", "gpu": "a100-40gb", "decompose": False,
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "lengths": "sharegpt", "num_requests": 150,
                      "shared_prefixes": {"lengths": [256, 512], "popularity": [2, 1]}},
         "policies": [{"preset": "vllm", "name": "cache", "prefix_caching": True},
                      {"preset": "vllm", "name": "swap", "preemption": "swap", "block_size": 32}]})
-    assert_same_run(run(base), run(base.model_copy(update={"cluster": ClusterConfig(replicas=1)})))
+    cluster = ClusterConfig(replicas=1, router=router)
+    assert_same_run(run(base), run(base.model_copy(update={"cluster": cluster})))
 
 
 def test_round_robin_replicas_are_independent_servers_on_every_nth_request():
     """Round-robin with N identical replicas is N independent servers, replica k serving requests
-    k, k+N, ... -- each at rate/N. Checked per request against single servers run on those requests
-    (equal to rounding: a fleet's replica may split a decode span where a lone server does not)."""
+    k, k+N, ... -- each at rate/N. Checked per request against single servers run on those requests:
+    exactly (round-robin reads no replica state, so each replica knows its own arrivals ahead)."""
     n_rep = 3
     fleet_sc = scenario(rate=4.5, n=240, cluster={"replicas": n_rep, "router": "round-robin"})
     fleet = run(fleet_sc).policies["vllm"]
@@ -67,13 +72,36 @@ def test_round_robin_replicas_are_independent_servers_on_every_nth_request():
         mine = fleet.requests.iloc[idx]
         assert (mine.replica == k).all()
         for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-            np.testing.assert_allclose(mine[col].to_numpy(), alone.requests[col].to_numpy(), rtol=1e-9)
+            np.testing.assert_array_equal(mine[col].to_numpy(), alone.requests[col].to_numpy())
         row = fleet.replicas.iloc[k]
         assert row.num_routed == 80 and row.num_steps == alone.summary["num_steps"]
     s = fleet.summary
     assert s["kv_capacity_tokens"] == n_rep * fleet.replicas.kv_capacity_tokens.iloc[0]
     assert s["num_steps"] == fleet.replicas.num_steps.sum()
     assert 0 < s["busy_fraction"] <= 1
+
+
+@pytest.mark.parametrize("router", ["round-robin", "random"])
+def test_routing_ahead_equals_routing_at_each_arrival(router, monkeypatch):
+    """A router that reads no replica state routes every request ahead and each replica runs alone; the
+    same fleet with the requests pushed at their arrivals on the shared clock is the same simulation up to
+    rounding: here every request's times to the bit. (Pushed, a replica prices a decode span only up to the
+    N-th next fleet arrival, so it may take one span as two: the same steps, their sums rounded otherwise.)"""
+    from sim.cluster import router as routers
+
+    sc = scenario(rate=6, n=200, cluster={"replicas": 3, "router": router}, horizon_s=60.0,
+                  policies=("vllm", "orca-pow2"))
+    ahead = run(sc)
+    monkeypatch.setattr(routers.ROUTER_CLASSES[router], "live", True)
+    pushed = run(sc)
+    for name, a in ahead.policies.items():
+        b = pushed.policies[name]
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        assert a.summary.keys() == b.summary.keys() and a.summary["num_steps"] == b.summary["num_steps"]
+        for k, v in a.summary.items():
+            assert v == pytest.approx(b.summary[k], rel=1e-12, abs=1e-15, nan_ok=True), k
+        pd.testing.assert_frame_equal(a.timeline, b.timeline, rtol=1e-12)
+        assert (a.replicas.num_routed == b.replicas.num_routed).all()
 
 
 def test_least_outstanding_beats_round_robin_on_a_bursty_workload():

@@ -3,6 +3,11 @@ model) on one SimPy clock, behind a router that sends each request to a replica 
 
     arrivals ─► router (live replica state) ─► Engine.push ─► replica's steps ─► shared request log
 
+A router that reads no replica state (``Router.live`` false: round-robin, random) routes every request
+ahead instead, and each replica serves its own requests as a lone server does (``Engine.serve``): the
+replicas then cannot affect one another, so running them one after the other is the same simulation,
+without a push per request and with decode spans priced up to the replica's own next arrival.
+
 The fleet's summary has the single server's metrics (the same names, over all requests; time shares
 such as ``busy_fraction`` are means over replicas; ``kv_capacity_tokens`` is the fleet's total),
 computed by the same ``summarize``; so a fleet of one replica gives exactly the single server's
@@ -105,28 +110,51 @@ class Fleet:
         for mask in np.unique(ok[routable]).tolist():
             cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
         self._cands, self._ok = cands, ok
+        self._single, self._whole = len(cands) == 1, cands[every]  # single: any replica can serve any request
+        if not self.router.live:  # routing reads no replica state: route every request now, and each replica
+            self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
+            return self._results()
         env = self.env
-        env.process(self._route(env))  # first: at t = 0 it routes before any replica plans
+        if self._order:  # scheduled first: at t = 0 it routes before any replica plans
+            _at(env, max(self._times[0], env.now)).callbacks.append(self._route)
+        else:
+            self._close()
         for e in self.engines:
             e.attach(env, self)
         env.run()
         return self._results()
 
-    def _route(self, env: simpy.Environment):
-        engines, route, times, ok, cands, assigned = (self.engines, self.router.route, self._times, self._ok,
-                                                      self._cands, self.assigned)
-        single = len(cands) == 1
-        whole = next(iter(cands.values()))
-        for pos, i in enumerate(self._order):
-            t = times[pos]
-            if t > env.now:
-                yield _at(env, t)
-            self._pos = pos + 1
-            k = route(i, whole if single else cands[int(ok[i])])
+    def _preassign(self) -> None:
+        """Route in arrival order, as at the arrivals, then run each replica to its end on its own clock:
+        with no state read at routing, replicas never affect one another."""
+        route, cands, ok, assigned, single, whole = (self.router.route, self._cands, self._ok, self.assigned,
+                                                     self._single, self._whole)
+        for i in self._order:
+            assigned[i] = route(i, whole if single else cands[int(ok[i])])
+        for k, e in enumerate(self.engines):
+            e.serve(np.flatnonzero(assigned == k))
+
+    def _route(self, _event) -> None:
+        """At an arrival (an urgent event, before any replica's of the same time): route the requests
+        arriving now, from the replicas' live state, and schedule the next arrival (or close)."""
+        engines, route, times, order, ok, cands, assigned = (self.engines, self.router.route, self._times,
+                                                             self._order, self._ok, self._cands, self.assigned)
+        pos, now = self._pos, self.env.now
+        while times[pos] <= now:  # (the sentinel at infinity ends it)
+            i, t = order[pos], times[pos]
+            pos += 1
+            self._pos = pos
+            k = route(i, self._whole if self._single else cands[int(ok[i])])
             assigned[i] = k
             engines[k].push(i, t)
+        if pos < len(order):
+            _at(self.env, times[pos]).callbacks.append(self._route)
+        else:
+            self._close()
+
+    def _close(self) -> None:
         self.closed = True
-        for e in engines:
+        for e in self.engines:
             e.wake(None)
 
     # ------------------------------------------------------------------------------------- results

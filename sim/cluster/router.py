@@ -31,16 +31,21 @@ class Replicas:
         e = self.engines[r]
         return len(e._ids) - e.num_done
 
+    def loads(self) -> list[int]:
+        """Every replica's outstanding requests (one pass: routers that compare them all read this)."""
+        return [len(e._ids) - e.num_done for e in self.engines]
+
     def kv_use(self, r: int) -> float:
         kv = self.engines[r].kv
         return (kv.alloc + kv.held + kv.rounding) / kv.capacity if kv.capacity else 1.0
 
-    def least_outstanding(self, cands) -> int:
-        return min(cands, key=self.outstanding)
+    def least_outstanding(self, cands, loads: list[int] | None = None) -> int:
+        return min(cands, key=(self.loads() if loads is None else loads).__getitem__)
 
 
 class Router:
     name = ""
+    live = True  # reads replica state: routes at each arrival on the fleet's clock (else all at once, ahead)
 
     def __init__(self, replicas: Replicas, requests, options) -> None:
         self.replicas = replicas
@@ -53,6 +58,7 @@ class Router:
 
 class RoundRobin(Router):
     name = "round-robin"
+    live = False
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
@@ -66,6 +72,7 @@ class RoundRobin(Router):
 
 class Random(Router):
     name = "random"
+    live = False
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
@@ -90,7 +97,8 @@ class LeastKv(Router):
 
     def route(self, i, cands):
         s = self.replicas
-        return min(cands, key=lambda r: (s.kv_use(r), s.outstanding(r)))
+        loads = s.loads()
+        return min(cands, key=lambda r: (s.kv_use(r), loads[r]))
 
 
 class PowerOfTwo(Router):
@@ -133,17 +141,18 @@ class PrefixAffinity(Router):
                 break
             mask = best = m
         r = None
+        loads = s.loads()
         if best:
             held = [c for c in cands if best >> c & 1]
-            r = s.least_outstanding(held)
-            total = sum(s.outstanding(c) for c in cands) + 1
-            if s.outstanding(r) + 1 > self.options.load_cap * total / len(cands):
+            r = s.least_outstanding(held, loads)
+            total = sum(loads[c] for c in cands) + 1
+            if loads[r] + 1 > self.options.load_cap * total / len(cands):
                 self.num_capped += 1
                 r = None
             else:
                 self.num_affine += 1
         if r is None:
-            r = s.least_outstanding(cands)
+            r = s.least_outstanding(cands, loads)
         bit = 1 << r
         for h in ids:
             owners[h] = owners.get(h, 0) | bit
