@@ -18,9 +18,25 @@ TINY_SCENARIO = str(ROOT / "scenarios" / "tiny-cpu.yaml")
 runner = CliRunner()
 
 
+SMALL_REQUESTS = 12
+
+
 @pytest.fixture(scope="module")
-def tiny_replays(tmp_path_factory) -> dict:
-    """``sim replay scenarios/tiny-cpu.yaml`` on the CPU, closed loop (``--device cpu``) and open loop
+def small_tiny(tmp_path_factory) -> str:
+    """scenarios/tiny-cpu.yaml with its first 12 requests: these tests check the commands and what they
+    write; the 30 requests of an Azure slice replay, calibrate and validate in tests/test_gpu_pipeline.py."""
+    text = Path(TINY_SCENARIO).read_text()
+    model = str(ROOT / "gpu" / "configs" / "tiny-llama.json")
+    assert "num_requests: 30" in text and "model: ../gpu/configs/tiny-llama.json" in text
+    path = tmp_path_factory.mktemp("tiny-scenario") / "tiny-cpu.yaml"
+    path.write_text(text.replace("num_requests: 30", f"num_requests: {SMALL_REQUESTS}")
+                    .replace("model: ../gpu/configs/tiny-llama.json", f"model: {model}"))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_replays(tmp_path_factory, small_tiny) -> dict:
+    """``sim replay`` of the small tiny scenario on the CPU, closed loop (``--device cpu``) and open loop
     (``--open-loop``), each run once for this module: the command test checks the commands, the two tests
     after it the files they wrote. ``{mode: (CliRunner result, out dir)}``."""
     require_backend()
@@ -29,12 +45,12 @@ def tiny_replays(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("tiny-replay")
     runs = {}
     for mode, args in (("closed-loop", ["--device", "cpu"]), ("open-loop", ["--open-loop"])):
-        r = runner.invoke(app, ["replay", TINY_SCENARIO, *args, "--out", str(d / mode), "--no-report"])
+        r = runner.invoke(app, ["replay", small_tiny, *args, "--out", str(d / mode), "--no-report"])
         runs[mode] = (r, d / mode)
     return runs
 
 
-def test_replay_calibrate_validate_commands(tmp_path, tiny_replays):
+def test_replay_calibrate_validate_commands(tmp_path, tiny_replays, small_tiny):
     require_backend()
     from cli import app
 
@@ -49,28 +65,28 @@ def test_replay_calibrate_validate_commands(tmp_path, tiny_replays):
     assert "per-step MAPE" in r.output
 
     prof = tmp_path / "p.json"
-    r = runner.invoke(app, ["calibrate", "--scenario", TINY_SCENARIO, "--quick", "--out", str(prof)])
+    r = runner.invoke(app, ["calibrate", "--scenario", small_tiny, "--quick", "--out", str(prof)])
     assert r.exit_code == 0, r.output
     assert "held-back MAPE" in r.output and json.loads(prof.read_text())["model"]["name"] == "tiny-llama"
 
-    r = runner.invoke(app, ["validate", TINY_SCENARIO, "--profile", str(prof), "--out", str(tmp_path / "v")])
+    r = runner.invoke(app, ["validate", small_tiny, "--profile", str(prof), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
     v = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert set(v["policies"]) == {"orca-max", "vllm"} and "request_throughput" in r.output
     assert (tmp_path / "v" / "validation.parquet").exists() and (tmp_path / "v" / "replay" / "report.html").exists()
 
 
-def test_closed_loop_replay_writes_the_files_of_sim_run(tiny_replays):
+def test_closed_loop_replay_writes_the_files_of_sim_run(tiny_replays, small_tiny):
     """What ``replay_to_dir`` (``sim replay TINY --device cpu``, the fixture's) wrote."""
     r, out = tiny_replays["closed-loop"]
     assert r.exit_code == 0, r.output
     for f in ("summary.json", "requests.parquet", "steps.parquet", "replay.json"):
         assert (out / f).is_file(), f
     summary = json.loads((out / "summary.json").read_text())
-    sim = run(load_scenario(TINY_SCENARIO))
+    sim = run(load_scenario(small_tiny))
     assert set(summary["policies"]) == set(sim.policies)
     for name, m in summary["policies"].items():
-        assert m["num_finished"] == m["num_requests"] == 30
+        assert m["num_finished"] == m["num_requests"] == SMALL_REQUESTS
         assert m["kv_capacity_tokens"] == sim.policies[name].summary["kv_capacity_tokens"]
         assert m["request_throughput"] > 0
     steps = pd.read_parquet(out / "steps.parquet")
