@@ -52,17 +52,24 @@ def open_report(driver, path: Path, screenshot: Path) -> list[dict]:
         "return document.readyState === 'complete' && f.length > 0 && "
         "Array.from(f).every(gd => gd._fullLayout && gd.querySelector('.main-svg'));"))
     state = driver.execute_script(FIGURE_STATE_JS)
-    if os.environ.get("KVSIM_SCREENSHOT_DIR"):
-        width = driver.execute_script("return document.documentElement.scrollWidth")
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                               {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
-        png = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
-        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-        keep = Path(os.environ["KVSIM_SCREENSHOT_DIR"])
-        keep.mkdir(parents=True, exist_ok=True)
-        (keep / screenshot.name).write_bytes(base64.b64decode(png["data"]))
+    save_screenshot(driver, screenshot)
     return state
+
+
+def save_screenshot(driver, screenshot: Path) -> None:
+    """A full-page screenshot of the page as it is, named as ``screenshot``, into $KVSIM_SCREENSHOT_DIR
+    (nothing when it is not set)."""
+    if not os.environ.get("KVSIM_SCREENSHOT_DIR"):
+        return
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    png = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    keep = Path(os.environ["KVSIM_SCREENSHOT_DIR"])
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / screenshot.name).write_bytes(base64.b64decode(png["data"]))
 
 
 def hover_text(driver, title_part: str, curve: int, point: int = 0) -> str:
@@ -131,22 +138,6 @@ def test_user_text_cannot_run_and_page_still_renders(browser, tmp_path):
     assert browser.execute_script("return window.__kvsim_pwned === undefined")
     assert_rendered(state, 5)
     assert any("evil#2 / " + policy_name[:20] in f["legend"] for f in state)
-
-
-def test_sweep_report_renders_in_chromium(browser, tmp_path):
-    """A folder holding only a sweep's tidy table and capacity table: both sweep figures drawn."""
-    import pandas as pd
-    from tables import sweep_table
-
-    d = tmp_path / "sweep"
-    d.mkdir()
-    sweep_table(policies=("orca-oracle", "vllm", "<b>x</b>")).to_parquet(d / "sweep.parquet")
-    pd.DataFrame({"policy": ["orca-oracle", "vllm", "<b>x</b>"], "sustainable_request_rate": [1.5, 3.0, 2.0]}) \
-        .to_parquet(d / "capacity.parquet")
-    state = open_report(browser, build_report([d]), tmp_path / "sweep.png")
-    assert not console_errors(browser)
-    assert_rendered(state, 2)
-    assert "<b>x</b>" in state[0]["legend"]
 
 
 def test_sim_sweep_report_renders_in_chromium(browser, tmp_path):

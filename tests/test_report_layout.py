@@ -8,7 +8,7 @@ selenium (the session's browser fixture, tests/conftest.py)."""
 from __future__ import annotations
 
 import pandas as pd
-from test_report_browser import open_report
+from test_report_browser import assert_rendered, console_errors, open_report, save_screenshot
 
 from reports.html import build_report
 from sim.config import parse_scenario
@@ -62,12 +62,26 @@ return bad;
 """
 
 
-def check_widths(driver, page, tmp_path, stem: str) -> None:
-    for width in WIDTHS:
+# Every figure redrawn at its container's new width (what plotly's responsive mode does on a window resize,
+# awaited): the page then holds what loading it at that width gives -- the same figure states, sizes,
+# margins and layout problems, checked at both widths in both orders -- without parsing plotly.js again.
+RESIZE_JS = """const done = arguments[arguments.length - 1];
+Promise.all(Array.from(document.querySelectorAll('div.figure')).map(gd => Plotly.Plots.resize(gd))).then(() => done(true));
+"""
+
+
+def check_widths(driver, page, tmp_path, stem: str) -> list[dict]:
+    """The page loaded at the first width, then resized to the others; the figures' state as loaded."""
+    for i, width in enumerate(WIDTHS):
         driver.set_window_size(width, 1000)
-        open_report(driver, page, tmp_path / f"{stem}-{width}.png")
+        if i == 0:
+            state = open_report(driver, page, tmp_path / f"{stem}-{width}.png")
+        else:
+            driver.execute_async_script(RESIZE_JS)
+            save_screenshot(driver, tmp_path / f"{stem}-{width}.png")
         problems = driver.execute_script(LAYOUT_JS)
         assert not problems, f"{stem} at {width} px:\n" + "\n".join(problems[:30])
+    return state
 
 
 def test_run_report_fits_900_and_1400_px(browser, tmp_path):
@@ -97,15 +111,20 @@ def assert_user_text_is_text(driver) -> None:
     assert LINK in texts, [t for t in texts if "big" in t]
 
 
-def test_sweep_report_fits_900_and_1400_px(browser, tmp_path):
+def test_sweep_report_renders_and_fits_900_and_1400_px(browser, tmp_path):
+    """A folder holding only a sweep's tidy table and capacity table: both sweep figures drawn with data,
+    no console error, user text as text, and the layout holds at both widths."""
     from tables import sweep_table
 
     d = tmp_path / "sweep"
     d.mkdir()
-    sweep_table(policies=("orca-oracle", "vllm", LINK)).to_parquet(d / "sweep.parquet")
-    pd.DataFrame({"policy": ["orca-oracle", "vllm", LINK],
-                  "sustainable_request_rate": [1.5, 3.0, 2.0]}).to_parquet(d / "capacity.parquet")
-    check_widths(browser, build_report([d]), tmp_path, "sweep")
+    names = ["orca-oracle", "vllm", LINK, "<b>x</b>"]
+    sweep_table(policies=names).to_parquet(d / "sweep.parquet")
+    pd.DataFrame({"policy": names, "sustainable_request_rate": [1.5, 3.0, 2.0, 2.5]}).to_parquet(d / "capacity.parquet")
+    state = check_widths(browser, build_report([d]), tmp_path, "sweep")
+    assert not console_errors(browser)
+    assert_rendered(state, 2)
+    assert "<b>x</b>" in state[0]["legend"]
     assert_user_text_is_text(browser)
 
 
