@@ -74,11 +74,11 @@ def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: 
     per_token = model.kv_bytes_per_token(tp) if slot_bytes is None else slot_bytes
     num_blocks = (budget - weights - act) // (block_size * per_token)
     if num_blocks <= 0:
-        need = (weights + act + block_size * per_token) / GIB
+        need = weights + act + block_size * per_token
         raise CapacityError(
-            f"{model.name} does not fit on {gpu.name} x{tp}: weights {weights / GIB:.1f} GiB + activations "
-            f"{act / GIB:.2f} GiB per GPU leave no room for KV cache in {budget / GIB:.1f} GiB "
-            f"(gpu_memory_utilization={gpu_memory_utilization}); needs at least {need:.1f} GiB: "
+            f"{model.name} does not fit on {gpu.name} x{tp}: weights {_size(weights)} + activations "
+            f"{_size(act)} per GPU leave no room for KV cache in {_size(budget)} "
+            f"(gpu_memory_utilization={gpu_memory_utilization}); needs at least {_size(need)}: "
             f"raise tensor_parallel or pick a larger GPU"
         )
     return KvPool(int(num_blocks), block_size, per_token, budget, weights, act)
@@ -146,6 +146,11 @@ class BlockPool:
             self._head = 0
         self._queue.extend(block_ids)
         assert len(self._queue) - self._head <= self._fresh, "more blocks free than ever lent: one freed twice"
+
+
+def _size(num_bytes: float) -> str:
+    """Bytes for a message: GiB with two decimals, MiB below a tenth of a GiB (a tiny test device)."""
+    return f"{num_bytes / GIB:.2f} GiB" if abs(num_bytes) >= GIB / 10 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

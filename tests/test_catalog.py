@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,8 +35,21 @@ def test_opt13b_on_a100_40gb_leaves_about_12_gib_for_kv():
 
 
 def test_model_that_does_not_fit_is_a_clear_error():
-    with pytest.raises(CapacityError, match="does not fit on a100-40gb x1"):
+    with pytest.raises(CapacityError, match=r"does not fit on a100-40gb x1: weights 128\.48 GiB .* needs at least "
+                                            r"128\.97 GiB"):
         kv_pool(MODELS["llama-2-70b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=16)
+
+
+def test_a_tiny_device_that_does_not_fit_says_its_sizes_in_mib():
+    """A made-up test device of 1.6 MiB: the message gives sizes a reader can act on, not '0.0 GiB'."""
+    from dataclasses import replace
+
+    model = model_from_hf_config(Path(__file__).parents[1] / "gpu" / "configs" / "tiny-hybrid.json")
+    tiny = replace(GPUS["a100-40gb"], name="tiny", memory_bytes=int(0.0016 * 2**30))
+    with pytest.raises(CapacityError, match=r"weights 2\.0 MiB \+ activations 0\.\d MiB .* in 1\.5 MiB .* "
+                                            r"needs at least 2\.\d MiB"):
+        kv_pool(model, tiny, tp=1, gpu_memory_utilization=0.9, block_size=16, activation_tokens=16,
+                runtime_overhead_gib=0)
 
 
 def test_hf_config_llama_and_opt(tmp_path):
