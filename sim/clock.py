@@ -13,7 +13,8 @@ The invariant, stated once:
   the clock, ``seq._computed`` and ``seq._output`` are *offsets*: the true counts are offset + ``ticks``
   (``Sequence``'s properties add it), so a tick changes every member without touching any.
   ``offset_sum`` is the sum of the members' ``_computed`` offsets; ``_offsets`` holds them sorted (their
-  order never changes as the clock ticks), for window keys (``decode_contexts``).
+  order never changes as the clock ticks) once ``decode_contexts`` has been asked for (window keys: models
+  of several KV groups), else it is None and costs nothing.
 - A member's **finish tick** is the value of ``ticks`` once it has sampled its last output token:
   ``output_tokens - _output``, fixed while it stays on. ``_finish_at`` is a heap of (finish tick, order,
   seq); an entry whose sequence left the clock (and perhaps rejoined with another offset) is stale and is
@@ -69,7 +70,7 @@ class DecodeClock:
         self._last_tick_s = 0.0
         self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
-        self._offsets: list[int] = []  # the members' computed-token offsets, sorted (decode_contexts)
+        self._offsets: list[int] | None = None  # the members' computed-token offsets, sorted, once asked for
         self._prefix: list[int] | None = None  # their prefix sums; None: stale
 
     # ------------------------------------------------------------------------------------ members
@@ -83,8 +84,9 @@ class DecodeClock:
         seq.clock = self
         self.members = add_sorted(self.members, seq)
         self.offset_sum += seq._computed
-        insort(self._offsets, seq._computed)
-        self._prefix = None
+        if self._offsets is not None:
+            insort(self._offsets, seq._computed)
+            self._prefix = None
         self._fresh[seq] = None
         heapq.heappush(self._finish_at, (seq.output_tokens - seq._output, seq.order, seq))
         if self.paged:
@@ -101,8 +103,9 @@ class DecodeClock:
             self._cross[(1 - seq._computed) % self.block_size].remove(seq)
         self.offset_sum -= seq._computed
         offs = self._offsets
-        del offs[bisect_left(offs, seq._computed)]
-        self._prefix = None
+        if offs is not None:
+            del offs[bisect_left(offs, seq._computed)]
+            self._prefix = None
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
             seq.last_token_s = self._last_tick_s
@@ -126,6 +129,8 @@ class DecodeClock:
         members' offsets, sorted, their prefix sums, and ``d`` (a model of several KV groups prices window
         keys from them). Offsets keep their order as the clock ticks: kept sorted as members join and
         leave, their prefix sums rebuilt once per change."""
+        if self._offsets is None:  # first asked: kept sorted from now on
+            self._offsets = sorted(s._computed for s in self.members)
         prefix = self._prefix
         if prefix is None:
             prefix = self._prefix = [0, *accumulate(self._offsets)]
