@@ -188,6 +188,14 @@ class StepPlan:
             _contexts=_contexts)
 
     @classmethod
+    def of(cls, fields: dict) -> "StepPlan":
+        """A plan from the dict of all its fields (the scheduler's, once per step: one dict literal, where
+        ``__init__``'s keyword call builds one and copies it)."""
+        plan = object.__new__(cls)
+        object.__setattr__(plan, "__dict__", fields)
+        return plan
+
+    @classmethod
     def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,
                      block_tables=None, slab_starts=None, **fields) -> "StepPlan":
         """A plan given sequence by sequence, holding its own copies (not live sequences): for plans

@@ -321,19 +321,21 @@ class Engine:
     def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int | list[int],
                 ends: list[float] | None = None) -> None:
         """Hand the recorder one step, or a span of ``len(times)`` decode steps ending at ``ends``."""
-        s, kv = self.scheduler, self.kv
+        s = self.scheduler
         joins: list[int] = []  # steps at which arrivals during a span join the queue (as stepping adds them)
         if ends is not None:
             arr, i, end = self._arrivals, self._next, ends[-1]
             while arr[i] <= end:
                 joins.append(bisect_left(ends, arr[i]) + 1)
                 i += 1
-        self.rec.step(start_s, times, plan, mem, num_waiting=len(s.waiting), num_running=s.num_running,
-                      num_swapped=len(s.swapped), shared_slots=(
-                          0 if not s.paged else shared_blocks * kv.block_size if shared_blocks.__class__ is int
-                          else [x * kv.block_size for x in shared_blocks]),
-                      holding=self._holding, prompt_tokens=s.step_prompt_tokens, hit_tokens=s.step_hit_tokens,
-                      ends=ends, joins=joins)
+        if not s.paged:
+            shared = 0
+        elif shared_blocks.__class__ is int:
+            shared = shared_blocks * self.kv.block_size
+        else:
+            shared = [x * self.kv.block_size for x in shared_blocks]
+        self.rec.step(start_s, times, plan, mem, len(s.waiting), s.num_running, len(s.swapped), shared,
+                      self._holding, s.step_prompt_tokens, s.step_hit_tokens, ends, joins)
 
     def _maybe_capture(self, now: float) -> None:
         """Keep the address space at (about) the moment of most waiting requests, or of most memory
@@ -361,6 +363,7 @@ class Engine:
     def _close_unfinished(self) -> None:
         s = self.scheduler
         running = s.running
+        self.log.flush()
         for seq in (running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]
                     + list(s.pulling)):
             if self.log.status[seq.seq_id] != FINISHED:

@@ -72,6 +72,7 @@ class HybridPagedKv:
     loads: tuple = ()  # blocks loaded from a CPU tier for the planned step (no CPU tier with several groups)
     slides = True  # window and chunked groups free pages at crossings, inside decode spans too
     num_copies = 0  # no copy-on-write: only full prompt blocks are shared, and no sequence writes into one
+    span_shared_filled = None  # (slabs only: HybridContiguousKv's)
 
     def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False,
                  prefill_cap: int | None = None, recompute: bool = True) -> None:

@@ -341,6 +341,7 @@ class KvManager(Protocol):
     shared_blocks: int
     copies: list | tuple
     loads: list | tuple
+    span_shared_filled: object  # None, or (k, contexts) -> shared_filled now and after each of k decode steps
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray: ...
     def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool: ...
@@ -393,6 +394,7 @@ class PagedKv:
     shared_blocks = 0
     copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
     loads: tuple = ()  # blocks loaded from the CPU tier for the step being planned (sharing.py only)
+    span_shared_filled = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
@@ -415,18 +417,24 @@ class PagedKv:
         return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
 
     def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
-        return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
+        # NOTE: _needed and pool.can_allocate inlined: once per waiting request per step
+        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)
+        pool = self.pool
+        return (n if n > 0 else 0) <= (pool.num_blocks - pool._fresh + len(pool._queue) - pool._head
+                                       - pool.watermark_blocks)
 
     def can_grow(self, seq, num_new: int) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new))
 
     def grow(self, seq, num_new: int) -> None:
-        n = self._needed(seq, num_new)
-        if n:
+        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)  # _needed
+        if n > 0:
             self._add_blocks(seq, self.pool.allocate(n))
 
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
-        self.grow(seq, num_new)
+    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:  # hits: only a sharing manager has any
+        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)  # grow, inlined
+        if n > 0:
+            self._add_blocks(seq, self.pool.allocate(n))
 
     def _check(self) -> None:
         """Accounting, checked as a sequence gives its blocks back: the slots the tables hold (``alloc``,
@@ -506,6 +514,7 @@ class ContiguousKv:
     shared_blocks = 0
     copies: tuple = ()
     loads: tuple = ()
+    span_shared_filled = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
 
     def __init__(self, allocator: BuddyAllocator | FirstFitAllocator, reservation: Reservation) -> None:
         self.allocator = allocator

@@ -52,35 +52,62 @@ class RequestLog:
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.prefix_hit_tokens = np.zeros(n, dtype=np.int64)  # served from the prefix cache at admission
+        self._done: list[tuple] = []  # finishes not yet in the columns (see flush)
+        self._scheduled: list[tuple[int, float]] = []
 
-    def _common(self, seq) -> None:
-        """Per request: a group's tokens are all its samples' or beams' tokens."""
-        i = seq.request_id
-        self.num_preemptions[i] = seq.num_preemptions
+    # NOTE: finishes and first schedulings are buffered in lists and written to the columns in bulk (a numpy
+    # item write costs ~10x a list append, and every request does both); readers of the columns call ``flush``
+    # first (``frame``, the recorder's results, the engine's close), and a full buffer flushes itself.
+    FLUSH_ROWS = 4096
+
+    def flush(self) -> None:
+        """Write the buffered finishes and first schedulings into the columns."""
+        if self._done:
+            i, first, end, pre, gen, hit = zip(*self._done)
+            i = np.array(i)
+            self.status[i] = FINISHED
+            self.first_token_s[i] = first
+            self.finish_s[i] = end
+            self.num_preemptions[i] = pre
+            self.generated_tokens[i] = gen
+            self.prefix_hit_tokens[i] = hit
+            self._done = []
+        if self._scheduled:
+            i, t = zip(*self._scheduled)
+            self.first_scheduled_s[np.array(i)] = t
+            self._scheduled = []
+
+    def _common(self, seq) -> tuple[int, int, int]:
+        """Per request: preemptions, generated tokens (a group's: all its samples' or beams'), prefix hits."""
         g = seq.group
-        self.generated_tokens[i] = sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens
-        self.prefix_hit_tokens[i] = seq.prefix_hit_tokens or 0
+        return (seq.num_preemptions, sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens,
+                seq.prefix_hit_tokens or 0)
 
     def scheduled(self, request_id: int, start_s: float) -> None:
         """The step starting at ``start_s`` is the first to schedule request ``request_id``."""
-        self.first_scheduled_s[request_id] = start_s
+        self._scheduled.append((request_id, start_s))
+        if len(self._scheduled) >= self.FLUSH_ROWS:
+            self.flush()
 
     def finish(self, seq, end_s: float) -> None:
-        i = seq.request_id
-        self.status[i] = FINISHED
-        self.first_token_s[i] = seq.first_token_s
-        self.finish_s[i] = end_s
-        self._common(seq)
+        g = seq.group
+        self._done.append((seq.request_id, seq.first_token_s, end_s, seq.num_preemptions,
+                           sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens,
+                           seq.prefix_hit_tokens or 0))
+        if len(self._done) >= self.FLUSH_ROWS:
+            self.flush()
 
     def unfinished(self, seq, reason: int) -> None:
+        self.flush()
         i = seq.request_id
         self.status[i] = UNFINISHED
         self.reason[i] = reason
         if seq.first_token_s is not None:
             self.first_token_s[i] = seq.first_token_s
-        self._common(seq)
+        self.num_preemptions[i], self.generated_tokens[i], self.prefix_hit_tokens[i] = self._common(seq)
 
     def frame(self) -> pd.DataFrame:
+        self.flush()
         df = pd.DataFrame({
             "request_id": np.arange(len(self.arrival_s)),
             "arrival_s": self.arrival_s,
@@ -436,30 +463,48 @@ class Recorder:
             self._step_row(start_s, [duration_s], 0, (0, 0, 0, 0, 0, 0, num_waiting, num_running, num_swapped, 0, 0),
                            slot_s)
 
-    def step(self, start_s: float, times: list[float], plan, mem, *, num_waiting: int, num_running: int,
+    def step(self, start_s: float, times: list[float], plan, mem, num_waiting: int, num_running: int,
              num_swapped: int, shared_slots: int | list[int], holding: int, prompt_tokens: int, hit_tokens: int,
              ends: list[float] | None = None, joins: list[int] = ()) -> None:
         """One step (``mem``: the five memory classes), or a span of ``len(times)`` decode steps ending at
         ``ends`` (``mem``: what ``Scheduler.complete_span`` returns; ``joins``: the steps after which
         arrivals during the span joined the waiting queue, as stepping would add them). ``holding``:
         requests holding KV; ``prompt_tokens``, ``hit_tokens``: prompts first admitted in the step and
-        their prefix-cache hits."""
+        their prefix-cache hits. NOTE: the engine calls this once per event, positionally (keywords cost)."""
+        n = plan.num_seqs
+        if ends is None:  # one step: the common event, kept lean
+            total = times[0]
+            m0, m1, m2, m3, m4 = mem
+            slot_s = (m0 * total, m1 * total, m2 * total, m3 * total, m4 * total)
+            # TIMELINE_COLUMNS, in order
+            self.timeline.add(start_s, times, [
+                total, n * total, num_waiting * total, 1, plan.num_sampled, plan.num_prefill_tokens,
+                plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_slots * total, holding * total])
+            self.num_steps += 1
+            self.seq_steps += n
+            if plan.num_decode_tokens:
+                self.decode_steps += 1
+                self.decode_seq_steps += plan.num_decode_tokens
+            self.running_request_s += holding * total
+            if self.groups is not None:
+                self.groups.add(start_s, total)
+            if self.record_steps:
+                self._step_row(start_s, times, 1, (
+                    n, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
+                    plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
+                    plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
+            return
         k = len(times)
         waiting = num_waiting
-        if ends is None:
-            total = times[0]
-            slot_s = [m * total for m in mem]
-            waiting_s = waiting * total
-        else:
-            total = sum(times)
-            filled, alloc, capped, rounding, held, blocked = mem
-            # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
-            f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
-            slot_s = breakdown(self.capacity * total, f, a, c, rounding * total, held * total, blocked)
-            waiting_s = waiting * total
-            for j in joins:
-                waiting_s += ends[-1] - ends[j - 1]
-        n, capacity = plan.num_seqs, self.capacity
+        total = sum(times)
+        filled, alloc, capped, rounding, held, blocked = mem
+        # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
+        f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
+        slot_s = breakdown(self.capacity * total, f, a, c, rounding * total, held * total, blocked)
+        waiting_s = waiting * total
+        for j in joins:
+            waiting_s += ends[-1] - ends[j - 1]
+        capacity = self.capacity
         shared = shared_slots  # a list along a span whose shared pages leave windows (sim/hybrid.py)
         shared_s = sum(map(mul, times, shared)) if shared.__class__ is list else shared * total
         if self.groups is not None:
@@ -468,16 +513,13 @@ class Recorder:
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]
 
-        per_step = None
-        if k > 1:
-            def per_step():  # only for a span across a bin edge
-                filled, alloc, capped, rounding, held, blocked = mem
-                for j, t in enumerate(times):
-                    w = waiting + sum(1 for x in joins if x <= j)
-                    cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
-                                    capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                    yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0,
-                           (shared[j] if shared.__class__ is list else shared) * t, holding * t]
+        def per_step():  # only for a span across a bin edge
+            for j, t in enumerate(times):
+                w = waiting + sum(1 for x in joins if x <= j)
+                cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
+                                capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
+                yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0,
+                       (shared[j] if shared.__class__ is list else shared) * t, holding * t]
 
         self.timeline.add(start_s, times, totals, per_step)
         self.num_steps += k
@@ -517,6 +559,7 @@ class Recorder:
                 requests: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
         """(requests, steps, timeline, summary) of the finished run; ``requests``: the rows of a shared
         log that this recorder's server handled (a fleet's replica), else the whole log."""
+        self.log.flush()
         lost = int((self.log.status == PENDING).sum())
         if lost:  # the accounting identity is a guarantee: never end a run without it
             raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")

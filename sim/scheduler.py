@@ -189,7 +189,9 @@ class Scheduler:
         admitted = False
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if self.num_running + len(self.pulling) + self._width(seq) > self.max_num_seqs:
+            g = seq.group  # _width, inlined
+            if (len(self.clock.members) + len(self.explicit) + len(self.pulling)
+                    + (g.width if g is not None and len(g.members) == 1 else 1) > self.max_num_seqs):
                 break
             if seq._computed:  # its KV is on a prefill replica: reserve prompt + first token, pull it
                 if not self.kv.can_admit(seq, 1):
@@ -282,7 +284,9 @@ class Scheduler:
         """Step 2: running sequences still prefilling get their next chunk (chunked mode)."""
         if not self.explicit:
             return budget
-        scheduled = set(self.clock.members) | {s for s, _ in self._entries}
+        # scheduled: the clocked members (the decodes, disjoint from explicit) and these; the union is
+        # built only to pick a victim (O(batch): not every step)
+        scheduled = {s for s, _ in self._entries}
         for seq in list(self.explicit):
             if seq in scheduled or seq not in self.explicit or budget <= 0:
                 continue
@@ -292,7 +296,7 @@ class Scheduler:
             elif n > budget:
                 continue
             while not self.kv.can_grow(seq, n):
-                victim = self._newest_unscheduled(scheduled | {seq})
+                victim = self._newest_unscheduled(scheduled.union(self.clock.members, (seq,)))
                 if (victim is None or victim.order < seq.order  # only newer ones make room; it waits
                         or (seq.group is not None and victim.group is seq.group)):
                     break
@@ -397,17 +401,18 @@ class Scheduler:
             decode += n_clk
             sampled += n_clk
             keys += self.clock.decode_keys()
-        return StepPlan(num_seqs=len(e) + n_clk, num_tokens=prefill + decode, num_prefill_tokens=prefill,
-                        num_decode_tokens=decode, num_sampled=sampled, decode_context_tokens=keys,
-                        prefill_attention_pairs=pairs, block_size=self.block_size, paged=self.paged,
-                        swap_out=tuple(self._swap_out) if self._swap_out else (),
-                        swap_in=tuple(self._swap_in) if self._swap_in else (),
-                        copy_blocks=tuple(self.kv.copies) if self.kv.copies else (),
-                        copy_slots=tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
-                        forks=tuple(self._pending_forks) if self._pending_forks else (), num_preempted=self._num_preempted,
-                        _decoding=self.clock.members if n_clk else (), _entries=e,
-                        _contexts=self._contexts if n_clk else None,
-                        host_loads=tuple(self.kv.loads) if self.kv.loads else ())
+        kv = self.kv
+        return StepPlan.of({
+            "num_seqs": len(e) + n_clk, "num_tokens": prefill + decode, "num_prefill_tokens": prefill,
+            "num_decode_tokens": decode, "num_sampled": sampled, "decode_context_tokens": keys,
+            "prefill_attention_pairs": pairs, "block_size": self.block_size, "paged": self.paged,
+            "swap_out": tuple(self._swap_out) if self._swap_out else (),
+            "swap_in": tuple(self._swap_in) if self._swap_in else (),
+            "copy_blocks": tuple(kv.copies) if kv.copies else (),
+            "copy_slots": tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
+            "forks": tuple(self._pending_forks) if self._pending_forks else (), "num_preempted": self._num_preempted,
+            "_decoding": self.clock.members if n_clk else (), "_entries": e, "extra": {},
+            "host_loads": tuple(kv.loads) if kv.loads else (), "_contexts": self._contexts if n_clk else None})
 
     # ------------------------------------------------------------------------------------ complete
 
@@ -517,7 +522,7 @@ class Scheduler:
         n = len(self.clock.members)
         kv = self.kv
         rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
-        span_shared = getattr(kv, "span_shared_filled", None)  # several KV groups in slabs (sim/hybrid.py)
+        span_shared = kv.span_shared_filled  # several KV groups in slabs (sim/hybrid.py); else None
         span_sf = None if span_shared is None else span_shared(k, self._contexts())  # now, then after each step
         sf0 = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
