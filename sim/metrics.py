@@ -21,7 +21,6 @@ better); the console, the report, sweeps and the decomposition read it.
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass
 from operator import mul
 
@@ -150,16 +149,16 @@ class ItlHistogram:
         self._values.append(value)
         self._weights.append(times)
         if len(self._values) >= 16384:
-            self._flush()
+            self.flush()
 
     def add_each(self, values: list[float], times: int) -> None:
         """Each of ``values`` seen ``times`` times."""
         self._values.extend(values)
         self._weights.extend([times] * len(values))
         if len(self._values) >= 16384:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if not self._values:
             return
         v, w = np.asarray(self._values), np.asarray(self._weights, dtype=np.float64)
@@ -175,12 +174,12 @@ class ItlHistogram:
         self._values, self._weights = [], []
 
     def mean(self) -> float:
-        self._flush()
+        self.flush()
         return self.total / self.count if self.count else math.nan
 
     def quantile(self, q: float) -> float:
         """Value at quantile q (0..1): the geometric centre of the bin holding it."""
-        self._flush()
+        self.flush()
         if not self.count:
             return math.nan
         i = int(np.searchsorted(np.cumsum(self.counts), q * self.count, side="left"))
@@ -319,11 +318,12 @@ class Timeline:
     needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end;
     idle gaps split across bins by time.
 
-    NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) and
-    binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a fraction of adding each
-    record to its bin in Python. Bins are sums, so the order of adding does not matter."""
+    NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a plain
+    list and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a fraction of adding each
+    record to its bin in Python (a list takes a row at half the cost of an ``array('d')``, which converts
+    each value as it comes). Bins are sums, so the order of adding does not matter."""
 
-    BUFFER_ROWS = 65536
+    BUFFER_ROWS = 8192
 
     def __init__(self, bin_s: float = 1.0, max_bins: int = 2048) -> None:
         self.bin_s = bin_s
@@ -331,8 +331,9 @@ class Timeline:
         self.data = np.zeros((64, len(TIMELINE_COLUMNS)))  # one row per bin, TIMELINE_COLUMNS (room to grow)
         self.n = 0  # bins in use
         self.col = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
-        self._buf = array("d")  # buffered records: end time, then one total per column
-        self._flush_at = self.BUFFER_ROWS * (len(TIMELINE_COLUMNS) + 1)
+        self.rows: list[float] = []  # buffered records: end time, then one total per column (the Recorder
+        # writes a single step's row here itself: see ``add``)
+        self.flush_at = self.BUFFER_ROWS * (len(TIMELINE_COLUMNS) + 1)
 
     def _index(self, t: float) -> int:
         """The bin holding time ``t``, doubling the width while more than max_bins would be needed."""
@@ -353,14 +354,14 @@ class Timeline:
             self.n = i + 1
         return i
 
-    def _flush(self) -> None:
-        if not self._buf:
+    def flush(self) -> None:
+        if not self.rows:
             return
-        rows = np.frombuffer(self._buf, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
+        rows = np.array(self.rows, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
         self._index(float(rows[:, 0].max()))  # room (and width) for the latest
         idx = (rows[:, 0] // self.bin_s).astype(np.int64)
         np.add.at(self.data, idx, rows[:, 1:])
-        self._buf = array("d")
+        self.rows = []
 
     def add(self, start_s: float, times: list[float], totals: list[float], per_step=None) -> None:
         """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
@@ -370,11 +371,11 @@ class Timeline:
         end = start_s + (times[0] if len(times) == 1 else sum(times))
         w = self.bin_s
         if start_s // w == end // w or (len(times) == 1 and totals[3]):  # one bin (at any later width too)
-            buf = self._buf
+            buf = self.rows
             buf.append(end)
             buf.extend(totals)
-            if len(buf) >= self._flush_at:
-                self._flush()
+            if len(buf) >= self.flush_at:
+                self.flush()
         elif per_step is None:  # an idle gap: every column is time-weighted
             i = self._index(end)
             w = self.bin_s
@@ -382,13 +383,13 @@ class Timeline:
             for b in range(int(start_s // w), i + 1):
                 self.data[b] += np.asarray(totals) * ((min(end, (b + 1) * w) - max(start_s, b * w)) / span)
         else:  # each step, buffered, goes to the bin where it ends
-            t, buf = start_s, self._buf
+            t, buf = start_s, self.rows
             for dt, step in zip(times, per_step()):
                 t += dt
                 buf.append(t)
                 buf.extend(step)
-            if len(buf) >= self._flush_at:
-                self._flush()
+            if len(buf) >= self.flush_at:
+                self.flush()
 
     def add_finishes(self, t: float, count: int) -> None:
         i = self._index(t)  # first: it may replace self.data
@@ -397,7 +398,7 @@ class Timeline:
     def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
         """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
         time-averaged running batch, waiting queue and memory shares."""
-        self._flush()
+        self.flush()
         df = pd.DataFrame(self.data[: self.n], columns=list(TIMELINE_COLUMNS))
         start = np.arange(self.n) * self.bin_s
         df.insert(0, "bin_start_s", start)
@@ -428,6 +429,8 @@ class Recorder:
     steps from ``start_s`` for ``duration_s``; the timeline's and the step table's memory columns are
     the same time-weighted token slots."""
 
+    STEP_ROWS = 8192
+
     def __init__(self, requests, capacity: int, *, timeline_bin_s: float = 1.0, record_steps: bool = True,
                  log: RequestLog | None = None) -> None:
         self.capacity = capacity
@@ -437,7 +440,9 @@ class Recorder:
                                                           requests.output_tokens)
         self.itl = ItlHistogram()  # the scheduler adds each gap between a request's output tokens
         self.timeline = Timeline(timeline_bin_s)
-        self.steps = array("d")  # step records, row after row (8 bytes a value, not a Python object)
+        # step records, row after row: a list (cheap to append to) converted to float64 chunks of STEP_ROWS rows
+        self.steps: list[float] = []
+        self._step_chunks: list[np.ndarray] = []
         self.num_steps = 0
         self.seq_steps = 0  # sequences summed over steps
         self.decode_steps = 0  # steps in which some sequence decodes
@@ -476,10 +481,15 @@ class Recorder:
             total = times[0]
             m0, m1, m2, m3, m4 = mem
             slot_s = (m0 * total, m1 * total, m2 * total, m3 * total, m4 * total)
-            # TIMELINE_COLUMNS, in order
-            self.timeline.add(start_s, times, [
+            # Timeline.add's single-step case, inlined: the row goes to the bin where the step ends
+            tl = self.timeline
+            rows = tl.rows
+            rows.append(start_s + total)
+            rows.extend((  # TIMELINE_COLUMNS, in order
                 total, n * total, num_waiting * total, 1, plan.num_sampled, plan.num_prefill_tokens,
-                plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_slots * total, holding * total])
+                plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_slots * total, holding * total))
+            if len(rows) >= tl.flush_at:
+                tl.flush()
             self.num_steps += 1
             self.seq_steps += n
             if plan.num_decode_tokens:
@@ -539,8 +549,13 @@ class Recorder:
         and the memory classes as mean token slots."""
         if total is None:
             total = times[0]
-        self.steps.extend((self.num_steps - k, start_s, total, k) + shape)
-        self.steps.extend([v / total if total > 0 else v for v in slot_s])
+        steps = self.steps
+        steps += (self.num_steps - k, start_s, total, k)
+        steps += shape
+        steps += [v / total if total > 0 else v for v in slot_s]
+        if len(steps) >= self.STEP_ROWS * len(STEP_COLUMNS):  # 8 bytes a value, not a Python object
+            self._step_chunks.append(np.array(steps, dtype=np.float64))
+            self.steps = []
 
     def finished(self, end_s: float, done: list) -> None:
         """Requests that finished at ``end_s`` (each ``(sequence, its own end)``)."""
@@ -549,8 +564,8 @@ class Recorder:
             self.log.finish(seq, t)
 
     def step_table(self) -> pd.DataFrame:
-        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
-                             columns=list(STEP_COLUMNS))
+        rows = np.concatenate([*self._step_chunks, np.array(self.steps, dtype=np.float64)])
+        steps = pd.DataFrame(rows.reshape(-1, len(STEP_COLUMNS)), columns=list(STEP_COLUMNS))
         counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
         steps[counts] = steps[counts].astype(np.int64)
         return steps

@@ -222,7 +222,7 @@ def merge_itl(hists: list[ItlHistogram]) -> ItlHistogram:
         return hists[0]
     out = ItlHistogram()
     for h in hists:
-        h._flush()
+        h.flush()
         out.counts += h.counts
         out.count += h.count
     out.total = math.fsum(h.total for h in hists)
@@ -235,7 +235,7 @@ def merge_timelines(timelines: list[Timeline]) -> Timeline:
     if len(timelines) == 1:
         return timelines[0]
     for t in timelines:
-        t._flush()
+        t.flush()
     w = max(t.bin_s for t in timelines)
     parts = []
     for t in timelines:
