@@ -82,6 +82,7 @@ class SharedBlockPool:
         # never handed out, [_fresh, num_blocks) in id order, then ``queue`` (freed ones, least recently
         # freed first) -- the same order as one queue of range(num_blocks) with freed ids appended.
         self.ref_cnt = _Counts()  # block -> holders (0 when absent)
+        self._multi = 0  # blocks with two holders or more (none: freeing needs no counting)
         self._fresh = 0
         self.queue: OrderedDict[int, None] = OrderedDict()
         self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block, parent hash) while cached
@@ -114,41 +115,49 @@ class SharedBlockPool:
         k = min(n, fresh)  # never-used blocks first: no holder, no key
         out = list(range(f, f + k))
         self._fresh = f + k
-        for b in out:
-            ref[b] = 1
         if k == n:
+            ref.update(dict.fromkeys(out, 1))
             return out  # (fresh blocks never had a holder: the accounting below holds unchecked)
         q, key = self.queue, self.key
-        for _ in range(n - k):
-            b, _ = q.popitem(last=False)
-            kb = key.pop(b, None)
-            if kb is not None:  # evict: the least recently freed cached block goes first
-                if self.cache.get(kb[0]) == b:
-                    del self.cache[kb[0]]
-                    if self.tier is not None:
-                        self.tier.store(kb[0], kb[1], kb[3])
-                self.num_evicted += 1
-            assert b not in ref, f"block {b} free and held"
-            ref[b] = 1
-            out.append(b)
+        taken = [q.popitem(last=False)[0] for _ in range(n - k)]
+        if key:
+            for b in taken:
+                kb = key.pop(b, None)
+                if kb is not None:  # evict: the least recently freed cached block goes first
+                    if self.cache.get(kb[0]) == b:
+                        del self.cache[kb[0]]
+                        if self.tier is not None:
+                            self.tier.store(kb[0], kb[1], kb[3])
+                    self.num_evicted += 1
+        out += taken
+        assert ref.keys().isdisjoint(out), "a block free and held"
+        ref.update(dict.fromkeys(out, 1))
         return out
 
     def free(self, block_ids: list[int]) -> None:
         ref, q = self.ref_cnt, self.queue
-        for b in reversed(block_ids):
-            c = ref[b] - 1
-            if c > 0:
-                ref[b] = c
-            else:
-                assert c == 0, f"block {b} freed with no holder"
-                del ref[b]
-                q[b] = None
+        if not self._multi:  # no block has two holders: each of these goes back to the queue
+            for b in block_ids:
+                del ref[b]  # (a KeyError: a block freed with no holder)
+            q.update(dict.fromkeys(reversed(block_ids)))
+        else:
+            for b in reversed(block_ids):
+                c = ref[b] - 1
+                if c > 0:
+                    ref[b] = c
+                    self._multi -= c == 1
+                else:
+                    assert c == 0, f"block {b} freed with no holder"
+                    del ref[b]
+                    q[b] = None
         assert len(q) + len(ref) == self._fresh, "blocks ever lent != freed + held"
 
     def incref(self, b: int) -> None:
-        if self.ref_cnt[b] == 0:
+        c = self.ref_cnt[b]
+        if c == 0:
             del self.queue[b]  # a cached block comes back from the free queue
-        self.ref_cnt[b] += 1
+        self._multi += c == 1
+        self.ref_cnt[b] = c + 1
 
     def lookup(self, h: int, identity, parent: int | None) -> int | None:
         b = self.cache.get(h)
@@ -213,15 +222,17 @@ class SharedPagedKv(PagedKv):
         pool.incref(b)
 
     def _release(self, seq, blocks: list[int]) -> None:
-        pool = self.pool
-        for b in blocks:
-            if pool.ref_cnt[b] >= 2:
-                f, c = self._shared[b]
-                self.shared_filled -= f
-                self.capped += c
-                self.shared_blocks -= 1
-                if pool.ref_cnt[b] == 2:
-                    del self._shared[b]
+        pool, shared = self.pool, self._shared
+        if shared:  # NOTE: a block is a key of _shared exactly while it has two holders or more
+            ref = pool.ref_cnt
+            for b in blocks:
+                fc = shared.get(b)
+                if fc is not None:
+                    self.shared_filled -= fc[0]
+                    self.capped += fc[1]
+                    self.shared_blocks -= 1
+                    if ref[b] == 2:
+                        del shared[b]
         pool.free(blocks)
 
     def _needs_copy(self, seq, num_new: int) -> bool:
