@@ -19,8 +19,6 @@ parent block, so a hash collision can only cause a miss, never a wrong block::
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
 from sim.kv import BlockPool, PagedKv, blocks_for
@@ -79,68 +77,108 @@ class SharedBlockPool:
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
         # Compact: memory follows the blocks ever used, not the pool's size. The free queue is the blocks
-        # never handed out, [_fresh, num_blocks) in id order, then ``queue`` (freed ones, least recently
-        # freed first) -- the same order as one queue of range(num_blocks) with freed ids appended.
+        # never handed out, [_fresh, num_blocks) in id order, then the freed ones, least recently freed
+        # first -- the same order as one queue of range(num_blocks) with freed ids appended.
+        # NOTE: the freed ones are a list with a moving head (``_q[_h:]``) and ``_pos``: block -> its place
+        # in the list (absolute: list index + ``_off``, the places dropped from the front). A cached block
+        # taken back from the queue (``incref``) leaves only ``_pos``; its place in the list goes stale and
+        # is skipped when the head reaches it. An OrderedDict did the same at ~10x the cost per block.
         self.ref_cnt = _Counts()  # block -> holders (0 when absent)
         self._multi = 0  # blocks with two holders or more (none: freeing needs no counting)
         self._fresh = 0
-        self.queue: OrderedDict[int, None] = OrderedDict()
+        self._q: list[int] = []
+        self._h = 0
+        self._off = 0
+        self._pos: dict[int, int] = {}  # the freed blocks in the queue
+        self._stale = 0  # stale places in _q[_h:]
         self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block, parent hash) while cached
         self.cache: dict[int, int] = {}  # hash -> block
         self.num_evicted = 0
         self.tier = tier
 
+    def _queued(self) -> list[int]:
+        """The freed blocks in the queue, in order."""
+        pos, off = self._pos, self._off
+        return [b for i, b in enumerate(self._q[self._h:], off + self._h) if pos.get(b) == i]
+
     @property
     def num_free(self) -> int:
-        return self.num_blocks - self._fresh + len(self.queue)
+        return self.num_blocks - self._fresh + len(self._pos)
 
     @property
     def free_blocks(self) -> list[int]:
         """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
-        return list(range(self._fresh, self.num_blocks)) + list(self.queue)
+        return list(range(self._fresh, self.num_blocks)) + self._queued()
 
     def free_state(self) -> tuple[list[int], int]:
         """The free blocks compactly: (freed ids, first never-allocated id), as ``kv.BlockPool``'s."""
-        return list(self.queue), self._fresh
+        return self._queued(), self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= self.num_blocks - self._fresh + len(self.queue) - (self.watermark_blocks if admission else 0)
+        return n <= self.num_blocks - self._fresh + len(self._pos) - (self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
         f = self._fresh
         fresh = self.num_blocks - f
-        if n > fresh + len(self.queue):
-            raise RuntimeError(f"allocate({n}) with {fresh + len(self.queue)} free blocks")
+        pos = self._pos
+        if n > fresh + len(pos):
+            raise RuntimeError(f"allocate({n}) with {fresh + len(pos)} free blocks")
         ref = self.ref_cnt
         k = min(n, fresh)  # never-used blocks first: no holder, no key
         out = list(range(f, f + k))
         self._fresh = f + k
-        if k == n:
-            ref.update(dict.fromkeys(out, 1))
-            return out  # (fresh blocks never had a holder: the accounting below holds unchecked)
-        q, key = self.queue, self.key
-        taken = [q.popitem(last=False)[0] for _ in range(n - k)]
-        if key:
-            for b in taken:
-                kb = key.pop(b, None)
-                if kb is not None:  # evict: the least recently freed cached block goes first
-                    if self.cache.get(kb[0]) == b:
-                        del self.cache[kb[0]]
-                        if self.tier is not None:
-                            self.tier.store(kb[0], kb[1], kb[3])
-                    self.num_evicted += 1
-        out += taken
-        assert ref.keys().isdisjoint(out), "a block free and held"
+        if k < n:
+            q, h, m = self._q, self._h, n - k
+            if not self._stale:  # the next m places are all live
+                taken = q[h:h + m]
+                h += m
+                for b in taken:
+                    del pos[b]
+            else:
+                taken, place = [], self._off + h
+                while len(taken) < m:
+                    b = q[h]
+                    if pos.get(b) == place:
+                        del pos[b]
+                        taken.append(b)
+                    else:
+                        self._stale -= 1
+                    h += 1
+                    place += 1
+            self._h = h
+            key = self.key
+            if key:
+                for b in taken:
+                    kb = key.pop(b, None)
+                    if kb is not None:  # evict: the least recently freed cached block goes first
+                        if self.cache.get(kb[0]) == b:
+                            del self.cache[kb[0]]
+                            if self.tier is not None:
+                                self.tier.store(kb[0], kb[1], kb[3])
+                        self.num_evicted += 1
+            out += taken
+            assert ref.keys().isdisjoint(taken), "a block free and held"
         ref.update(dict.fromkeys(out, 1))
         return out
 
+    def _enqueue(self, blocks) -> None:
+        q = self._q
+        if self._h > len(q) // 2:  # drop the consumed front once it outgrows the rest
+            self._off += self._h
+            del q[:self._h]
+            self._h = 0
+        start = self._off + len(q)
+        q.extend(blocks)
+        self._pos.update(zip(blocks, range(start, start + len(blocks))))
+
     def free(self, block_ids: list[int]) -> None:
-        ref, q = self.ref_cnt, self.queue
+        ref = self.ref_cnt
         if not self._multi:  # no block has two holders: each of these goes back to the queue
             for b in block_ids:
-                del ref[b]  # (a KeyError: a block freed with no holder)
-            q.update(dict.fromkeys(reversed(block_ids)))
+                assert ref.pop(b, 0), f"block {b} freed with no holder"
+            self._enqueue(block_ids[::-1])
         else:
+            back = []
             for b in reversed(block_ids):
                 c = ref[b] - 1
                 if c > 0:
@@ -149,13 +187,15 @@ class SharedBlockPool:
                 else:
                     assert c == 0, f"block {b} freed with no holder"
                     del ref[b]
-                    q[b] = None
-        assert len(q) + len(ref) == self._fresh, "blocks ever lent != freed + held"
+                    back.append(b)
+            self._enqueue(back)
+        assert len(self._pos) + len(ref) == self._fresh, "blocks ever lent != freed + held"
 
     def incref(self, b: int) -> None:
         c = self.ref_cnt[b]
-        if c == 0:
-            del self.queue[b]  # a cached block comes back from the free queue
+        if c == 0:  # a cached block comes back from the free queue: its place goes stale
+            del self._pos[b]
+            self._stale += 1
         self._multi += c == 1
         self.ref_cnt[b] = c + 1
 

@@ -167,3 +167,17 @@ def test_queue_membership_is_asserted_where_a_sequence_moves():
     assert a.state == DONE and s.done
     with pytest.raises(AssertionError, match="finishes from state"):
         s._finish([a], 99.0)
+
+
+def test_the_schedulers_plans_set_every_field_of_a_step_plan():
+    # StepPlan.of takes the scheduler's dict of fields as they are (no __init__ to fill in defaults)
+    from sim.core import StepPlan
+    s = make("vllm", num_blocks=100, block_size=4)
+    s.add(Sequence(0, 0, 6, 3))
+    plans = []
+    drive(s, 3, plans.append)
+    names = {f.name for f in dataclasses.fields(StepPlan)}
+    assert len(plans) == 3 and all(set(vars(p)) == names for p in plans)
+    assert plans[0] == StepPlan(**{n: getattr(plans[0], n) for n in names})  # the same plan __init__ would make
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plans[0].num_seqs = 2
