@@ -171,8 +171,8 @@ class HybridPagedKv:
             need = ch[2] - hit
             pool = self.blocks
             if pool.can_allocate(need, admission=True) and not pool.can_allocate(need + hit, admission=True):
-                ref = pool.ref_cnt  # (counted only when it decides)
-                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if ref[b] == 0)
+                held = pool.held  # (counted only when it decides)
+                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if b not in held)
         else:
             ch = self._change(seq, num_new)
             need = 0 if ch is None else ch[2] - self._freeable(seq, ch)
@@ -189,9 +189,9 @@ class HybridPagedKv:
         sequence holds too stays held)."""
         if not self.caching or not ch[3]:
             return ch[3]
-        ref, st = self.blocks.ref_cnt, self._st[seq]
+        multi, st = self.blocks.multi, self._st[seq]  # (held by this sequence: by it alone unless in multi)
         return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st[1], st[2]) if f > f0
-                   for b in table[:n * (min(f, st[0]) - f0)] if ref[b] == 1)
+                   for b in table[:n * (min(f, st[0]) - f0)] if b not in multi)
 
     def admit(self, seq, num_new: int, hits=()) -> None:
         if hits:
@@ -270,7 +270,7 @@ class HybridPagedKv:
         alloc, capped, first_sum, shared = self.alloc, self.capped, self._first_sum, self.shared_blocks
         dropped, p, pages, extra, out = [], 0, self._pages, self._extra, []
         base = self._states * self.state_pages
-        ref = blocks.ref_cnt if caching else None
+        multi = blocks.multi if caching else None
         grown, wmin, sizes = per * B, self._window_min, self._sizes
         for seqs in ticks:
             alloc += grown * len(seqs)
@@ -296,7 +296,7 @@ class HybridPagedKv:
                             drop = n * (f - f0)
                             if caching:  # a page others hold stays (``_drop``); one call per table
                                 gone = table[:drop]
-                                k = sum(1 for b in gone if ref[b] > 1)
+                                k = sum(1 for b in gone if b in multi)
                                 if k:
                                     extra[i] -= k
                                     shared -= k
@@ -395,8 +395,8 @@ class HybridPagedKv:
         """Give back pages of class ``i`` (left a window, or the sequence is done). With prefix caching a
         page another sequence holds too stays held, now by one fewer: it stops counting as shared."""
         if self.caching:
-            ref = self.blocks.ref_cnt
-            k = sum(1 for b in pages if ref[b] > 1)
+            multi = self.blocks.multi
+            k = sum(1 for b in pages if b in multi)
             if k:
                 self._share(i, -k)
         self.blocks.free(pages)
@@ -485,12 +485,12 @@ class HybridPagedKv:
         """``seq`` (nothing cached yet) takes the hit's pages: its tables start as the hit's blocks."""
         B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
         h = len(hits)
-        ref = blocks.ref_cnt
+        held = blocks.held
         firsts, tables = [], []
         for i, (g, n) in enumerate(self.classes):
             f = first_kept(g, h * B, B)
             table = [b for row in hits[f:] for b in row[i]]
-            held = sum(1 for b in table if ref[b])
+            n_held = sum(1 for b in table if b in held)
             for b in table:
                 blocks.incref(b)
             firsts.append(f)
@@ -499,8 +499,8 @@ class HybridPagedKv:
             self.alloc += len(table) * B
             self.capped += n * (min(h * B, cap) - min(f * B, cap))
             self._first_sum += n * f
-            if held:
-                self._share(i, held)
+            if n_held:
+                self._share(i, n_held)
         state = blocks.allocate(self.state_pages) if self.state_pages else []
         self._st[seq] = [h, firsts, tables, state]
         self._states += 1

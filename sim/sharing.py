@@ -19,6 +19,7 @@ parent block, so a hash collision can only cause a miss, never a wrong block::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import numpy as np
 
 from sim.kv import BlockPool, PagedKv, blocks_for
@@ -54,11 +55,27 @@ def prompt_block_hashes(seq, block_size: int) -> list[tuple[int, tuple]]:
     return seq.block_hashes
 
 
-class _Counts(dict):
-    """Reference counts of the held blocks only; a block no one holds reads 0."""
+class _Counts(Mapping):
+    """Reference counts of the held blocks, read-only: ``held`` (every held block) and ``multi`` (the count
+    of each block with two holders or more); a block no one holds reads 0."""
 
-    def __missing__(self, b: int) -> int:
-        return 0
+    __slots__ = ("held", "multi")
+
+    def __init__(self, held: set, multi: dict) -> None:
+        self.held, self.multi = held, multi
+
+    def __getitem__(self, b: int) -> int:
+        c = self.multi.get(b)
+        return c if c is not None else 1 if b in self.held else 0
+
+    def __contains__(self, b) -> bool:
+        return b in self.held
+
+    def __iter__(self):
+        return iter(self.held)
+
+    def __len__(self) -> int:
+        return len(self.held)
 
 
 class SharedBlockPool:
@@ -80,16 +97,21 @@ class SharedBlockPool:
         # never handed out, [_fresh, num_blocks) in id order, then the freed ones, least recently freed
         # first -- the same order as one queue of range(num_blocks) with freed ids appended.
         # NOTE: the freed ones are a list with a moving head (``_q[_h:]``) and ``_pos``: block -> its place
-        # in the list (absolute: list index + ``_off``, the places dropped from the front). A cached block
-        # taken back from the queue (``incref``) leaves only ``_pos``; its place in the list goes stale and
-        # is skipped when the head reaches it. An OrderedDict did the same at ~10x the cost per block.
-        self.ref_cnt = _Counts()  # block -> holders (0 when absent)
-        self._multi = 0  # blocks with two holders or more (none: freeing needs no counting)
+        # in the list (absolute: list index + ``_off``, the places dropped from the front) of its latest
+        # freeing. A place at or past the head is live when its block's ``_pos`` is that place; the head
+        # moving past a place allocates its block (``_pos`` keeps the old place: no per-block work). A
+        # cached block taken back from the queue (``incref``) leaves ``_pos``; its place goes stale and is
+        # skipped when the head reaches it. An OrderedDict did the same at ~10x the cost per block.
+        # holders: a block is in ``held`` while some table holds it, and in ``multi`` (with its count) while
+        # two or more do -- sets and a small dict, so a table is taken and given back in bulk (C loops)
+        self.held: set[int] = set()
+        self.multi: dict[int, int] = {}
+        self.ref_cnt = _Counts(self.held, self.multi)  # block -> holders (0 when free)
         self._fresh = 0
         self._q: list[int] = []
         self._h = 0
         self._off = 0
-        self._pos: dict[int, int] = {}  # the freed blocks in the queue
+        self._pos: dict[int, int] = {}  # freed block -> its latest place
         self._stale = 0  # stale places in _q[_h:]
         self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block, parent hash) while cached
         self.cache: dict[int, int] = {}  # hash -> block
@@ -103,7 +125,7 @@ class SharedBlockPool:
 
     @property
     def num_free(self) -> int:
-        return self.num_blocks - self._fresh + len(self._pos)
+        return self.num_blocks - self._fresh + len(self._q) - self._h - self._stale
 
     @property
     def free_blocks(self) -> list[int]:
@@ -115,15 +137,15 @@ class SharedBlockPool:
         return self._queued(), self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= self.num_blocks - self._fresh + len(self._pos) - (self.watermark_blocks if admission else 0)
+        return n <= (self.num_blocks - self._fresh + len(self._q) - self._h - self._stale
+                     - (self.watermark_blocks if admission else 0))
 
     def allocate(self, n: int) -> list[int]:
         f = self._fresh
         fresh = self.num_blocks - f
-        pos = self._pos
-        if n > fresh + len(pos):
-            raise RuntimeError(f"allocate({n}) with {fresh + len(pos)} free blocks")
-        ref = self.ref_cnt
+        queued = len(self._q) - self._h - self._stale
+        if n > fresh + queued:
+            raise RuntimeError(f"allocate({n}) with {fresh + queued} free blocks")
         k = min(n, fresh)  # never-used blocks first: no holder, no key
         out = list(range(f, f + k))
         self._fresh = f + k
@@ -132,14 +154,11 @@ class SharedBlockPool:
             if not self._stale:  # the next m places are all live
                 taken = q[h:h + m]
                 h += m
-                for b in taken:
-                    del pos[b]
             else:
-                taken, place = [], self._off + h
+                taken, place, pos = [], self._off + h, self._pos
                 while len(taken) < m:
                     b = q[h]
                     if pos.get(b) == place:
-                        del pos[b]
                         taken.append(b)
                     else:
                         self._stale -= 1
@@ -157,8 +176,8 @@ class SharedBlockPool:
                                 self.tier.store(kb[0], kb[1], kb[3])
                         self.num_evicted += 1
             out += taken
-            assert ref.keys().isdisjoint(taken), "a block free and held"
-        ref.update(dict.fromkeys(out, 1))
+            assert self.held.isdisjoint(taken), "a block free and held"
+        self.held.update(out)
         return out
 
     def _enqueue(self, blocks) -> None:
@@ -172,32 +191,38 @@ class SharedBlockPool:
         self._pos.update(zip(blocks, range(start, start + len(blocks))))
 
     def free(self, block_ids: list[int]) -> None:
-        ref = self.ref_cnt
-        if not self._multi:  # no block has two holders: each of these goes back to the queue
-            for b in block_ids:
-                assert ref.pop(b, 0), f"block {b} freed with no holder"
+        held, multi = self.held, self.multi
+        if not multi:  # no block has two holders: each of these goes back to the queue
+            assert held.issuperset(block_ids), f"blocks {sorted(set(block_ids) - held)} freed with no holder"
+            held.difference_update(block_ids)
             self._enqueue(block_ids[::-1])
         else:
             back = []
             for b in reversed(block_ids):
-                c = ref[b] - 1
-                if c > 0:
-                    ref[b] = c
-                    self._multi -= c == 1
+                c = multi.get(b)
+                if c is not None:  # another holder keeps it
+                    if c == 2:
+                        del multi[b]
+                    else:
+                        multi[b] = c - 1
                 else:
-                    assert c == 0, f"block {b} freed with no holder"
-                    del ref[b]
+                    assert b in held, f"block {b} freed with no holder"
+                    held.remove(b)
                     back.append(b)
             self._enqueue(back)
-        assert len(self._pos) + len(ref) == self._fresh, "blocks ever lent != freed + held"
+        assert len(self._q) - self._h - self._stale + len(held) == self._fresh, "blocks ever lent != freed + held"
 
     def incref(self, b: int) -> None:
-        c = self.ref_cnt[b]
-        if c == 0:  # a cached block comes back from the free queue: its place goes stale
+        multi = self.multi
+        c = multi.get(b)
+        if c is not None:
+            multi[b] = c + 1
+        elif b in self.held:
+            multi[b] = 2
+        else:  # a cached block comes back from the free queue: its place goes stale
             del self._pos[b]
             self._stale += 1
-        self._multi += c == 1
-        self.ref_cnt[b] = c + 1
+            self.held.add(b)
 
     def lookup(self, h: int, identity, parent: int | None) -> int | None:
         b = self.cache.get(h)
