@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from bisect import bisect_right
 from operator import mul
 
 import numpy as np
@@ -363,11 +364,12 @@ class Timeline:
         np.add.at(self.data, idx, rows[:, 1:])
         self.rows = []
 
-    def add(self, start_s: float, times: list[float], totals: list[float], per_step=None) -> None:
+    def add(self, start_s: float, times: list[float], totals: list[float], by_bin=None) -> None:
         """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
         (one per TIMELINE_COLUMNS). Inside one bin, or a single step: the totals go to the bin where it
-        ends. An idle gap (``per_step`` None, several bins) splits by time. A longer span across bin
-        edges calls ``per_step()`` for its per-step rows and puts each in the bin where it ends."""
+        ends. An idle gap (``by_bin`` None, several bins) splits by time. A longer span across bin
+        edges calls ``by_bin(width)`` for (end, totals) of the steps ending in each bin it touches, and puts
+        each in its bin (a wider bin later holds whole narrower ones: the split stays right)."""
         end = start_s + (times[0] if len(times) == 1 else sum(times))
         w = self.bin_s
         if start_s // w == end // w or (len(times) == 1 and totals[3]):  # one bin (at any later width too)
@@ -376,18 +378,17 @@ class Timeline:
             buf.extend(totals)
             if len(buf) >= self.flush_at:
                 self.flush()
-        elif per_step is None:  # an idle gap: every column is time-weighted
+        elif by_bin is None:  # an idle gap: every column is time-weighted
             i = self._index(end)
             w = self.bin_s
             span = end - start_s
             for b in range(int(start_s // w), i + 1):
                 self.data[b] += np.asarray(totals) * ((min(end, (b + 1) * w) - max(start_s, b * w)) / span)
-        else:  # each step, buffered, goes to the bin where it ends
-            t, buf = start_s, self.rows
-            for dt, step in zip(times, per_step()):
-                t += dt
+        else:  # the steps ending in each bin, buffered, go to that bin
+            buf = self.rows
+            for t, row in by_bin(w):
                 buf.append(t)
-                buf.extend(step)
+                buf.extend(row)
             if len(buf) >= self.flush_at:
                 self.flush()
 
@@ -523,15 +524,26 @@ class Recorder:
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]
 
-        def per_step():  # only for a span across a bin edge
-            for j, t in enumerate(times):
-                w = waiting + sum(1 for x in joins if x <= j)
-                cls = breakdown(capacity, filled[j], alloc[j] if alloc.__class__ is list else alloc,
-                                capped[j] if capped.__class__ is list else capped, rounding, held, blocked)
-                yield [t, n * t, w * t, 1, plan.num_sampled, 0, 0, 0, *(t * x for x in cls), 0, 0,
-                       (shared[j] if shared.__class__ is list else shared) * t, holding * t]
+        def by_bin(w: float):  # only for a span across a bin edge: a row per bin, for the steps ending in it
+            j0 = 0
+            while j0 < k:
+                j1 = bisect_right(ends, ends[j0] // w, j0, key=lambda x: x // w)  # (as Timeline bins a time)
+                ts = times[j0:j1]
+                t = sum(ts)
+                f, a, c = (sum(map(mul, ts, x[j0:j1])) if x.__class__ is list else x * t
+                           for x in (filled, alloc, capped))
+                w_s = waiting * t
+                for x in joins:  # an arrival joining after step x waits from step x on
+                    x = max(x, j0)
+                    if x < j1:
+                        w_s += ends[j1 - 1] - (ends[x - 1] if x else start_s)
+                yield ends[j1 - 1], [t, n * t, w_s, j1 - j0, plan.num_sampled * (j1 - j0), 0, 0, 0,
+                                     *breakdown(capacity * t, f, a, c, rounding * t, held * t, blocked), 0, 0,
+                                     sum(map(mul, ts, shared[j0:j1])) if shared.__class__ is list else shared * t,
+                                     holding * t]
+                j0 = j1
 
-        self.timeline.add(start_s, times, totals, per_step)
+        self.timeline.add(start_s, times, totals, by_bin)
         self.num_steps += k
         self.seq_steps += k * n
         if plan.num_decode_tokens:

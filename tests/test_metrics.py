@@ -7,10 +7,11 @@ from sim.metrics import ItlHistogram, Timeline
 def test_timeline_splits_time_exactly_and_doubles_bins():
     tl = Timeline(bin_s=1.0, max_bins=8)
     times = np.array([0.5, 0.7, 2.3])
-    per_step = lambda: np.column_stack([times, 2 * times, times, np.ones(3), np.zeros((3, 4)),  # noqa: E731
-                                        10 * times, np.zeros((3, 7)), 3 * times])
-    totals = list(per_step().sum(axis=0))
-    tl.add(0.0, times, totals, per_step)  # a span across bin edges: each step in the bin where it ends
+    rows = np.column_stack([times, 2 * times, times, np.ones(3), np.zeros((3, 4)), 10 * times, np.zeros((3, 7)),
+                            3 * times])
+    totals = list(rows.sum(axis=0))
+    by_bin = lambda w: zip(np.cumsum(times), rows)  # noqa: E731  (a row per step: finer than bins is fine too)
+    tl.add(0.0, times, totals, by_bin)  # a span across bin edges: each row in the bin where it ends
     tl.add(3.5, np.array([20.0]), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 20.0 * 50, 0, 0, 0, 0])  # idle gap: split by time
     assert tl.bin_s == 4.0  # 23.5 s fit in at most 8 bins
     df = tl.frame(capacity=50, end_s=23.5)
