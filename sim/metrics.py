@@ -166,6 +166,7 @@ class ItlHistogram:
 STEP_COLUMNS = ("step_index", "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens",
                 "num_decode_tokens", "num_sampled", "prefill_attention_pairs", "num_context_tokens", "num_waiting",
                 "num_running", "num_swapped", "num_preempted", "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
+_STEP_COUNTS = {c for c in STEP_COLUMNS if c.startswith("num_") or c in ("step_index", "prefill_attention_pairs")}
 
 
 def _nan_to_none(x: float):
@@ -507,11 +508,11 @@ class Recorder:
             self.log.finish(seq, t)
 
     def step_table(self) -> pd.DataFrame:
-        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
-                             columns=list(STEP_COLUMNS))
-        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
-        steps[counts] = steps[counts].astype(np.int64)
-        return steps
+        """The step records as a table: counts as int64, times and slots as float64. NOTE: built column
+        by column from the flat records (not a float frame whose count columns are then converted)."""
+        rows = np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+        return pd.DataFrame({c: rows[:, i].astype(np.int64) if c in _STEP_COUNTS else rows[:, i].copy()
+                             for i, c in enumerate(STEP_COLUMNS)}, copy=False)  # each column copied once
 
     def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None,
                 requests: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
