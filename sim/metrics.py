@@ -81,14 +81,12 @@ class RequestLog:
         self._common(seq)
 
     def frame(self) -> pd.DataFrame:
-        """One row per request, with the latencies derived from the recorded times.
-
-        NOTE: the log's own columns go into the frame uncopied (at 10^6 requests, copying them was ~90
-        MiB on top of everything the run holds, at its peak), so build the frame once the log is final.
-        The request table's columns are copied: every policy's log shares them, and a frame written in
-        place must not change the next policy's requests."""
         df = pd.DataFrame({
             "request_id": np.arange(len(self.arrival_s)),
+            # NOTE: the log's own columns go into the frame uncopied (``copy=False``: at 10^6 requests,
+            # copying them was ~90 MiB on top of everything the run holds, at its peak), so the frame is
+            # built once the log is final. The request table's columns are copied: every policy's log
+            # shares them, and a frame written in place must not change the next policy's requests.
             "arrival_s": self.arrival_s.copy(),
             "prompt_tokens": self.prompt_tokens.copy(),
             "output_tokens": self.output_tokens.copy(),
@@ -172,7 +170,6 @@ class ItlHistogram:
 STEP_COLUMNS = ("step_index", "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens",
                 "num_decode_tokens", "num_sampled", "prefill_attention_pairs", "num_context_tokens", "num_waiting",
                 "num_running", "num_swapped", "num_preempted", "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
-_STEP_COUNTS = {c for c in STEP_COLUMNS if c.startswith("num_") or c in ("step_index", "prefill_attention_pairs")}
 
 
 def _nan_to_none(x: float):
@@ -528,11 +525,11 @@ class Recorder:
             self.log.finish(seq, t)
 
     def step_table(self) -> pd.DataFrame:
-        """The step records as a table: counts as int64, times and slots as float64. NOTE: built column
-        by column from the flat records (not a float frame whose count columns are then converted)."""
-        rows = np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
-        return pd.DataFrame({c: rows[:, i].astype(np.int64) if c in _STEP_COUNTS else rows[:, i].copy()
-                             for i, c in enumerate(STEP_COLUMNS)}, copy=False)  # each column copied once
+        steps = pd.DataFrame(np.frombuffer(self.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
+                             columns=list(STEP_COLUMNS))
+        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
+        steps[counts] = steps[counts].astype(np.int64)
+        return steps
 
     def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None,
                 requests: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
