@@ -110,9 +110,13 @@ class RequestLog:
         self.flush()
         df = pd.DataFrame({
             "request_id": np.arange(len(self.arrival_s)),
-            "arrival_s": self.arrival_s,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
+            # NOTE: the log's own columns go into the frame uncopied (``copy=False``: at 10^6 requests,
+            # copying them was ~90 MiB on top of everything the run holds, at its peak), so the frame is
+            # built once the log is final. The request table's columns are copied: every policy's log
+            # shares them, and a frame written in place must not change the next policy's requests.
+            "arrival_s": self.arrival_s.copy(),
+            "prompt_tokens": self.prompt_tokens.copy(),
+            "output_tokens": self.output_tokens.copy(),
             "status": pd.Categorical.from_codes(self.status, list(STATUS_NAMES.values())),
             "reason": pd.Categorical.from_codes(self.reason, list(REASONS.values())),
             "first_scheduled_s": self.first_scheduled_s,
@@ -121,7 +125,7 @@ class RequestLog:
             "num_preemptions": self.num_preemptions,
             "generated_tokens": self.generated_tokens,
             "prefix_hit_tokens": self.prefix_hit_tokens,
-        })
+        }, copy=False)
         df["scheduling_delay_ms"] = (df.first_scheduled_s - df.arrival_s) * 1e3
         df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
         df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
@@ -248,27 +252,40 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     ``decode_seq_steps``: decoding sequences summed over steps; ``running_request_s``: requests holding
     KV, integrated over time (request-seconds); ``sharing``: block sharing's counts, when the run shares
     (or copies) blocks, with ``shared_slot_s``: the slot-seconds sharing saved."""
-    fin = requests[requests.status == "finished"]
+    status = requests.status
+    finished = (status == "finished").to_numpy()
+    num_finished = int(finished.sum())
+
+    def fin(column: str) -> np.ndarray:
+        # NOTE: one column of the finished requests at a time (none copied when all finished), not a
+        # copy of their whole table: at 10^6 requests, that was the largest allocation after the run
+        values = requests[column].to_numpy()
+        return values if num_finished == len(values) else values[finished]
+
+    generated = fin("generated_tokens")
     out: dict[str, float | int | None] = {
         "num_requests": int(len(requests)),
-        "num_finished": int(len(fin)),
-        "num_rejected": int((requests.status == "rejected").sum()),
-        "num_unfinished": int((requests.status == "unfinished").sum()),
+        "num_finished": num_finished,
+        "num_rejected": int((status == "rejected").sum()),
+        "num_unfinished": int((status == "unfinished").sum()),
         "duration_s": duration_s,
-        "request_throughput": len(fin) / duration_s if duration_s > 0 else math.nan,
-        "output_throughput": float(fin.generated_tokens.sum()) / duration_s if duration_s > 0 else math.nan,
-        "total_token_throughput": float((fin.prompt_tokens + fin.generated_tokens).sum()) / duration_s
+        "request_throughput": num_finished / duration_s if duration_s > 0 else math.nan,
+        "output_throughput": float(generated.sum()) / duration_s if duration_s > 0 else math.nan,
+        "total_token_throughput": float((fin("prompt_tokens") + generated).sum()) / duration_s
         if duration_s > 0 else math.nan,
     }
     for name in ("scheduling_delay_ms", "ttft_ms", "tpot_ms", "e2el_ms"):
-        v = fin[name].dropna().to_numpy()
+        v = fin(name)
+        v = v[~np.isnan(v)]
         out[f"mean_{name}"] = float(v.mean()) if len(v) else math.nan
         out[f"median_{name}"] = float(np.median(v)) if len(v) else math.nan
         out[f"p99_{name}"] = float(np.percentile(v, 99)) if len(v) else math.nan
     out["mean_itl_ms"] = itl.mean() * 1e3
     out["median_itl_ms"] = itl.quantile(0.5) * 1e3
     out["p99_itl_ms"] = itl.quantile(0.99) * 1e3
-    out["mean_normalized_latency_s"] = float(fin.normalized_latency_s.mean()) if len(fin) else math.nan
+    # NOTE: pandas' mean, as the summary has always taken it (pandas may sum in its own order: bit for bit)
+    out["mean_normalized_latency_s"] = (float(pd.Series(fin("normalized_latency_s")).mean()) if num_finished
+                                        else math.nan)
     out["mean_batch_size"] = seq_steps / num_steps if num_steps else 0.0
     out["mean_decode_batch_size"] = decode_seq_steps / decode_steps if decode_steps else 0.0
     out["mean_running_requests"] = running_request_s / duration_s if duration_s > 0 else math.nan
@@ -283,18 +300,19 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     out["busy_fraction"] = step_seconds / duration_s if duration_s > 0 else math.nan
     out = {k: _nan_to_none(v) for k, v in out.items()}
     if sharing is not None:
-        out.update(_sharing_metrics(fin, sharing, float(mem_slot_seconds[:3].sum()), shared_slot_s))
+        out.update(_sharing_metrics(fin("prompt_tokens"), fin("prefix_hit_tokens"), sharing,
+                                    float(mem_slot_seconds[:3].sum()), shared_slot_s))
     assert out.keys() <= METRICS.keys(), f"undeclared metrics {sorted(out.keys() - METRICS.keys())}"
     return out
 
 
-def _sharing_metrics(fin: pd.DataFrame, c: SharingCounts, used: float, shared: float) -> dict:
-    """Block sharing's figures: prefix-cache hits (finished requests), prefill saved, copies; ``used``
-    and ``shared``: slot-seconds allocated, and saved by sharing."""
+def _sharing_metrics(prompt: np.ndarray, hit: np.ndarray, c: SharingCounts, used: float, shared: float) -> dict:
+    """Block sharing's figures: prefix-cache hits (``prompt``, ``hit``: the finished requests' prompt and
+    prefix-hit tokens), prefill saved, copies; ``used`` and ``shared``: slot-seconds allocated, and saved
+    by sharing."""
     if not c.paged:  # contiguous slabs cannot share: samples and beams are copies
         return {"memory_saved_by_sharing": 0.0, "num_slab_copies": c.num_slab_copies}
     B = c.block_size
-    prompt, hit = fin.prompt_tokens.to_numpy(), fin.prefix_hit_tokens.to_numpy()
     out = {"prefill_tokens_saved": c.prefill_tokens_saved, "num_cow_copies": c.num_cow_copies,
            "num_evicted_blocks": c.num_evicted_blocks,
            # the paper's Fig. 15 measure: 1 - blocks used with sharing / blocks without

@@ -41,3 +41,12 @@ def out_file(path: str | Path, what: str = "--out") -> Path:
     if p.exists() and not os.access(p, os.W_OK):
         raise ScenarioError(f"{what} {p}: the file is not writable")
     return p
+
+
+def write_parquet(df, path: str | Path) -> None:
+    """``df.to_parquet(path, index=False)`` (the same schema, pandas metadata included, and the same
+    values read back), with dictionary encoding only for the columns that gain from it: categoricals and
+    text. NOTE: dictionary-encoding float and count columns, nearly all distinct, was half of writing a
+    result table (requests.parquet of the Azure trace: 19 ms -> 7 ms) and made the file larger."""
+    numeric = {c for c, t in df.dtypes.items() if t.kind in "iufb"}
+    df.to_parquet(path, index=False, use_dictionary=[str(c) for c in df.columns if c not in numeric])

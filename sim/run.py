@@ -27,7 +27,7 @@ from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, loa
 from sim.decompose import decompose as decompose_policies
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
-from sim.outputs import ReportWriter
+from sim.outputs import ReportWriter, write_parquet
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
@@ -212,7 +212,7 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
         paths.setdefault(key, out / f"{key}.parquet")
         df = pd.concat(list(by_policy.values()), ignore_index=True)
         df.insert(0 if key == "snapshots" else len(df.columns), "policy", _policy_column(by_policy))
-        df.to_parquet(paths[key], index=False)
+        write_parquet(df, paths[key])
     if report:
         paths["report"] = report(out)
     return paths

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from sim.metrics import ItlHistogram, Timeline
+from sim.metrics import ItlHistogram, RequestLog, Timeline
 
 
 def test_timeline_splits_time_exactly_and_doubles_bins():
@@ -36,3 +36,16 @@ def test_itl_histogram_quantiles_within_bin_precision():
     assert h.mean() == pytest.approx(v.mean(), rel=1e-12)
     for q in (0.5, 0.99):
         assert h.quantile(q) == pytest.approx(np.quantile(v, q), rel=3e-3)
+
+
+def test_request_frame_never_writes_through_to_the_shared_request_table():
+    """The request table is built over the log's own columns (no copy: memory at 10^6 requests), but the
+    request table's columns, shared by every policy's log, are copied: a frame changed in place leaves the
+    next policy's requests as they were."""
+    arrival, prompt, output = np.array([0.0, 1.0, 2.0]), np.array([5, 6, 7]), np.array([2, 3, 4])
+    log = RequestLog(arrival, prompt, output)
+    df = log.frame()
+    df.loc[0, "arrival_s"] = 9.0
+    df.loc[0, "prompt_tokens"] = 9
+    df.loc[0, "output_tokens"] = 9
+    assert arrival.tolist() == [0.0, 1.0, 2.0] and prompt.tolist() == [5, 6, 7] and output.tolist() == [2, 3, 4]

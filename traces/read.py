@@ -147,7 +147,10 @@ def _numbers(col: pd.Series, integer: bool) -> tuple[np.ndarray, np.ndarray]:
 
 def _timestamps(col: pd.Series) -> tuple[pd.Series, np.ndarray]:
     """Date-times (ISO 8601, any number of fractional digits, naive read as UTC) and problem codes."""
-    if col.dtype.kind == "O":  # NOTE: pandas reads at most 9 fractional digits (ns); the rest is below a ns
+    # NOTE: pandas reads at most 9 fractional digits (ns); the rest is below a ns
+    if isinstance(col.dtype, pd.StringDtype):  # a CSV's text: strings or missing, trimmed as they are
+        col = col.str.replace(r"(\.\d{9})\d+", r"\1", regex=True)
+    elif col.dtype.kind == "O":  # JSON values: only the strings are trimmed (a per-value check)
         col = col.where(~col.map(lambda v: isinstance(v, str)), col.astype(str).str.replace(
             r"(\.\d{9})\d+", r"\1", regex=True))
     ts = pd.to_datetime(col, format="ISO8601", utc=True, errors="coerce")
