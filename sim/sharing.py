@@ -96,12 +96,11 @@ class SharedBlockPool:
         # Compact: memory follows the blocks ever used, not the pool's size. The free queue is the blocks
         # never handed out, [_fresh, num_blocks) in id order, then the freed ones, least recently freed
         # first -- the same order as one queue of range(num_blocks) with freed ids appended.
-        # NOTE: the freed ones are a list with a moving head (``_q[_h:]``) and ``_pos``: block -> its place
-        # in the list (absolute: list index + ``_off``, the places dropped from the front) of its latest
-        # freeing. A place at or past the head is live when its block's ``_pos`` is that place; the head
-        # moving past a place allocates its block (``_pos`` keeps the old place: no per-block work). A
-        # cached block taken back from the queue (``incref``) leaves ``_pos``; its place goes stale and is
-        # skipped when the head reaches it. An OrderedDict did the same at ~10x the cost per block.
+        # NOTE: the freed ones are a list with a moving head, ``_q[_h:]``: the head moving past a place
+        # allocates its block. A cached block taken back from the queue (``incref``) leaves its place there,
+        # stale: ``_revived`` counts such places per block, and the head skips them (a block's stale place
+        # comes before any later one, so the first place of it the head meets is the stale one). An
+        # OrderedDict did the same at ~10x the cost per block.
         # holders: a block is in ``held`` while some table holds it, and in ``multi`` (with its count) while
         # two or more do -- sets and a small dict, so a table is taken and given back in bulk (C loops)
         self.held: set[int] = set()
@@ -110,8 +109,7 @@ class SharedBlockPool:
         self._fresh = 0
         self._q: list[int] = []
         self._h = 0
-        self._off = 0
-        self._pos: dict[int, int] = {}  # freed block -> its latest place
+        self._revived: dict[int, int] = {}  # block -> its stale places in _q[_h:]
         self._stale = 0  # stale places in _q[_h:]
         self.key: dict[int, tuple] = {}  # block -> (hash, identity, parent block, parent hash) while cached
         self.cache: dict[int, int] = {}  # hash -> block
@@ -120,8 +118,13 @@ class SharedBlockPool:
 
     def _queued(self) -> list[int]:
         """The freed blocks in the queue, in order."""
-        pos, off = self._pos, self._off
-        return [b for i, b in enumerate(self._q[self._h:], off + self._h) if pos.get(b) == i]
+        stale, out = dict(self._revived), []
+        for b in self._q[self._h:]:
+            if stale.get(b):
+                stale[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     @property
     def num_free(self) -> int:
@@ -155,15 +158,19 @@ class SharedBlockPool:
                 taken = q[h:h + m]
                 h += m
             else:
-                taken, place, pos = [], self._off + h, self._pos
+                taken, revived = [], self._revived
                 while len(taken) < m:
                     b = q[h]
-                    if pos.get(b) == place:
-                        taken.append(b)
-                    else:
+                    r = revived.get(b)
+                    if r:  # a stale place
+                        if r == 1:
+                            del revived[b]
+                        else:
+                            revived[b] = r - 1
                         self._stale -= 1
+                    else:
+                        taken.append(b)
                     h += 1
-                    place += 1
             self._h = h
             key = self.key
             if key:
@@ -183,12 +190,9 @@ class SharedBlockPool:
     def _enqueue(self, blocks) -> None:
         q = self._q
         if self._h > len(q) // 2:  # drop the consumed front once it outgrows the rest
-            self._off += self._h
             del q[:self._h]
             self._h = 0
-        start = self._off + len(q)
         q.extend(blocks)
-        self._pos.update(zip(blocks, range(start, start + len(blocks))))
 
     def free(self, block_ids: list[int]) -> None:
         held, multi = self.held, self.multi
@@ -220,7 +224,7 @@ class SharedBlockPool:
         elif b in self.held:
             multi[b] = 2
         else:  # a cached block comes back from the free queue: its place goes stale
-            del self._pos[b]
+            self._revived[b] = self._revived.get(b, 0) + 1
             self._stale += 1
             self.held.add(b)
 
