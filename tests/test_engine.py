@@ -277,3 +277,14 @@ def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
         assert exact.policies[name].summary["num_finished"] == wl["num_requests"]
     key = "skip" if case == "budget_below_batch" else "chunk_short"
     assert counts[key] > 0, counts
+
+
+def test_a_run_paces_the_garbage_collector_and_gives_it_back_as_it_was():
+    import gc
+    from sim.engine import paced_gc
+    before = gc.get_threshold()
+    with pytest.raises(ZeroDivisionError):
+        with paced_gc():
+            assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > 0
+            1 / 0  # a run that fails still restores the collector
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -47,7 +47,7 @@ import simpy
 
 from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
-from sim.engine import Engine, PolicyResult
+from sim.engine import Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog
 from sim.policy import rejection_reasons, resolve_policy
@@ -159,7 +159,8 @@ class DisaggFleet:
         for p in POOLS:
             for e in self.pools[p]:
                 e.attach(env, self.feeds[p])
-        env.run()
+        with paced_gc():
+            env.run()
         return self._results()
 
     # ------------------------------------------------------------------------------- the flow

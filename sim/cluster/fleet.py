@@ -25,7 +25,7 @@ import simpy
 from simpy.events import URGENT
 
 from sim.config import PolicyConfig, Scenario, ScenarioError
-from sim.engine import Engine, PolicyResult
+from sim.engine import Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
 from sim.policy import rejection_reasons, resolve_policy
@@ -121,7 +121,8 @@ class Fleet:
             self._close()
         for e in self.engines:
             e.attach(env, self)
-        env.run()
+        with paced_gc():
+            env.run()
         return self._results()
 
     def _preassign(self) -> None:
