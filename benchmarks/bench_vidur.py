@@ -29,19 +29,18 @@ HBM bandwidth): the speed comparison needs Vidur to run, not its attention accur
 sides' step times alike.
 
 Runtime fix. Vidur 0.0.26 dies at the first preemption under vLLM: ``Request.restart`` turns the processed
-tokens into the new prompt but keeps the per-stage counters ``_num_stage_processed_tokens`` and
-``_is_prefill_stage_complete``, so the recomputed prefill is counted on top of the old one and
-``on_batch_stage_end`` fails its ``_num_stage_processed_tokens <= total_tokens`` assertion (or
-``on_batch_end``'s ``_is_prefill_stage_complete`` one). The script patches ``restart`` in Vidur's process
-(site-packages untouched) to reset both before the original runs.
+tokens into the new prompt and zeroes ``_num_processed_tokens``, but keeps the per-stage counters
+``_num_stage_processed_tokens`` and ``_is_prefill_stage_complete``. The recomputed prefill is then counted
+on top of the old count, and ``on_batch_stage_end``'s assertion ``_num_stage_processed_tokens <=
+total_tokens`` fails (AssertionError) before the restarted request can finish. The script wraps ``restart``
+in Vidur's process (site-packages untouched) to zero both first.
 
 Measurement. Each run is a fresh process (``sim run --no-report``; ``python -m vidur.main``'s ``main``
 under the patches), pinned to one core with ``taskset`` when present, kvsim and Vidur alternating; the
 figure is the child's CPU time (user + system, children included) and wall time, median over ``--rounds``.
-Vidur's first run with an empty predictor cache trains its predictors (minutes to tens of minutes): with
-``--cold`` it is timed once, separately, in a fresh cache; otherwise the cache (``--cache-dir``, default
-``~/.cache/kvsim-bench-vidur``, never the repository) is filled first if empty and that run is reported
-as the training run.
+Vidur's first run is timed apart: with an empty predictor cache (``--cache-dir``, default
+``~/.cache/kvsim-bench-vidur``, never the repository; ``--cold``: a fresh temporary one) it trains its
+random forests (13 grid searches; tens of minutes on one core), else it is one more cached run.
 """
 
 from __future__ import annotations
