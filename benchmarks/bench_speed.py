@@ -95,7 +95,8 @@ def child(spec: dict) -> None:
 
 
 def pinned(cmd: list[str]) -> list[str]:
-    return ["taskset", "-c", "0", *cmd] if shutil.which("taskset") else cmd
+    core = os.environ.get("KVSIM_BENCH_CORE", "0")  # the core the runs are pinned to
+    return ["taskset", "-c", core, *cmd] if shutil.which("taskset") else cmd
 
 
 def measure(spec: dict) -> dict:

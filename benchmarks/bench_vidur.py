@@ -6,7 +6,7 @@
 
 Vidur (Agrawal et al., MLSys 2024; ``pip install vidur==0.0.26``, best in its own venv: its pins clash with
 kvsim's) is found in this interpreter, else in ``--vidur-python`` / ``$VIDUR_PYTHON``, else in
-``/work/vidur-venv/bin/python``; without it, or without the trace or the profiles, the script says why and
+``../vidur-venv/bin/python`` beside the project; without it, or without the trace or the profiles, the script says why and
 exits 0.
 
 Setup. The Azure LLM inference 2023 conversation trace (19,366 requests at their own rate), read and cut
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_VIDUR_PYTHON = Path("/work/vidur-venv/bin/python")
+DEFAULT_VIDUR_PYTHON = ROOT.parent / "vidur-venv" / "bin" / "python"  # a venv beside the project, like ../shared
 PROFILES_ENV = "KVSIM_PROFILES"
 DEFAULT_PROFILES = ROOT.parent / "shared" / "profiles" / "vidur"  # beside the project, as traces are
 DEFAULT_CACHE = Path.home() / ".cache" / "kvsim-bench-vidur"

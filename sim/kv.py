@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -356,17 +357,25 @@ class KvManager(Protocol):
 SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_EXTERNAL, SLOT_FREE = range(5)  # indices into MEMORY_CLASSES
 
 
+def _merge_runs(starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """(start, length, class) runs sorted by start, empty ones dropped, and neighbours of the same class
+    joined: an (n, 3) int64 array (in numpy: a pool of millions of blocks is drawn in milliseconds)."""
+    keep = lengths > 0
+    s, n, c = starts[keep], lengths[keep], classes[keep]
+    order = np.lexsort((c, n, s))
+    s, n, c = s[order], n[order], c[order]
+    if len(s) == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    head = np.ones(len(s), dtype=bool)
+    head[1:] = (c[1:] != c[:-1]) | (s[1:] != s[:-1] + n[:-1])  # a run that does not extend the previous one
+    first = np.flatnonzero(head)
+    return np.column_stack([s[first], np.add.reduceat(n, first), c[first]]).astype(np.int64)
+
+
 def _merge_segments(segs: list[tuple[int, int, int]]) -> np.ndarray:
     """Sort (start, length, class) runs and join neighbours of the same class."""
-    out: list[list[int]] = []
-    for start, length, cls in sorted(segs):
-        if length <= 0:
-            continue
-        if out and out[-1][2] == cls and out[-1][0] + out[-1][1] == start:
-            out[-1][1] += length
-        else:
-            out.append([start, length, cls])
-    return np.asarray(out, dtype=np.int64).reshape(-1, 3)
+    a = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
+    return _merge_runs(a[:, 0], a[:, 1], a[:, 2])
 
 
 def _fill_runs(base: int, filled: int, fill_to: int, alloc_to: int, segs: list) -> None:
@@ -468,25 +477,29 @@ class PagedKv:
                 self.pool.free_state())
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
-        """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES."""
+        """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES. Token positions
+        [i*B, (i+1)*B) of a table live in slots [b*B, (b+1)*B) of its i-th block b: token states up to the
+        table's filled count, then reserved slots up to its cap, then internal fragmentation."""
         B = self.block_size
         tables, (free, fresh) = captured
-        segs: list[tuple[int, int, int]] = []
-        seen: set[int] = set()  # a block shared by several sequences (prefix caching, forks) is drawn once
-        for table, filled, max_kv in tables:
-            cap = min(len(table) * B, max_kv)
-            for i, b in enumerate(table):  # token positions [i*B, (i+1)*B) live in slots [b*B, (b+1)*B)
-                if b in seen:
-                    continue
-                seen.add(b)
-                lo = i * B
-                f = min(max(filled - lo, 0), B)
-                r = min(max(cap - lo, 0), B)
-                _fill_runs(b * B, f, r, B, segs)
+        lens = np.array([len(t) for t, _, _ in tables], dtype=np.int64)
+        total = int(lens.sum())
+        blocks = np.fromiter(chain.from_iterable(t for t, _, _ in tables), dtype=np.int64, count=total)
+        pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)  # place in its table
+        filled = np.repeat(np.array([f for _, f, _ in tables], dtype=np.int64), lens)
+        cap = np.repeat(np.minimum(lens * B, np.array([m for _, _, m in tables], dtype=np.int64)), lens)
+        _, first = np.unique(blocks, return_index=True)  # a block several tables share is drawn by the first
+        lo, base = pos[first] * B, blocks[first] * B
+        f = np.clip(filled[first] - lo, 0, B)
+        r = np.clip(cap[first] - lo, 0, B)
+        free = np.asarray(free, dtype=np.int64)
         idle = SLOT_EXTERNAL if blocked else SLOT_FREE
-        segs.extend((b * B, B, idle) for b in free)
-        segs.append((fresh * B, (self.pool.num_blocks - fresh) * B, idle))  # never allocated: one run
-        return _merge_segments(segs)
+        k, m = len(base), len(free)
+        return _merge_runs(
+            np.concatenate([base, base + f, base + r, free * B, [fresh * B]]),
+            np.concatenate([f, r - f, B - r, np.full(m, B, dtype=np.int64), [(self.pool.num_blocks - fresh) * B]]),
+            np.concatenate([np.full(k, SLOT_TOKEN), np.full(k, SLOT_RESERVED), np.full(k, SLOT_INTERNAL),
+                            np.full(m + 1, idle)]).astype(np.int64))  # never allocated: one run
 
     def add_blocks(self, seqs: list) -> None:
         """One more block for each decoding sequence whose next token starts a new block, in order.
