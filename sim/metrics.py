@@ -509,22 +509,28 @@ class Recorder:
                 plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_slots * total, holding * total))
             if len(rows) >= tl.flush_at:
                 tl.flush()
-            self.num_steps += 1
-            self.seq_steps += n
-            if plan.num_decode_tokens:
-                self.decode_steps += 1
-                self.decode_seq_steps += plan.num_decode_tokens
-            self.running_request_s += holding * total
-            if self.groups is not None:
-                self.groups.add(start_s, total)
-            if self.record_steps:
-                self._step_row(start_s, times, 1, (
-                    n, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
-                    plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
-                    plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
-            return
-        k = len(times)
-        waiting = num_waiting
+            k = 1
+        else:
+            k, total, slot_s = self._span(start_s, times, plan, mem, num_waiting, shared_slots, holding, prompt_tokens,
+                                          hit_tokens, ends, joins)
+        self.num_steps += k
+        self.seq_steps += k * n
+        if plan.num_decode_tokens:
+            self.decode_steps += k
+            self.decode_seq_steps += k * plan.num_decode_tokens
+        self.running_request_s += holding * total
+        if self.groups is not None:
+            self.groups.add(start_s, total)
+        if self.record_steps:
+            self._step_row(start_s, times, k, (
+                n, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
+                plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
+                plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
+
+    def _span(self, start_s: float, times: list[float], plan, mem, waiting: int, shared_slots, holding: int,
+              prompt_tokens: int, hit_tokens: int, ends: list[float], joins: list[int]) -> tuple:
+        """A span's timeline rows (see ``step``); returns (steps, seconds, memory slot-seconds)."""
+        k, n = len(times), plan.num_seqs
         total = sum(times)
         filled, alloc, capped, rounding, held, blocked = mem
         # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
@@ -536,8 +542,6 @@ class Recorder:
         capacity = self.capacity
         shared = shared_slots  # a list along a span whose shared pages leave windows (sim/hybrid.py)
         shared_s = sum(map(mul, times, shared)) if shared.__class__ is list else shared * total
-        if self.groups is not None:
-            self.groups.add(start_s, total)
         # TIMELINE_COLUMNS, in order
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]
@@ -562,17 +566,7 @@ class Recorder:
                 j0 = j1
 
         self.timeline.add(start_s, times, totals, by_bin)
-        self.num_steps += k
-        self.seq_steps += k * n
-        if plan.num_decode_tokens:
-            self.decode_steps += k
-            self.decode_seq_steps += k * plan.num_decode_tokens
-        self.running_request_s += holding * total
-        if self.record_steps:
-            self._step_row(start_s, times, k, (
-                plan.num_seqs, plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_sampled,
-                plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
-                plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
+        return k, total, slot_s
 
     def _step_row(self, start_s: float, times: list[float], k: int, shape: tuple, slot_s, total=None) -> None:
         """STEP_COLUMNS, in order: index, start, duration, steps, then ``shape`` (num_seqs .. num_swap_blocks)

@@ -381,7 +381,7 @@ class RooflineStepTime:
         return 2 * slots * self._kv_bytes_per_token / self._bw + self.cfg.swap_copy_overhead_s if slots else 0.0
 
     def _step_s(self, fixed: tuple[float, float, float], attention_s: float) -> float:
-        # NOTE: the one place GPU and host combine; step_time_s ends here, decode_span_s inlines it (same floats)
+        # NOTE: the one place GPU and host combine; step_time_s and decode_span_s both end here
         gpu, serial, hidden = fixed
         g = gpu + attention_s
         return serial + (g if g >= hidden else hidden)
@@ -409,10 +409,8 @@ class RooflineStepTime:
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
-        keys, seq_s = plan.decode_context_tokens, n * per_seq
-        gpu, serial, hidden = fixed  # _step_s, inlined: g = gpu + attention
-        return [serial + (g if g >= hidden else hidden)
-                for g in [gpu + ((keys + n * j) * per_key + seq_s) for j in range(k)]]
+        keys, seq_s, step = plan.decode_context_tokens, n * per_seq, self._step_s
+        return [step(fixed, (keys + n * j) * per_key + seq_s) for j in range(k)]
 
     def breakdown(self, num_tokens: int, context_tokens: int = 0, block_size: int = 16) -> dict[str, float]:
         """Milliseconds of a prefill step of ``num_tokens`` new tokens of one sequence over
