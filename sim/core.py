@@ -72,7 +72,8 @@ class Sequence:
         self.clock = None  # the clock.DecodeClock it is on, if any
         self.state = NEW
         self.block_table: list[int] = []  # paged: physical block ids, in token order
-        self.cpu_blocks: list[int] = []  # paged, swapped out: CPU swap-space block ids
+        self.cpu_blocks: list[int] | tuple = ()  # paged, swapped out: CPU swap-space block ids (assigned, never
+        # grown in place: no list per sequence until one is swapped)
         self.slab_start: int | None = None  # contiguous: first token slot of the slab
         self.slab_tokens = 0  # contiguous: slots the policy reserved
         self.slab_rounded = 0  # contiguous: slots the allocator actually took (buddy rounding)

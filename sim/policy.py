@@ -181,7 +181,7 @@ class Preemption:
         kv.admit(seq, num_new)
         pairs = list(zip(seq.cpu_blocks, _table(kv, seq)))
         self.swap_pool.free(seq.cpu_blocks)
-        seq.cpu_blocks = []
+        seq.cpu_blocks = ()
         return pairs
 
     def can_swap_in_group(self, kv: SharedPagedKv, members: list) -> bool:

@@ -429,7 +429,7 @@ class SharedPagedKv(PagedKv):
                     self._hold(m, b, j)  # a later holder of a shared block
                 placed.add(b)
             self.capped += min(len(table) * self.block_size, m.max_kv_tokens)
-            m.cpu_blocks = []
+            m.cpu_blocks = ()
         swap_pool.free(unique)
         self._sync_alloc()
         return list(where.items())
