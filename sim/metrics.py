@@ -353,6 +353,7 @@ class Timeline:
         self.rows: list[float] = []  # buffered records: end time, then one total per column (the Recorder
         # writes a single step's row here itself: see ``add``)
         self.flush_at = self.BUFFER_ROWS * (len(TIMELINE_COLUMNS) + 1)
+        self.finishes: list[float] = []  # buffered (end time, requests finished) pairs, flat
 
     def _index(self, t: float) -> int:
         """The bin holding time ``t``, doubling the width while more than max_bins would be needed."""
@@ -374,6 +375,11 @@ class Timeline:
         return i
 
     def flush(self) -> None:
+        if self.finishes:
+            f = np.array(self.finishes, dtype=np.float64).reshape(-1, 2)
+            self._index(float(f[:, 0].max()))  # room (and width) for the latest
+            np.add.at(self.data[:, self.col["num_finished"]], (f[:, 0] // self.bin_s).astype(np.int64), f[:, 1])
+            self.finishes = []
         if not self.rows:
             return
         rows = np.array(self.rows, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
@@ -411,8 +417,9 @@ class Timeline:
                 self.flush()
 
     def add_finishes(self, t: float, count: int) -> None:
-        i = self._index(t)  # first: it may replace self.data
-        self.data[i, self.col["num_finished"]] += count
+        self.finishes += (t, count)  # buffered like the rows (a numpy item update costs ten appends)
+        if len(self.finishes) >= self.flush_at:
+            self.flush()
 
     def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
         """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the

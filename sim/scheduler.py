@@ -440,7 +440,8 @@ class Scheduler:
             self.clock.advance(1, [end_s])
             finished += self.clock.pop_finished()
         mem, shared = self.memory(), self.kv.shared_blocks
-        self._finish(finished, end_s)
+        if finished or self.static:  # (a static batch may end with no finish in this step)
+            self._finish(finished, end_s)
         beams = None
         for seq in sampled:
             g = seq.group
