@@ -426,24 +426,18 @@ class PagedKv:
         return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
 
     def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
-        # NOTE: _needed and pool.can_allocate inlined: once per waiting request per step
-        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)
-        pool = self.pool
-        return (n if n > 0 else 0) <= (pool.num_blocks - pool._fresh + len(pool._queue) - pool._head
-                                       - pool.watermark_blocks)
+        return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
 
     def can_grow(self, seq, num_new: int) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new))
 
     def grow(self, seq, num_new: int) -> None:
-        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)  # _needed
-        if n > 0:
+        n = self._needed(seq, num_new)
+        if n:
             self._add_blocks(seq, self.pool.allocate(n))
 
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:  # hits: only a sharing manager has any
-        n = -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)  # grow, inlined
-        if n > 0:
-            self._add_blocks(seq, self.pool.allocate(n))
+    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+        self.grow(seq, num_new)
 
     def _check(self) -> None:
         """Accounting, checked as a sequence gives its blocks back: the slots the tables hold (``alloc``,

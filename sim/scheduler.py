@@ -189,9 +189,7 @@ class Scheduler:
         admitted = False
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            g = seq.group  # _width, inlined
-            if (len(self.clock.members) + len(self.explicit) + len(self.pulling)
-                    + (g.width if g is not None and len(g.members) == 1 else 1) > self.max_num_seqs):
+            if self.num_running + len(self.pulling) + self._width(seq) > self.max_num_seqs:
                 break
             if seq._computed:  # its KV is on a prefill replica: reserve prompt + first token, pull it
                 if not self.kv.can_admit(seq, 1):

@@ -20,6 +20,7 @@ parent block, so a hash collision can only cause a miss, never a wrong block::
 from __future__ import annotations
 
 from collections.abc import Mapping
+
 import numpy as np
 
 from sim.kv import BlockPool, PagedKv, blocks_for
