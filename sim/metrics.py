@@ -90,10 +90,7 @@ class RequestLog:
             self.flush()
 
     def finish(self, seq, end_s: float) -> None:
-        g = seq.group
-        self._done.append((seq.request_id, seq.first_token_s, end_s, seq.num_preemptions,
-                           sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens,
-                           seq.prefix_hit_tokens or 0))
+        self._done.append((seq.request_id, seq.first_token_s, end_s, *self._common(seq)))
         if len(self._done) >= self.FLUSH_ROWS:
             self.flush()
 
