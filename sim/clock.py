@@ -120,6 +120,16 @@ class DecodeClock:
         """Members that need a new block at ``tick``, in arrival order."""
         return self._cross[tick % self.block_size] if self.paged else []
 
+    def crossings(self, j: int) -> int:
+        """Blocks the members take at ticks ``ticks + 2 .. ticks + 1 + j`` (the ``j`` ticks of a decode span
+        after its first, whose blocks are placed when it is planned): each member one per ``block_size``
+        ticks, in its class."""
+        if not self.paged or j <= 0:
+            return 0
+        B, t, cross = self.block_size, self.ticks, self._cross
+        whole, rest = divmod(j, B)
+        return whole * len(self.members) + sum(len(cross[(t + 2 + i) % B]) for i in range(rest))
+
     def decode_keys(self) -> int:
         """Keys the members read at the next tick: each its cached context plus the new token."""
         return self.offset_sum + len(self.members) * (self.ticks + 1)

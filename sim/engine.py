@@ -104,6 +104,7 @@ class Engine:
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
         self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
         self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
+        self._span_ends: list[float] | None = None  # inside a decode span taken at once: its steps' ends
         self.num_events = 0
         # prefill/decode disaggregation (sim/cluster/disagg.py): sequences made by the fleet (``push``), the
         # transfers that ended (``deliver``: applied at the next step boundary), and the fleet's hooks
@@ -269,6 +270,7 @@ class Engine:
                 cut = bisect_left(ends, stop if self.feed is None else self._horizon)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
                     ends, times = ends[:cut + 1], times[:cut + 1]
+                self._span_ends = ends  # what a router reads of a fed replica's KV meanwhile (kv_slots_in_use)
                 if self.feed is None or not (cuttable or sched.pulling):  # a landing KV cuts it too
                     yield env.timeout(ends[-1] - now)
                 else:
@@ -279,9 +281,11 @@ class Engine:
                         self._wakeable = None
                         cut = bisect_left(ends, wake.cause)
                         ends, times = ends[:cut + 1], times[:cut + 1]
+                        self._span_ends = ends
                         if now + (ends[-1] - now) > env.now:
                             yield env.timeout(now + (ends[-1] - now) - env.now)
                     self._wakeable = None
+                self._span_ends = None
                 self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
             done = sched.done
             if done:
@@ -342,6 +346,21 @@ class Engine:
         if self._wakeable == "idle" or (self._wakeable and cause is not None):
             self._wakeable = None
             self.process.interrupt(cause)
+
+    def kv_slots_in_use(self) -> int:
+        """KV slots in use now (allocated, held, rounding), as exact stepping holds them: every step's
+        blocks are placed as it is planned, so inside a decode span taken at once (whose blocks are placed
+        when it ends) the blocks of the steps begun by now count too. The step in progress is the first
+        one ending at or after now (one ending now has not completed: a router acts first). A router reads
+        this (sim/cluster/router.py); a manager whose pages leave a window while decoding (``kv.slides``)
+        steps exactly under such a router (``Replicas.exact_kv``), so this sum holds for every manager."""
+        kv = self.kv
+        used = kv.alloc + kv.held + kv.rounding
+        ends = self._span_ends
+        if ends is not None and kv.kind == "paged":
+            j = bisect_left(ends, self.process.env.now)
+            used += kv.fill_rate * kv.block_size * self.scheduler.clock.crossings(j)
+        return used
 
     def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int | list[int],
                 ends: list[float] | None = None) -> None:

@@ -277,10 +277,10 @@ axes:
     assert (two.mean_ttft_ms.to_numpy() < one.mean_ttft_ms.to_numpy()).all()
 
 
-@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session-affinity"])
+@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session-affinity", "least-kv"])
 def test_routing_reads_no_state_that_decode_spans_change(router):
-    """Spans are exact for a single server; a fleet's routers that read outstanding requests route the same
-    with exact stepping (least-kv reads KV allocated, which a span updates at its end: see the README)."""
+    """Spans are exact for a single server; a fleet's routers route the same with exact stepping: outstanding
+    requests change only at pushes and finishes, and least-kv reads the blocks of the steps a span has begun."""
     kw = dict(rate=6, n=150, cluster={"replicas": 3, "router": router})
     if router == "session-affinity":
         base = scenario(**kw)
@@ -292,6 +292,30 @@ def test_routing_reads_no_state_that_decode_spans_change(router):
     else:
         a = run(scenario(**kw)).policies["vllm"]
         b = run(scenario(exact=True, **kw)).policies["vllm"]
+    assert (a.requests.replica == b.requests.replica).all()
+    np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
+
+
+@pytest.mark.parametrize("model, policy", [
+    ("opt-13b", {"preset": "vllm", "block_size": 4}),
+    ("opt-13b", {"preset": "vllm", "block_size": 4, "prefix_caching": True}),
+    ("gemma-3-27b", {"preset": "vllm", "block_size": 4}),  # window pages: steps exactly under this router
+    ("opt-13b", "orca-oracle")])
+def test_least_kv_routes_inside_decode_spans_as_exact_stepping_does(model, policy):
+    """KV grows inside a decode span taken at once (a block per member every block_size steps): least-kv
+    reads it at each arrival as stepping holds it, on plain and prefix-cached pages, windowed hybrid pages
+    and slabs. Small blocks make many crossings inside spans."""
+    runs = []
+    for exact in (False, True):
+        d = {"name": "t", "model": model, "gpu": "h100",
+             "workload": {"arrival": {"kind": "poisson", "rate": 8}, "lengths": "sharegpt", "num_requests": 150,
+                          "seed": 1, "shared_prefixes": {"lengths": [512, 256]}},
+             "policies": [policy], "decompose": False, "exact": exact,
+             "cluster": {"replicas": 3, "router": "least-kv"}}
+        runs.append(next(iter(run(parse_scenario(d)).policies.values())))
+    (a, b), windowed = runs, model == "gemma-3-27b"
+    assert (a.num_events == b.num_events) if windowed else (a.num_events < b.num_events / 2)
+    assert a.requests.replica.nunique() == 3
     assert (a.requests.replica == b.requests.replica).all()
     np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
 

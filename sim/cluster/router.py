@@ -36,8 +36,16 @@ class Replicas:
         return [len(e._ids) - e.num_done for e in self.engines]
 
     def kv_use(self, r: int) -> float:
-        kv = self.engines[r].kv
-        return (kv.alloc + kv.held + kv.rounding) / kv.capacity if kv.capacity else 1.0
+        """KV slots in use / capacity, now, as exact stepping would hold them (``Engine.kv_slots_in_use``)."""
+        e = self.engines[r]
+        return e.kv_slots_in_use() / e.kv.capacity if e.kv.capacity else 1.0
+
+    def exact_kv(self) -> None:
+        """Make ``kv_use`` exact on every replica: one whose pages leave a window while decoding steps
+        one step at a time (inside a span its KV would need the window frees of the steps begun)."""
+        for e in self.engines:
+            if e.kv.slides:
+                e.exact = True
 
     def least_outstanding(self, cands, loads: list[int] | None = None) -> int:
         return min(cands, key=(self.loads() if loads is None else loads).__getitem__)
@@ -46,6 +54,7 @@ class Replicas:
 class Router:
     name = ""
     live = True  # reads replica state: routes at each arrival on the fleet's clock (else all at once, ahead)
+    reads_kv = False  # reads the replicas' KV in use (``Replicas.kv_use``)
 
     def __init__(self, replicas: Replicas, requests, options) -> None:
         self.replicas = replicas
@@ -91,9 +100,8 @@ class LeastOutstanding(Router):
 
 class LeastKv(Router):
     name = "least-kv"
-    # NOTE: KV allocated as the replica's scheduler last left it: inside a decode span taken at once,
-    # the span's start (the blocks its steps add are counted when it ends), so exact stepping can route
-    # differently. Outstanding counts change only at pushes and finishes, which spans keep exact.
+    reads_kv = True  # KV in use as exact stepping holds it, inside decode spans too; outstanding counts
+    # change only at pushes and finishes, which spans keep exact
 
     def route(self, i, cands):
         s = self.replicas
@@ -184,4 +192,7 @@ ROUTER_CLASSES = {c.name: c for c in (RoundRobin, Random, LeastOutstanding, Leas
 
 
 def make_router(name: str, replicas: Replicas, requests, options) -> Router:
-    return ROUTER_CLASSES[name](replicas, requests, options)
+    router = ROUTER_CLASSES[name](replicas, requests, options)
+    if router.reads_kv:
+        replicas.exact_kv()
+    return router
