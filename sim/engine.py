@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence
@@ -49,6 +50,9 @@ class PolicyResult:
     num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
     groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
     layout: object = None  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
+
+
+_NOT_WOKEN = object()  # Engine._woke while a wait has not been cut short
 
 
 @contextmanager
@@ -104,6 +108,8 @@ class Engine:
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
         self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
         self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
+        self._waited_from = 0.0  # that wait's start
+        self._woke = _NOT_WOKEN  # ``wake``'s cause (idle), or the step at which it cut the span (span)
         self._span_ends: list[float] | None = None  # inside a decode span taken at once: its steps' ends
         self.num_events = 0
         # prefill/decode disaggregation (sim/cluster/disagg.py): sequences made by the fleet (``push``), the
@@ -219,17 +225,14 @@ class Engine:
                     if self.feed.closed and math.isinf(t) and not sched.awaits_transfer():
                         self._end_s = now
                         return
-                    self._wakeable = "idle"
-                    try:
-                        yield env.event() if math.isinf(t) else env.timeout(t - now)
-                    except simpy.Interrupt as wake:
-                        if wake.cause is None:  # no more arrivals: this server ended when it went idle
+                    self._wakeable, self._waited_from, self._woke = "idle", now, _NOT_WOKEN
+                    yield env.event() if math.isinf(t) else env.timeout(t - now)  # ``wake`` may end it sooner
+                    self._wakeable = None
+                    if self._woke is not _NOT_WOKEN:
+                        if self._woke is None:  # no more arrivals: this server ended when it went idle
                             self._end_s = now
                             return
-                        t = wake.cause  # the pushed request's arrival; land where a timeout to it would have
-                        if now + (t - now) > env.now:
-                            yield env.timeout(now + (t - now) - env.now)
-                    self._wakeable = None
+                        t = self._woke  # the pushed request's arrival
                     t = min(t, self._horizon)
                 if math.isinf(t):
                     self._end_s = now
@@ -274,17 +277,11 @@ class Engine:
                 if self.feed is None or not (cuttable or sched.pulling):  # a landing KV cuts it too
                     yield env.timeout(ends[-1] - now)
                 else:
-                    self._wakeable = "span"
-                    try:
-                        yield env.timeout(ends[-1] - now)
-                    except simpy.Interrupt as wake:  # a push: end at the first step ending at or after it
-                        self._wakeable = None
-                        cut = bisect_left(ends, wake.cause)
-                        ends, times = ends[:cut + 1], times[:cut + 1]
-                        self._span_ends = ends
-                        if now + (ends[-1] - now) > env.now:
-                            yield env.timeout(now + (ends[-1] - now) - env.now)
+                    self._wakeable, self._waited_from, self._woke = "span", now, _NOT_WOKEN
+                    yield env.timeout(ends[-1] - now)  # a push may end it sooner (``wake``)
                     self._wakeable = None
+                    if self._woke is not _NOT_WOKEN:  # cut at the first step ending at or after the push
+                        ends, times = ends[:self._woke + 1], times[:self._woke + 1]
                 self._span_ends = None
                 self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
             done = sched.done
@@ -343,9 +340,38 @@ class Engine:
     def wake(self, cause) -> None:
         """Cut an idle wait or a cuttable span short: ``cause`` an arrival time, or None (arrivals ended:
         only an idle wait ends)."""
-        if self._wakeable == "idle" or (self._wakeable and cause is not None):
+        w = self._wakeable
+        if w == "idle" or (w and cause is not None):
             self._wakeable = None
-            self.process.interrupt(cause)
+            start = self._waited_from
+            if w == "span":  # end at the first step ending at or after ``cause``
+                ends = self._span_ends
+                self._woke = cut = bisect_left(ends, cause)
+                self._span_ends = ends[:cut + 1]
+                at = start + (ends[cut] - start)
+            else:
+                self._woke = cause
+                at = start + (cause - start) if cause is not None else start
+            self._resume_at(at)
+
+    def _resume_at(self, at: float) -> None:
+        """The waiting process resumes at ``at`` (now if ``at`` has passed) instead of when its wait ends.
+        NOTE: a new event takes over the process's resume callback, as SimPy's ``Interruption`` moves it,
+        without throwing an exception into the generator and waking it twice (at the push, then at the
+        cut); the old wait's event still fires, with nothing to call. Bit for bit where the interrupt
+        landed: at ``now + (at - now)``, or now, before the clock's ordinary events (urgent)."""
+        proc = self.process
+        env = proc.env
+        ev = simpy.Event(env)
+        ev._ok, ev._value = True, None
+        d = at - env.now
+        if d > 0:
+            env.schedule(ev, NORMAL, d)
+        else:
+            env.schedule(ev, URGENT)
+        proc._target.callbacks.remove(proc._resume)
+        ev.callbacks.append(proc._resume)
+        proc._target = ev
 
     def kv_slots_in_use(self) -> int:
         """KV slots in use now (allocated, held, rounding), as exact stepping holds them: every step's
