@@ -123,6 +123,24 @@ def distinct_experts(num_experts: int, per_token: int, tokens):
     return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
 
 
+_PRICING_CACHES: dict[tuple, tuple[dict, dict]] = {}
+
+
+def _pricing_cache(model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig) -> tuple[dict, dict]:
+    """The caches of ``RooflineStepTime._fixed_parts`` ((tokens, sequences, samples) -> (GPU, serial host,
+    overlapped host) seconds; tokens -> GPU seconds of the layers but attention) for these inputs, which
+    are all that those depend on: a fleet's replicas, a scenario's policies and a sweep's points on the
+    same model and GPU price each shape once. Bounded like one cache (``_fixed_parts``), and by the
+    distinct inputs a process meets."""
+    key = (repr(model), repr(gpu), tp, cfg.model_dump_json())
+    got = _PRICING_CACHES.get(key)
+    if got is None:
+        if len(_PRICING_CACHES) >= 64:
+            _PRICING_CACHES.clear()
+        got = _PRICING_CACHES[key] = ({}, {})
+    return got
+
+
 class RooflineStepTime:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig, paged: bool,
                  layout=None) -> None:
@@ -141,8 +159,8 @@ class RooflineStepTime:
         self._host = gpu.host_bytes_per_s
         self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
-        self._fixed: dict[tuple[int, int, int], tuple[float, float, float]] = {}  # see _fixed_parts
-        self._layers: dict[int, float] = {}  # num_tokens -> GPU seconds of all layers but attention
+        # see _fixed_parts; shared by every pricer of the same model, GPU, TP and config in this process
+        self._fixed, self._layers = _pricing_cache(model, gpu, tp, cfg)
         self._paged_terms: dict[int, tuple[float, float]] = {}
         self.model, self.gpu = model, gpu
         self.layout = layout

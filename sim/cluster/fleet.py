@@ -207,10 +207,11 @@ def _imbalance(x: np.ndarray) -> float | None:
 def _at(env: simpy.Environment, t: float) -> simpy.Event:
     """An urgent event at exactly time ``t`` (``now + (t - now)`` can miss ``t`` by a rounding): the
     router acts at an arrival before any replica event of the same time."""
-    d = t - env.now
-    while env.now + d < t:
+    now = env.now
+    d = t - now
+    while now + d < t:
         d = math.nextafter(d, math.inf)
-    while d > 0 and env.now + d > t:
+    while d > 0 and now + d > t:
         d = math.nextafter(d, -math.inf)
     ev = simpy.Event(env)
     ev._ok, ev._value = True, None
