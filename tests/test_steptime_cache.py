@@ -13,6 +13,7 @@ def test_layer_cache_prices_like_a_cold_pricer(model):
     def pricer():
         return RooflineStepTime(MODELS[model], GPUS["a100-80gb"], 1, RooflineConfig(), paged=True)
 
+    _PRICING_CACHES.clear()
     warm = pricer()
     shapes = [(tokens, seqs, sampled) for tokens in (1, 17, 512, 2048) for seqs, sampled in ((1, 1), (8, 3), (16, 16))
               if seqs <= tokens and sampled <= seqs]
