@@ -130,12 +130,12 @@ def _pricing_cache(model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig)
     """The caches of ``RooflineStepTime._fixed_parts`` ((tokens, sequences, samples) -> (GPU, serial host,
     overlapped host) seconds; tokens -> GPU seconds of the layers but attention) for these inputs, which
     are all that those depend on: a fleet's replicas, a scenario's policies and a sweep's points on the
-    same model and GPU price each shape once. Bounded like one cache (``_fixed_parts``), and by the
-    distinct inputs a process meets."""
+    same model and GPU price each shape once. Each is bounded as before (``_fixed_parts``), and a process
+    keeps those of at most 8 inputs."""
     key = (repr(model), repr(gpu), tp, cfg.model_dump_json())
     got = _PRICING_CACHES.get(key)
     if got is None:
-        if len(_PRICING_CACHES) >= 64:
+        if len(_PRICING_CACHES) >= 8:  # at most 8 x 65,536 shapes (about 100 MiB) outlive their runs
             _PRICING_CACHES.clear()
         got = _PRICING_CACHES[key] = ({}, {})
     return got
