@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--no-trace", action="store_true", help="skip everything on the Azure conv trace: (a), (c), (e)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.rounds = max(1, a.rounds)
     if a.child:
         child(json.loads(a.child))
         return
@@ -190,7 +191,7 @@ def main() -> None:
         print(f"\n(c) Azure conv trace, vllm and its variants (CPU of run per event; ratio to plain vllm in the same "
               f"round; medians of {a.rounds} rounds)")
         runs: dict[str, list[dict]] = {label: [] for label in VARIANTS}
-        for k in range(a.rounds):  # each round runs every variant once, in turn: a slow spell hits a round's all
+        for k in range(a.rounds):  # every variant once per round, in turn: a slow spell hits a whole round
             for label, (policy, extra) in VARIANTS.items():
                 r = on_trace.get(policy) if k == 0 and policy == "vllm" and not extra else None
                 runs[label].append(r or measure({"scenario": scenario({"kind": "trace", "path": str(AZURE)}, policy,
