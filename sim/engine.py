@@ -345,9 +345,8 @@ class Engine:
             self._wakeable = None
             start = self._waited_from
             if w == "span":  # end at the first step ending at or after ``cause``
-                ends = self._span_ends
+                ends = self._span_ends  # (kept whole: until the cut, the step in progress is the same)
                 self._woke = cut = bisect_left(ends, cause)
-                self._span_ends = ends[:cut + 1]
                 at = start + (ends[cut] - start)
             else:
                 self._woke = cause
