@@ -173,7 +173,7 @@ class DecodeClock:
 
     # ------------------------------------------------------------------------------------ ticks
 
-    def place_span_blocks(self, kv, k: int, filled: list | None = None, shared0: int | None = None,
+    def place_span_blocks(self, kv, k: int, filled: list, shared0=None,
                           shared: list | None = None) -> tuple:
         """Give the members the blocks of ticks 2..k (the next tick's are placed when it is planned),
         tick by tick, oldest first; returns the manager's (alloc, capped) after each of the k ticks.
@@ -215,7 +215,8 @@ class DecodeClock:
 
     def pop_finished(self) -> list:
         """Members that have sampled their last token by now, in finish-tick order."""
-        out, heap, t = {}, self._finish_at, self.ticks
+        out: dict = {}
+        heap, t = self._finish_at, self.ticks
         while heap and heap[0][0] <= t:
             tick, _, seq = heapq.heappop(heap)
             if seq.clock is self and tick == seq.output_tokens - seq._output:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.clock import DecodeClock
 
 
 # Where a sequence is (``Sequence.state``): exactly one of the scheduler's queues, or done. The scheduler
@@ -69,7 +73,7 @@ class Sequence:
         self.max_kv_tokens = prompt_tokens + output_tokens - 1
         self._computed = 0
         self._output = 0
-        self.clock = None  # the clock.DecodeClock it is on, if any
+        self.clock: DecodeClock | None = None  # the decode clock it is on, if any
         self.state = NEW
         self.block_table: list[int] = []  # paged: physical block ids, in token order
         self.cpu_blocks: list[int] | tuple = ()  # paged, swapped out: CPU swap-space block ids (assigned, never
@@ -167,9 +171,9 @@ class StepPlan:
     forks: tuple[tuple[int, int], ...] = ()  # (source, target) sequence ids: target's history is source's
     num_preempted: int = 0
     host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
-    _decoding: object = ()  # the scheduler's clocked decode group (each computes one token), not copied
-    _entries: object = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
-    _contexts: object = field(default=None, compare=False, repr=False)  # () -> the clocked decodes' sorted keys
+    _decoding: Any = ()  # the scheduler's clocked decode group (each computes one token), not copied
+    _entries: Any = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
+    _contexts: Any = field(default=None, compare=False, repr=False)  # () -> the clocked decodes' sorted keys
     # and their prefix sums (DecodeClock.decode_contexts), for window groups' keys; None: sort _decoding
 
     extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,7 @@ class PolicyResult:
     fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
     num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
     groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
-    layout: object = None  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
+    layout: Any = None  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
 
 
 _NOT_WOKEN = object()  # Engine._woke while a wait has not been cut short
@@ -91,7 +91,7 @@ class Engine:
         self.progress = progress
         self.sampling = sampling  # parallel samples or beams: every request is a group
         self.width = resolved.width
-        self.kv = make_kv(resolved)
+        self.kv: Any = make_kv(resolved)  # paged managers also have pool, block_size, ...: read where paged
         if hasattr(executor, "bind_kv"):  # a real executor reads the allocator's per-group tables (gpu/executor.py)
             executor.bind_kv(self.kv)
         self.rec = Recorder(requests, self.kv.capacity, timeline_bin_s=timeline_bin_s, record_steps=record_steps,
@@ -104,20 +104,21 @@ class Engine:
         self._holding = 0  # requests holding KV during the step being taken
         self.num_done = 0
         self._snap_key: tuple = (0, 0)
-        self._snap = None
+        self._snap: tuple | None = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
-        self.feed = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
-        self._wakeable = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
+        self.feed: Any = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
+        self._wakeable: str | None = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
         self._waited_from = 0.0  # that wait's start
-        self._woke = _NOT_WOKEN  # ``wake``'s cause (idle), or the step at which it cut the span (span)
+        self._woke: Any = _NOT_WOKEN  # ``wake``'s cause (idle), or the step at which it cut the span (span)
         self._span_ends: list[float] | None = None  # inside a decode span taken at once: its steps' ends
         self.num_events = 0
         # prefill/decode disaggregation (sim/cluster/disagg.py): sequences made by the fleet (``push``), the
         # transfers that ended (``deliver``: applied at the next step boundary), and the fleet's hooks
         self._made: dict[int, Sequence] = {}
         self.inbox: list[tuple[Sequence, float]] = []
-        self.on_handoff = None  # a prefill replica: called with (engine, finished requests, time)
-        self.on_pull = None  # a decode replica: called with (engine, sequences whose KV it reserved, time)
+        self.on_handoff: Callable | None = None  # a prefill replica: called with (engine, finished requests, time)
+        # a decode replica: called with (engine, sequences whose KV it reserved, time)
+        self.on_pull: Callable | None = None
 
     # ------------------------------------------------------------------------------------ run
 
@@ -214,7 +215,7 @@ class Engine:
                 self._admit_arrivals(now)
             plan = sched.schedule()
             if sched.pulled:
-                self.on_pull(self, sched.pulled, now)
+                self.on_pull(self, sched.pulled, now)  # type: ignore[misc]  # set: a decode replica pulls
                 sched.pulled = []
             if plan is None:
                 if sched.has_work() and not sched.awaits_transfer():
@@ -283,7 +284,8 @@ class Engine:
                     if self._woke is not _NOT_WOKEN:  # cut at the first step ending at or after the push
                         ends, times = ends[:self._woke + 1], times[:self._woke + 1]
                 self._span_ends = None
-                self._record(now, times, plan, *sched.complete_span(ends), ends=ends)
+                mem, shared = sched.complete_span(ends)
+                self._record(now, times, plan, mem, shared, ends)
             done = sched.done
             if done:
                 self.rec.finished(env.now, done)
@@ -345,7 +347,8 @@ class Engine:
             self._wakeable = None
             start = self._waited_from
             if w == "span":  # end at the first step ending at or after ``cause``
-                ends = self._span_ends  # (kept whole: until the cut, the step in progress is the same)
+                # set: in a span (kept whole: until the cut, the step in progress is the same)
+                ends: list[float] = self._span_ends  # type: ignore[assignment]
                 self._woke = cut = bisect_left(ends, cause)
                 at = start + (ends[cut] - start)
             else:
@@ -397,9 +400,10 @@ class Engine:
             while arr[i] <= end:
                 joins.append(bisect_left(ends, arr[i]) + 1)
                 i += 1
+        shared: int | list[int]
         if not s.paged:
             shared = 0
-        elif shared_blocks.__class__ is int:
+        elif isinstance(shared_blocks, int):
             shared = shared_blocks * self.kv.block_size
         else:
             shared = [x * self.kv.block_size for x in shared_blocks]

@@ -13,9 +13,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from itertools import chain
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+
+try:  # a compiled build (sim/native.py): the managers below have subclasses in plain Python (sim/sharing.py, ...)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # plain Python: nothing to allow
+    def mypyc_attr(**_):  # type: ignore[misc]
+        return lambda cls: cls
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.schema import MEMORY_CLASSES  # declared with the result files' schema
@@ -154,7 +160,8 @@ def _size(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB" if abs(num_bytes) >= GIB / 10 else f"{num_bytes / 2**20:.1f} MiB"
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
+def blocks_for(num_tokens, block_size):
+    """Blocks that hold ``num_tokens`` tokens (numbers or numpy arrays)."""
     return -(-num_tokens // block_size)
 
 
@@ -345,8 +352,8 @@ class KvManager(Protocol):
     span_shared_filled: object  # None, or (k, contexts) -> shared_filled now and after each of k decode steps
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray: ...
-    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool: ...
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None: ...
+    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool: ...
+    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None: ...
     def can_grow(self, seq, num_new: int) -> bool: ...
     def grow(self, seq, num_new: int) -> None: ...
     def free(self, seq) -> None: ...
@@ -385,13 +392,14 @@ def _fill_runs(base: int, filled: int, fill_to: int, alloc_to: int, segs: list) 
     segs.append((base + fill_to, alloc_to - fill_to, SLOT_INTERNAL))
 
 
-def breakdown(capacity: int, filled, alloc, capped, rounding, held, blocked: bool):
+def breakdown(capacity, filled, alloc, capped, rounding, held, blocked: bool):
     """The five memory classes (token slots); works on scalars and on per-step numpy arrays alike."""
     free_slots = capacity - alloc - rounding - held
     ext = rounding + (free_slots if blocked else 0)
     return filled, capped - filled, alloc - capped + held, ext, (0 * free_slots if blocked else free_slots)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PagedKv:
     """Blocks taken on demand: a sequence holds ``ceil(slots needed / block_size)`` blocks."""
 
@@ -401,11 +409,11 @@ class PagedKv:
     slides = False  # pages can leave a sequence while it decodes (hybrid.HybridPagedKv: window groups)
     shared_filled = 0
     shared_blocks = 0
-    copies: tuple = ()  # copy-on-write block copies of the step being planned (sharing.py only)
-    loads: tuple = ()  # blocks loaded from the CPU tier for the step being planned (sharing.py only)
-    span_shared_filled = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
+    copies: Any = ()  # copy-on-write block copies of the step being planned (sharing.py only: a list)
+    loads: Any = ()  # blocks loaded from the CPU tier for the step being planned (sharing.py only: a list)
+    span_shared_filled: Any = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: Any) -> None:  # a BlockPool, or a sharing.SharedBlockPool (its own bookkeeping)
         self.pool = pool
         self.block_size = pool.block_size
         self.capacity = pool.num_blocks * pool.block_size
@@ -418,14 +426,14 @@ class PagedKv:
         """Per request: even alone, its blocks exceed the pool above the admission watermark. With
         ``width`` samples or beams, each may hold its own copy of everything past the full prompt blocks."""
         p = np.asarray(prompt_tokens)
-        need = blocks_for(p + np.asarray(output_tokens) - 1, self.block_size)
+        need = -(-(p + np.asarray(output_tokens) - 1) // self.block_size)  # blocks_for, per request
         need = need + (width - 1) * (need - p // self.block_size)
         return need > self.pool.num_blocks - self.pool.watermark_blocks
 
     def _needed(self, seq, num_new: int) -> int:
         return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
 
-    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
+    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
 
     def can_grow(self, seq, num_new: int) -> bool:
@@ -436,7 +444,7 @@ class PagedKv:
         if n:
             self._add_blocks(seq, self.pool.allocate(n))
 
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None:
         self.grow(seq, num_new)
 
     def _check(self) -> None:
@@ -510,6 +518,7 @@ class PagedKv:
         self.capped += B * n - slack
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ContiguousKv:
     """One slab per request, reserved whole at admission; decodes never need memory."""
 
@@ -521,7 +530,7 @@ class ContiguousKv:
     shared_blocks = 0
     copies: tuple = ()
     loads: tuple = ()
-    span_shared_filled = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
+    span_shared_filled: Any = None  # several KV groups in slabs (hybrid.HybridContiguousKv): a method
 
     def __init__(self, allocator: BuddyAllocator | FirstFitAllocator, reservation: Reservation) -> None:
         self.allocator = allocator
@@ -541,7 +550,7 @@ class ContiguousKv:
     def slab_for(self, seq) -> int:
         return self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
 
-    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray | bool:
         """Per request: its ``width`` slabs (one per sample or beam) never fit the empty pool together."""
         slab = self.reservation.column(prompt_tokens, output_tokens)
         a = self.allocator
@@ -559,7 +568,7 @@ class ContiguousKv:
         g = seq.group
         return g.width if g is not None and len(g.members) == 1 else 1
 
-    def can_admit(self, seq, num_new: int, hits: list[int] = ()) -> bool:
+    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool:
         n = self._slabs_needed(seq)
         if n <= 1:
             return n == 0 or self.allocator.can_allocate(self.slab_for(seq))
@@ -583,7 +592,7 @@ class ContiguousKv:
         self.rounding += self.allocator.rounded(n) - n
         return start
 
-    def admit(self, seq, num_new: int, hits: list[int] = ()) -> None:
+    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None:
         n = self._slabs_needed(seq)
         if not n:
             return

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from bisect import bisect_right
+from functools import partial
 from operator import mul
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,8 +64,8 @@ class RequestLog:
     def flush(self) -> None:
         """Write the buffered finishes and first schedulings into the columns."""
         if self._done:
-            i, first, end, pre, gen, hit = zip(*self._done)
-            i = np.array(i)
+            ids, first, end, pre, gen, hit = zip(*self._done)
+            i = np.array(ids)
             self.status[i] = FINISHED
             self.first_token_s[i] = first
             self.finish_s[i] = end
@@ -73,8 +74,8 @@ class RequestLog:
             self.prefix_hit_tokens[i] = hit
             self._done = []
         if self._scheduled:
-            i, t = zip(*self._scheduled)
-            self.first_scheduled_s[np.array(i)] = t
+            ids, t = zip(*self._scheduled)
+            self.first_scheduled_s[np.array(ids)] = t
             self._scheduled = []
 
     def _common(self, seq) -> tuple[int, int, int]:
@@ -137,7 +138,9 @@ class ItlHistogram:
     count and sum: percentiles to bin precision, the mean exact, memory independent of run length.
     Values are buffered and binned in bulk (cheap per call)."""
 
-    LO, PER_DECADE, DECADES = 1e-7, 1000, 12
+    LO = 1e-7  # (one name per line: mypyc compiles class bodies of plain assignments only)
+    PER_DECADE = 1000
+    DECADES = 12
 
     def __init__(self) -> None:
         self.counts = np.zeros(self.PER_DECADE * self.DECADES + 1, dtype=np.float64)
@@ -196,7 +199,7 @@ STEP_COLUMNS = ("step_index", "start_s", "duration_s", "num_steps", "num_seqs", 
                 "num_running", "num_swapped", "num_preempted", "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
 
 
-def _nan_to_none(x: float):
+def _nan_to_none(x):  # NOTE: untyped: a compiled build (sim/native.py) would make an int a float
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
@@ -385,7 +388,7 @@ class Timeline:
         np.add.at(self.data, idx, rows[:, 1:])
         self.rows = []
 
-    def add(self, start_s: float, times: list[float], totals: list[float], by_bin=None) -> None:
+    def add(self, start_s: float, times, totals, by_bin=None) -> None:
         """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
         (one per TIMELINE_COLUMNS). Inside one bin, or a single step: the totals go to the bin where it
         ends. An idle gap (``by_bin`` None, several bins) splits by time. A longer span across bin
@@ -443,6 +446,35 @@ class Timeline:
         return df
 
 
+def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiting: int, joins: list[int] | tuple,
+               shared, holding: int, n: int, num_sampled: int, capacity, w: float) -> list[tuple[float, list]]:
+    """A span's (end, TIMELINE_COLUMNS row) per bin of width ``w``, for the steps ending in it (see
+    ``Recorder._span``)."""
+    filled, alloc, capped, rounding, held, blocked = mem
+    out = []
+    k = len(times)
+    j0 = 0
+    while j0 < k:
+        b = ends[j0] // w  # (as Timeline bins a time)
+        j1 = j0 + 1
+        while j1 < k and ends[j1] // w == b:
+            j1 += 1
+        ts = times[j0:j1]
+        t = sum(ts)
+        f, a, c = (sum(map(mul, ts, x[j0:j1])) if x.__class__ is list else x * t for x in (filled, alloc, capped))
+        w_s = waiting * t
+        for x in joins:  # an arrival joining after step x waits from step x on
+            x = max(x, j0)
+            if x < j1:
+                w_s += ends[j1 - 1] - (ends[x - 1] if x else start_s)
+        out.append((ends[j1 - 1], [t, n * t, w_s, j1 - j0, num_sampled * (j1 - j0), 0, 0, 0,
+                                   *breakdown(capacity * t, f, a, c, rounding * t, held * t, blocked), 0, 0,
+                                   sum(map(mul, ts, shared[j0:j1])) if shared.__class__ is list else shared * t,
+                                   holding * t]))
+        j0 = j1
+    return out
+
+
 class Recorder:
     """Everything one policy's run records, in one place: the request log, the inter-token-latency
     histogram, the timeline, the step table and the counters the summary needs. The engine hands it each
@@ -474,7 +506,7 @@ class Recorder:
         # block sharing, counted by the scheduler
         self.prefill_tokens_saved = 0  # prompt tokens served from the prefix cache, over all admissions
         self.num_slab_copies = 0  # contiguous: forks and beam moves copied between slabs
-        self.groups = None  # several KV groups: a hybrid.GroupTimeline the engine sets (kv_groups.parquet)
+        self.groups: Any = None  # several KV groups: a hybrid.GroupTimeline the engine sets (kv_groups.parquet)
 
     def idle(self, start_s: float, duration_s: float, mem, *, num_waiting: int, num_running: int,
              num_swapped: int, shared_slots: int) -> None:
@@ -492,8 +524,8 @@ class Recorder:
                            slot_s)
 
     def step(self, start_s: float, times: list[float], plan, mem, num_waiting: int, num_running: int,
-             num_swapped: int, shared_slots: int | list[int], holding: int, prompt_tokens: int, hit_tokens: int,
-             ends: list[float] | None = None, joins: list[int] = ()) -> None:
+             num_swapped: int, shared_slots, holding: int, prompt_tokens: int, hit_tokens: int,
+             ends: list[float] | None = None, joins: list[int] | tuple = ()) -> None:
         """One step (``mem``: the five memory classes), or a span of ``len(times)`` decode steps ending at
         ``ends`` (``mem``: what ``Scheduler.complete_span`` returns; ``joins``: the steps after which
         arrivals during the span joined the waiting queue, as stepping would add them). ``holding``:
@@ -532,7 +564,7 @@ class Recorder:
                 plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
 
     def _span(self, start_s: float, times: list[float], plan, mem, waiting: int, shared_slots, holding: int,
-              prompt_tokens: int, hit_tokens: int, ends: list[float], joins: list[int]) -> tuple:
+              prompt_tokens: int, hit_tokens: int, ends: list[float], joins: list[int] | tuple) -> tuple:
         """A span's timeline rows (see ``step``); returns (steps, seconds, memory slot-seconds)."""
         k, n = len(times), plan.num_seqs
         total = sum(times)
@@ -549,26 +581,10 @@ class Recorder:
         # TIMELINE_COLUMNS, in order
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]
-
-        def by_bin(w: float):  # only for a span across a bin edge: a row per bin, for the steps ending in it
-            j0 = 0
-            while j0 < k:
-                j1 = bisect_right(ends, ends[j0] // w, j0, key=lambda x: x // w)  # (as Timeline bins a time)
-                ts = times[j0:j1]
-                t = sum(ts)
-                f, a, c = (sum(map(mul, ts, x[j0:j1])) if x.__class__ is list else x * t
-                           for x in (filled, alloc, capped))
-                w_s = waiting * t
-                for x in joins:  # an arrival joining after step x waits from step x on
-                    x = max(x, j0)
-                    if x < j1:
-                        w_s += ends[j1 - 1] - (ends[x - 1] if x else start_s)
-                yield ends[j1 - 1], [t, n * t, w_s, j1 - j0, plan.num_sampled * (j1 - j0), 0, 0, 0,
-                                     *breakdown(capacity * t, f, a, c, rounding * t, held * t, blocked), 0, 0,
-                                     sum(map(mul, ts, shared[j0:j1])) if shared.__class__ is list else shared * t,
-                                     holding * t]
-                j0 = j1
-
+        # only for a span across a bin edge (Timeline.add calls it): a row per bin. NOTE: a partial, not a
+        # closure: a compiled build (sim/native.py) would make each closure a reference cycle
+        by_bin = partial(_span_rows, start_s, times, ends, mem, waiting, joins, shared, holding, n, plan.num_sampled,
+                         capacity)
         self.timeline.add(start_s, times, totals, by_bin)
         return k, total, slot_s
 

@@ -33,6 +33,7 @@ out, the budget is short), the general per-sequence path runs instead, with the 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from sim.clock import DecodeClock, add_sorted, insert_by_arrival
 from sim.core import DONE, NEW, RUNNING, SWAPPED, WAITING, Sequence, StepPlan
@@ -44,7 +45,7 @@ class Scheduler:
     def __init__(self, r: ResolvedPolicy, kv: KvManager, rec) -> None:
         policy = r.policy
         self.policy = policy
-        self.kv = kv
+        self.kv: Any = kv  # paged managers also have pool, add_blocks, match_prefix, ...: read under self.paged
         self.paged = kv.kind == "paged"
         self.block_size = policy.block_size
         self.static = policy.batching == "static"
@@ -260,8 +261,8 @@ class Scheduler:
                 continue
             while not self.kv.can_grow(seq, 1):
                 victim = self._newest_unscheduled(scheduled)
-                self._preempt(victim)
-                if victim is seq or (seq.group is not None and victim.group is seq.group):
+                self._preempt(victim)  # type: ignore[arg-type]  # never None: seq itself at worst
+                if victim is seq or (seq.group is not None and victim.group is seq.group):  # type: ignore[union-attr]
                     break
             else:
                 self.kv.grow(seq, 1)
@@ -359,12 +360,13 @@ class Scheduler:
         ``self.preemption`` decides whether its cache is swapped out or freed (recompute)."""
         g = seq.group
         group = g is not None and len(g.members) > 1
-        live = [m for m in g.members if m.state == RUNNING] if group else [seq]
+        # (the type checker cannot see that ``group`` means ``g`` is set)
+        live = [m for m in g.members if m.state == RUNNING] if group else [seq]  # type: ignore[union-attr]
         for m in live:
             self._leave(m)
             self.filled -= m.num_computed_tokens
             m.num_registered = 0  # its next blocks are new ones
-        (g.members[0] if group else seq).num_preemptions += 1
+        (g.members[0] if group else seq).num_preemptions += 1  # type: ignore[union-attr]
         self._num_preempted += 1
         self.blocked = True
         pairs = self.preemption.swap_out(self.kv, live, group)
@@ -373,7 +375,7 @@ class Scheduler:
             for m in live:
                 m.state = SWAPPED
             if group:
-                g.swapped = live
+                g.swapped = live  # type: ignore[union-attr]
             insert_by_arrival(self.swapped, live[0])
             return
         for m in live:
@@ -418,7 +420,8 @@ class Scheduler:
         """The planned step ran and ended at ``end_s``: count its tokens, sample, finish.
         Returns the memory classes as the step left them (before finished requests are freed), and the
         block references sharing saved then."""
-        finished, sampled = [], []
+        finished: list[Sequence] = []
+        sampled: list[Sequence] = []
         caching = self.kv.caching
         for seq, n in self._entries:  # NOTE: entries are never on the clock: their counters are plain values
             seq._computed += n
@@ -440,7 +443,7 @@ class Scheduler:
         mem, shared = self.memory(), self.kv.shared_blocks
         if finished or self.static:  # (a static batch may end with no finish in this step)
             self._finish(finished, end_s)
-        beams = None
+        beams: dict | None = None
         for seq in sampled:
             g = seq.group
             if g is None or (g.kind == "parallel" and len(g.members) > 1):
@@ -450,15 +453,17 @@ class Scheduler:
             elif len(g.members) == 1:
                 self._fork(seq, end_s)  # the leader's first sample: the other samples or beams start here
             else:
-                beams = beams or {}
+                if beams is None:
+                    beams = {}
                 beams[id(g)] = g  # beams stay explicit: they are reselected every step
-        for g in (beams or {}).values():
-            self._reselect(g)
+        if beams is not None:
+            for g in beams.values():
+                self._reselect(g)
         return mem, shared
 
     def _fork(self, leader: Sequence, end_s: float) -> None:
         g = leader.group
-        for j in range(1, g.width):
+        for j in range(1, g.width):  # type: ignore[union-attr]  # a member's group is set
             child = Sequence(leader.request_id, leader.arrival_s, leader.prompt_tokens, leader.output_tokens,
                              leader.prefix_ids, leader.hash_block, seq_id=self.next_seq_id, index=j)
             self.next_seq_id += 1
@@ -472,7 +477,7 @@ class Scheduler:
                 self._pending_slot_copies.append(copy)
                 self.rec.num_slab_copies += 1
             self._pending_forks.append((leader.seq_id, child.seq_id))
-            g.members.append(child)
+            g.members.append(child)  # type: ignore[union-attr]  # a member's group is set
             self.filled += child.num_computed_tokens
             self.explicit = add_sorted(self.explicit, child)
             if self.static:

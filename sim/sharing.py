@@ -260,14 +260,14 @@ class SharedPagedKv(PagedKv):
         super().__init__(pool)
         self.caching = caching
         self.tier = pool.tier = tier  # the CPU tier of the prefix cache (sim/offload.py), or None
-        self.loads: list[int] = []  # blocks loaded from the tier for the step being planned
+        self.loads = []  # blocks loaded from the tier for the step being planned
         # first admissions (what the hit rates count): prompt tokens, and those found on the GPU / the CPU
         self.admitted_prompt_tokens = self.hit_tokens_gpu = self.hit_tokens_cpu = 0
         self.shared_filled = 0
         self.shared_blocks = 0  # extra references: blocks the holders would need without sharing
         self._shared: dict[int, tuple[int, int]] = {}  # block -> (filled, capped) each extra holder counts
         self.num_copies = 0  # copy-on-write block copies
-        self.copies: list[tuple[int, int]] = []  # (source, destination) of this step, for the executor
+        self.copies = []  # (source, destination) of this step, for the executor
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -320,7 +320,7 @@ class SharedPagedKv(PagedKv):
     def _needed(self, seq, num_new: int) -> int:
         return super()._needed(seq, num_new) + self._needs_copy(seq, num_new)
 
-    def can_admit(self, seq, num_new: int, hits: list = ()) -> bool:
+    def can_admit(self, seq, num_new: int, hits: list | tuple = ()) -> bool:
         # cached blocks now in the free queue, and CPU-tier hits (a (hash, identity, parent hash) each): a block each
         revived = sum(1 for b in hits if type(b) is tuple or self.pool.ref_cnt[b] == 0)
         # NOTE: a sequence swapped back in (or recomputed) brings its computed tokens: they need blocks too
@@ -331,7 +331,7 @@ class SharedPagedKv(PagedKv):
             need += self._needs_copy(seq, num_new)
         return self.pool.can_allocate(need + revived, admission=True)
 
-    def admit(self, seq, num_new: int, hits: list = ()) -> None:
+    def admit(self, seq, num_new: int, hits: list | tuple = ()) -> None:
         gpu = hits
         if hits:
             if self.tier is not None:  # GPU hits first, then the CPU tier's
@@ -349,11 +349,13 @@ class SharedPagedKv(PagedKv):
             self.hit_tokens_cpu += (len(hits) - len(gpu)) * self.block_size
         self.grow(seq, num_new)
 
-    def _load(self, seq, found: list[tuple]) -> None:
+    def _load(self, seq, found: list[tuple] | tuple) -> None:
         """CPU-tier hits: each leaves the host pool for a fresh GPU block (one holder), cached on the GPU
         again; the step copies them in before its forward (``loads``)."""
         for h, _, _ in found:
-            self.tier.take(h)  # out of the host pool before allocating: an eviction cannot drop them
+            # (the tier is set: found holds its hits) out of the host pool before allocating: an eviction
+            # cannot drop them
+            self.tier.take(h)  # type: ignore[union-attr]
         blocks = self.pool.allocate(len(found))
         parent = seq.block_table[-1] if seq.block_table else None
         for (h, ident, parent_hash), b in zip(found, blocks):

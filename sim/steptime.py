@@ -80,9 +80,10 @@ class OpPricer:
             return self.gpu.operators_note
         return "datasheet roofline" + (" (operators: datasheet)" if self.gpu.operators else ": no measurements")
 
-    def gemm_s(self, m, n: int, k: int, weight_bytes: float | None = None):
-        """``weight_bytes``: the weights' bytes per element when not the model dtype's (fp8 checkpoints);
-        their FLOPs stay at the model dtype's peak (fp8 tensor cores are not credited: conservative)."""
+    def gemm_s(self, m, n, k, weight_bytes=None):
+        """Numbers or numpy arrays. ``weight_bytes``: the weights' bytes per element when not the model
+        dtype's (fp8 checkpoints); their FLOPs stay at the model dtype's peak (fp8 tensor cores are not
+        credited: conservative)."""
         if self.fit is not None:
             return self.fit.gemm.time_s(m, n, k, self.gpu, self.model.dtype_bytes, weight_bytes)
         w = self.model.dtype_bytes
@@ -164,8 +165,10 @@ class RooflineStepTime:
         self._paged_terms: dict[int, tuple[float, float]] = {}
         self.model, self.gpu = model, gpu
         self.layout = layout
-        self._groups = None  # several KV groups: attention priced per group (_groups_attention_s)
-        self._contexts = None  # (plan, (sorted decode offsets, prefix sums, shift)): _decode_contexts
+        # several KV groups: attention priced per group (_groups_attention_s)
+        self._groups: list[tuple[str, int, float, float]] | None = None
+        # (plan, (sorted decode offsets, prefix sums, shift)): _decode_contexts
+        self._contexts: tuple[StepPlan, tuple] | None = None
         if layout is not None:
             self._set_layout(layout)
 
@@ -235,7 +238,7 @@ class RooflineStepTime:
         per_key, _ = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s  # the paged kernel's block overhead, as for the classic layout
         t = 0.0
-        for kind, window, key_s, pair_s in self._groups:
+        for kind, window, key_s, pair_s in self._groups:  # type: ignore[union-attr]  # set: several groups
             if kind == "sliding":  # keys offs + d below W grow, the rest read W
                 i = bisect_left(offs, window - d)
                 keys = prefix[i] + i * d + window * (m - i) + sum([x if x < window else window for x in dec])
@@ -274,8 +277,9 @@ class RooflineStepTime:
         # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
         offs, prefix, d = ctx
         m = len(offs)
-        t = None
-        for kind, window, key_s, _ in self._groups:
+        t: list[float] | None = None
+        keys: list[int] | range
+        for kind, window, key_s, _ in self._groups:  # type: ignore[union-attr]  # set: several groups
             if kind == "sliding":  # keys stop growing at W
                 keys = window_sums(offs, prefix, d, window, k)
             elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
@@ -285,8 +289,9 @@ class RooflineStepTime:
                 keys = range(total, total + m * k, m) if m else [total] * k
             t = [x * key_s * f for x in keys] if t is None else [u + x * key_s * f for u, x in zip(t, keys)]
         if r0 == 0.0 and r1 == 0.0:
-            return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]
-        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
+            return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]  # type: ignore[union-attr]
+        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden)
+                for x in t]  # type: ignore[union-attr]
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
@@ -578,7 +583,7 @@ def load_step_time(path: str | Path):
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
         raise ScenarioError(f"{path}: step_time.{where}: {first['msg']}") from None
-    if getattr(cfg, "kind", "") == "profile" and not Path(cfg.path).is_absolute():
+    if isinstance(cfg, ProfileConfig) and not Path(cfg.path).is_absolute():
         cfg = ProfileConfig(kind="profile", path=str(path.parent / cfg.path))
     return cfg
 
@@ -589,7 +594,7 @@ def steptime_rows(model: ModelSpec, gpu: GpuSpec, tp: int, tokens: list[int], co
     per-part breakdown: only ``step_ms`` (its parts are None)."""
     from sim.config import ProfileConfig
 
-    cfg = RooflineConfig() if step_time is None else step_time
+    cfg = RooflineConfig() if step_time is None else step_time  # type: ignore[call-arg]  # pydantic defaults
     rows = []
     if isinstance(cfg, ProfileConfig):
         if tp != 1:
