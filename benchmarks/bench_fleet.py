@@ -124,6 +124,9 @@ def main() -> None:
     rows = [{"run": name, "cpu_s": float(np.median(ts)), "cpu_s_rounds": ts, "requests": n, **info[name]}
             for name, ts in times.items()]
     ind = rows[-1]["cpu_s"] if not a.no_independent else None
+    from sim import native
+
+    print(native.describe())
     print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each; "
           f"CPU s: median of {a.rounds} alternating rounds")
     for j, r in enumerate(rows):

@@ -111,6 +111,9 @@ def main() -> None:
         print(f"bench_instructions: azure_2023/AzureLLMInferenceTrace_conv.csv not found (searched {searched()})",
               file=sys.stderr)
         sys.exit(2)
+    from sim import native
+
+    print(native.describe())
     print("case                    M instructions (simulation only, cold start)")
     for case in a.cases or list(CASES):
         ns = sorted(instructions(case, True) - instructions(case, False) for _ in range(max(1, a.repeat)))

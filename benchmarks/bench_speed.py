@@ -150,6 +150,9 @@ def main() -> None:
     if a.child:
         child(json.loads(a.child))
         return
+    from sim import native
+
+    print(native.describe())
     print(f"Llama-2-7B on A100-80GB, {'exact' if a.exact else 'span'} mode, one process per run "
           f"({os.cpu_count()} cores here)")
     got: dict[str, float | str] = {}

@@ -9,6 +9,10 @@ import importlib
 import sys
 import types
 
+from sim import native as _native
+
+_native.install()  # the compiled hot modules, if `sim compile` built them from these very sources (sim/native.py)
+
 _EXPORTS = {"Scenario": "sim.config", "ScenarioError": "sim.config", "load_scenario": "sim.config",
             "run": "sim.run", "write_results": "sim.run", "RunResult": "sim.run"}
 __all__ = ["Scenario", "ScenarioError", "load_scenario", "run", "write_results", "RunResult"]

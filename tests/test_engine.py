@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import check_after_every_step
+from conftest import check_after_every_step, needs_plain_python
 from kvsim import run  # with the trace readers: some runs here read a table
 from sim.clock import DecodeClock
 from sim.kv import MEMORY_CLASSES
@@ -251,6 +251,7 @@ def test_rare_scheduler_paths_match_stepping(make_scenario, monkeypatch, case):
                 {"preset": "vllm-v1", "name": "v1-swap", "max_num_batched_tokens": 96, "preemption": "swap",
                  "swap_space_gib": 1.0}]
         gpu = {"name": "small", "memory_gib": 29.5, "hbm_gb_per_s": 1555, "tflops": 312}
+    needs_plain_python("counting the rare paths taken")
     s = make_scenario(workload=wl, policies=pols, gpu=gpu)
     counts = {"skip": 0, "chunk_short": 0}
     orig_out, orig_newest = DecodeClock.leave, Scheduler._newest_unscheduled

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import needs_plain_python
 import sim.sharing as sharing
 from sim import run
 from sim.core import Sequence
@@ -182,6 +183,7 @@ def test_spans_match_stepping_with_sharing(make_scenario, sampling):
 
 
 def test_invariants_after_every_step_with_sharing(make_scenario, monkeypatch):
+    needs_plain_python("checking after every step")
     orig_c, orig_s = Scheduler.complete, Scheduler.complete_span
     seen = {"steps": 0}
 

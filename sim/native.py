@@ -1,0 +1,163 @@
+"""The engine's hot modules compiled with mypyc: the same source, the same results, in less time.
+
+``sim compile`` (``build``) compiles ``MODULES`` from this package's own sources into a cache directory
+named by a key of every ``sim/*.py`` file's bytes and the interpreter's ABI. ``import sim`` (``install``)
+loads the compiled modules only from the directory of the current key, so a source edited since the build
+runs as plain Python until ``sim compile`` is run again: a stale build is never used. ``KVSIM_NATIVE=0``
+turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
+
+Plain Python stays the reference: the compiled build must give bit-identical results (the test suite runs
+on it in CI), and nothing else in the project depends on it. mypyc checks the annotations at run time
+(an ``int`` parameter refuses a numpy integer) and turns an int passed as a ``float`` into a float, so
+these modules annotate only what is always exactly that type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+MODULES = ("sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
+MYPY = "mypy>=2.4,<2.5"  # the version whose type checks these sources pass (pyproject's `native` extra)
+_SIM = Path(__file__).resolve().parent
+_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's ABI (e.g. .cpython-311-x86_64-linux-gnu.so)
+
+
+class NativeBuildError(Exception):
+    """``sim compile`` could not build: what is missing, and how to get it."""
+
+
+def cache_root() -> Path:
+    if os.environ.get("KVSIM_NATIVE_DIR"):
+        return Path(os.environ["KVSIM_NATIVE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / "native"
+
+
+def source_key() -> str:
+    """The build's name: every source file of the package (a compiled module reads the others' types) and
+    the interpreter."""
+    h = hashlib.sha256(f"{sys.implementation.cache_tag} {_SUFFIX} {sys.version}".encode())
+    for p in sorted(_SIM.rglob("*.py")):
+        h.update(p.relative_to(_SIM).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def build_dir() -> Path:
+    return cache_root() / source_key()
+
+
+def _files(d: Path) -> dict[str, Path]:
+    """Module name -> extension file of a finished build: the compiled modules' shims (``sim/``) and
+    the library they share (top level, named by mypyc)."""
+    files = {f"sim.{p.name[:-len(_SUFFIX)]}": p for p in (d / "sim").glob(f"*{_SUFFIX}")}
+    files.update({p.name[:-len(_SUFFIX)]: p for p in d.glob(f"*{_SUFFIX}")})
+    return files
+
+
+class _Finder:
+    """Finds the compiled modules of one build before the path finder finds their sources."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, name, path=None, target=None):
+        p = self.files.get(name)
+        return None if p is None else importlib.util.spec_from_file_location(name, p)
+
+
+def install() -> bool:
+    """Called by ``import sim``: use the build of the current sources, if there is one and before any of
+    its modules is imported. Returns whether it is used."""
+    if os.environ.get("KVSIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
+        return False
+    d = build_dir()
+    try:
+        if not (d / "build.json").is_file():
+            return False
+    except OSError:  # an unreadable cache: plain Python
+        return False
+    files = _files(d)
+    if not all(m in files for m in MODULES):
+        return False
+    sys.meta_path.insert(0, _Finder(files))
+    return True
+
+
+def active() -> bool:
+    """Whether the compiled modules run in this process (imports ``sim.engine`` to find out)."""
+    import sim.engine
+
+    return str(getattr(sim.engine, "__file__", "")).endswith(_SUFFIX)
+
+
+def describe() -> str:
+    """One line for benchmarks and reports: which engine this process (and its children) runs."""
+    if active():
+        return "engine: the compiled build (sim compile); KVSIM_NATIVE=0 runs plain Python"
+    return "engine: plain Python (`sim compile` builds the compiled one)"
+
+
+def status() -> dict:
+    """What ``sim compile --status`` prints: the build for these sources, if any, and whether it runs."""
+    import json
+
+    d = build_dir()
+    meta = json.loads((d / "build.json").read_text()) if (d / "build.json").is_file() else None
+    return {"key": source_key(), "dir": str(d), "built": meta is not None, "build": meta,
+            "disabled": os.environ.get("KVSIM_NATIVE", "1") == "0"}
+
+
+def build(log=print) -> Path:
+    """Compile ``MODULES`` into ``build_dir()`` (kept if it exists). Needs mypy (``pip install
+    'kvsim[native]'``) and a C compiler; raises NativeBuildError, saying which is missing, otherwise."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    dest = build_dir()
+    if (dest / "build.json").is_file():
+        log(f"already built for these sources: {dest}")
+        return dest
+    try:
+        import mypy.version
+    except ImportError:
+        raise NativeBuildError(f"the compiled build needs mypy: pip install 'kvsim[native]' (or '{MYPY}')") \
+            from None
+    with tempfile.TemporaryDirectory(prefix="kvsim-native-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(_SIM, src / "sim", ignore=shutil.ignore_patterns("__pycache__", f"*{_SUFFIX}"))
+        paths = [f"sim/{m.split('.')[1]}.py" for m in MODULES]
+        cmd = [sys.executable, "-m", "mypyc", "--ignore-missing-imports", "--follow-imports=silent", *paths]
+        log(f"compiling {', '.join(MODULES)} with mypy {mypy.version.__version__} (a minute or two) ...")
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+        if r.returncode != 0:
+            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
+            raise NativeBuildError(f"mypyc failed (exit {r.returncode}); its last lines:\n{tail}\n"
+                                   "it needs a C compiler (gcc or clang) with the Python headers, and sources "
+                                   "that pass its type checks")
+        if not all(m in _files(src) for m in MODULES):
+            raise NativeBuildError(f"mypyc ran but left no extension for some of {', '.join(MODULES)}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))  # beside dest: renamed whole
+        (staged / "sim").mkdir()
+        for p in src.glob(f"*{_SUFFIX}"):
+            shutil.copy2(p, staged / p.name)
+        for p in (src / "sim").glob(f"*{_SUFFIX}"):
+            shutil.copy2(p, staged / "sim" / p.name)
+        (staged / "build.json").write_text(json.dumps({
+            "key": source_key(), "modules": list(MODULES), "mypy": mypy.version.__version__,
+            "python": sys.version.split()[0], "suffix": _SUFFIX, "seconds": round(time.perf_counter() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+        try:
+            staged.rename(dest)  # whole or not at all
+        except OSError:  # another build won meanwhile: keep it
+            shutil.rmtree(staged, ignore_errors=True)
+    log(f"built: {dest}")
+    return dest

@@ -1,0 +1,150 @@
+"""The compiled build (sim/native.py): keyed by the exact sources, never stale, off on request, and giving
+the very results plain Python gives (that check runs where a build exists: CI builds one and runs the
+suite on it)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim import native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_key_changes_with_any_source_byte(tmp_path, monkeypatch):
+    src = tmp_path / "sim"
+    src.mkdir()
+    for p in native._SIM.glob("*.py"):
+        (src / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(native, "_SIM", src)
+    before = native.source_key()
+    assert native.source_key() == before  # the same bytes, the same key
+    p = src / "clock.py"
+    p.write_bytes(p.read_bytes() + b"\n")
+    assert native.source_key() != before  # a source edited since the build: another directory, no build
+    p.write_bytes(p.read_bytes()[:-1])
+    assert native.source_key() == before
+    (src / "newmodule.py").write_text("x = 1\n")  # a module the compiled ones may read the types of
+    assert native.source_key() != before
+
+
+def _fake_build(d: Path, modules=native.MODULES, meta=True) -> None:
+    (d / "sim").mkdir(parents=True)
+    for m in modules:
+        (d / "sim" / f"{m.split('.')[1]}{native._SUFFIX}").write_bytes(b"")
+    if meta:
+        (d / "build.json").write_text("{}")
+
+
+@pytest.mark.parametrize("case", ["none", "no build.json", "a module missing", "disabled"])
+def test_install_uses_only_a_whole_build_of_these_sources(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("KVSIM_NATIVE", raising=False)
+    monkeypatch.setattr(sys, "modules", {k: v for k, v in sys.modules.items() if k not in native.MODULES})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    d = native.build_dir()
+    if case == "no build.json":
+        _fake_build(d, meta=False)
+    elif case == "a module missing":
+        _fake_build(d, modules=native.MODULES[:-1])
+    elif case == "disabled":
+        _fake_build(d)
+        monkeypatch.setenv("KVSIM_NATIVE", "0")
+    before = list(sys.meta_path)
+    assert native.install() is False
+    assert sys.meta_path == before
+
+
+def test_install_puts_a_whole_build_first_and_finds_only_its_modules(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("KVSIM_NATIVE", raising=False)
+    monkeypatch.setattr(sys, "modules", {k: v for k, v in sys.modules.items() if k not in native.MODULES})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    d = native.build_dir()
+    _fake_build(d)
+    (d / f"abc123__mypyc{native._SUFFIX}").write_bytes(b"")  # the library the modules share
+    assert native.install() is True
+    finder = sys.meta_path[0]
+    assert isinstance(finder, native._Finder)
+    spec = finder.find_spec("sim.engine")
+    assert spec.origin == str(d / "sim" / f"engine{native._SUFFIX}")
+    assert finder.find_spec("abc123__mypyc").origin == str(d / f"abc123__mypyc{native._SUFFIX}")
+    assert finder.find_spec("sim.run") is None  # not compiled: its source, as ever
+
+
+def test_install_does_nothing_once_a_module_is_imported(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    import sim.engine  # noqa: F401  (already imported: the process keeps what it has)
+    _fake_build(native.build_dir())
+    assert native.install() is False
+
+
+def test_building_without_mypy_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "mypy", None)  # import mypy fails
+    monkeypatch.setitem(sys.modules, "mypy.version", None)
+    with pytest.raises(native.NativeBuildError, match=r"needs mypy: pip install 'kvsim\[native\]'"):
+        native.build(log=lambda m: None)
+    assert not any(tmp_path.iterdir())  # nothing half-built left behind
+
+
+def test_sim_compile_without_mypy_is_one_clear_error(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != "KVSIM_NATIVE"}, "KVSIM_NATIVE_DIR": str(tmp_path),
+           "PYTHONPATH": str(tmp_path / "nomypy")}
+    (tmp_path / "nomypy" / "mypy").mkdir(parents=True)
+    (tmp_path / "nomypy" / "mypy" / "__init__.py").write_text("raise ImportError('no mypy here')\n")
+    r = subprocess.run([sys.executable, "cli.py", "compile"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "error: the compiled build needs mypy: pip install 'kvsim[native]'" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "cli.py", "compile", "--status"], cwd=ROOT, env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "not built for these sources: plain Python" in r.stdout
+
+
+SCENARIO = {"name": "native", "model": "llama-2-7b", "gpu": "a100-40gb", "record_steps": True,
+            "workload": {"arrival": {"kind": "gamma", "rate": 30.0, "cv": 3.0}, "num_requests": 400, "seed": 5,
+                         "prompt": {"kind": "lognormal", "mean": 900, "cv": 0.8, "max": 3000},
+                         "output": {"kind": "lognormal", "mean": 200, "cv": 1.2, "max": 900},
+                         "shared_prefixes": {"lengths": [300, 600], "popularity": [2, 1]}},
+            "policies": ["fastertransformer", "orca-pow2", "vllm", "vllm-v1",
+                         {"preset": "vllm", "name": "swap", "preemption": "swap", "swap_space_gib": 0.5},
+                         {"preset": "vllm", "name": "apc", "prefix_caching": True},
+                         {"preset": "vllm", "name": "b1", "block_size": 1}]}
+
+_DIGEST = """
+import hashlib, json, sys
+from sim import native, run
+from sim.config import parse_scenario
+r = run(parse_scenario(json.loads(sys.argv[1])))
+out = {"native": native.active()}
+for name, p in r.policies.items():
+    h = hashlib.sha256()
+    for df in (p.requests, p.timeline, p.steps):
+        h.update(df.to_csv(float_format="%r").encode())  # every bit of every float, and every dtype
+        h.update(str(df.dtypes.to_dict()).encode())
+    h.update(json.dumps(p.summary, sort_keys=True, default=repr).encode())  # 1 and 1.0 differ
+    out[name] = h.hexdigest()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not native.active(), reason="no compiled build of these sources in this process "
+                    "(`sim compile` makes one; CI runs the suite on it)")
+def test_the_compiled_build_gives_plain_pythons_results_to_the_bit(tmp_path):
+    """Seven policies (static, continuous, chunked, swap, prefix caching, block size 1) under bursty load
+    with shared prefixes: per-request table, timeline, steps and summary, hashed, in each engine."""
+    got = {}
+    for flag in ("1", "0"):
+        env = {**os.environ, "KVSIM_NATIVE": flag}
+        r = subprocess.run([sys.executable, "-c", _DIGEST, json.dumps(SCENARIO)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[flag] = json.loads(r.stdout)
+    assert got["1"].pop("native") is True and got["0"].pop("native") is False
+    assert got["1"] == got["0"]
