@@ -1,7 +1,7 @@
 """The engine's hot modules compiled with mypyc: the same source, the same results, in less time.
 
 ``sim compile`` (``build``) compiles ``MODULES`` from this package's own sources into a cache directory
-named by a key of every ``sim/*.py`` file's bytes and the interpreter's ABI. ``import sim`` (``install``)
+named by a key of the bytes of every source file under ``sim/`` and of the interpreter. ``import sim`` (``install``)
 loads the compiled modules only from the directory of the current key, so a source edited since the build
 runs as plain Python until ``sim compile`` is run again: a stale build is never used. ``KVSIM_NATIVE=0``
 turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
@@ -74,11 +74,11 @@ def install() -> bool:
     its modules is imported. Returns whether it is used."""
     if os.environ.get("KVSIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
         return False
-    d = build_dir()
     try:
+        d = build_dir()
         if not (d / "build.json").is_file():
             return False
-    except OSError:  # an unreadable cache: plain Python
+    except (OSError, RuntimeError):  # an unreadable cache or source, no home directory: plain Python
         return False
     files = _files(d)
     if not all(m in files for m in MODULES):
