@@ -118,19 +118,30 @@ SCENARIO = {"name": "native", "model": "llama-2-7b", "gpu": "a100-40gb", "record
                          {"preset": "vllm", "name": "apc", "prefix_caching": True},
                          {"preset": "vllm", "name": "b1", "block_size": 1}]}
 
+# sliding-window layers (sim/hybrid.py: plain-Python managers, some subclassing compiled ones), in pages and
+# in slabs, with prefix caching
+HYBRID = {"name": "native-hybrid", "model": "gemma-3-27b", "gpu": "h100", "record_steps": True,
+          "workload": {"arrival": {"kind": "poisson", "rate": 6.0}, "lengths": "sharegpt", "num_requests": 150,
+                       "seed": 2, "shared_prefixes": {"lengths": [700, 1500], "popularity": [1, 1]}},
+          "policies": [{"preset": "vllm", "name": "paged", "block_size": 4},
+                       {"preset": "orca-oracle", "name": "slabs"},
+                       {"preset": "vllm-v1", "name": "apc", "prefix_caching": True}]}
+
 _DIGEST = """
 import hashlib, json, sys
 from sim import native, run
 from sim.config import parse_scenario
-r = run(parse_scenario(json.loads(sys.argv[1])))
 out = {"native": native.active()}
-for name, p in r.policies.items():
-    h = hashlib.sha256()
-    for df in (p.requests, p.timeline, p.steps):
-        h.update(df.to_csv(float_format="%r").encode())  # every bit of every float, and every dtype
-        h.update(str(df.dtypes.to_dict()).encode())
-    h.update(json.dumps(p.summary, sort_keys=True, default=repr).encode())  # 1 and 1.0 differ
-    out[name] = h.hexdigest()
+for spec in json.loads(sys.argv[1]):
+    r = run(parse_scenario(spec))
+    for name, p in r.policies.items():
+        h = hashlib.sha256()
+        for df in (p.requests, p.timeline, p.steps, p.groups):
+            if df is not None:
+                h.update(df.to_csv(float_format="%r").encode())  # every bit of every float, and every dtype
+                h.update(str(df.dtypes.to_dict()).encode())
+        h.update(json.dumps(p.summary, sort_keys=True, default=repr).encode())  # 1 and 1.0 differ
+        out[spec["name"] + "/" + name] = h.hexdigest()
 print(json.dumps(out))
 """
 
@@ -139,13 +150,14 @@ print(json.dumps(out))
                     "(`sim compile` makes one; CI runs the suite on it)")
 def test_the_compiled_build_gives_plain_pythons_results_to_the_bit(tmp_path):
     """Seven policies (static, continuous, chunked, swap, prefix caching, block size 1) under bursty load
-    with shared prefixes: per-request table, timeline, steps and summary, hashed, in each engine."""
+    with shared prefixes, and a sliding-window model in pages, in slabs and prefix-cached: per-request table,
+    timeline, steps, KV groups and summary, hashed, in each engine."""
     got = {}
     for flag in ("1", "0"):
         env = {**os.environ, "KVSIM_NATIVE": flag}
-        r = subprocess.run([sys.executable, "-c", _DIGEST, json.dumps(SCENARIO)], cwd=tmp_path, env=env,
+        r = subprocess.run([sys.executable, "-c", _DIGEST, json.dumps([SCENARIO, HYBRID])], cwd=tmp_path, env=env,
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-2000:]
         got[flag] = json.loads(r.stdout)
     assert got["1"].pop("native") is True and got["0"].pop("native") is False
-    assert got["1"] == got["0"]
+    assert len(got["1"]) == 10 and got["1"] == got["0"]
