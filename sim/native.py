@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 MODULES = ("sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
-MYPY = "mypy>=2.4,<2.5"  # the version whose type checks these sources pass (pyproject's `native` extra)
 _SIM = Path(__file__).resolve().parent
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's ABI (e.g. .cpython-311-x86_64-linux-gnu.so)
 
@@ -127,8 +126,8 @@ def build(log=print) -> Path:
     try:
         import mypy.version
     except ImportError:
-        raise NativeBuildError(f"the compiled build needs mypy: pip install 'kvsim[native]' (or '{MYPY}')") \
-            from None
+        raise NativeBuildError("the compiled build needs mypy: pip install 'kvsim[native]' (the mypy range "
+                               "these sources pass, pinned in pyproject.toml)") from None
     with tempfile.TemporaryDirectory(prefix="kvsim-native-") as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(_SIM, src / "sim", ignore=shutil.ignore_patterns("__pycache__", f"*{_SUFFIX}"))
