@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from collections import deque
 from itertools import accumulate
 
+from sim.core import Sequence
 
-def insert_by_arrival(queue, seq) -> None:
+
+def insert_by_arrival(queue: list[Sequence] | deque[Sequence], seq: Sequence) -> None:
     """Put ``seq`` before the first queued sequence that arrived after it."""
     for i, s in enumerate(queue):  # preempted sequences are old: they land near the front
         if s.order > seq.order:
@@ -46,7 +49,7 @@ def insert_by_arrival(queue, seq) -> None:
     queue.append(seq)
 
 
-def add_sorted(d: dict, seq) -> dict:
+def add_sorted(d: dict[Sequence, None], seq: Sequence) -> dict[Sequence, None]:
     """Insert into an insertion-ordered dict kept in arrival order (rebuilt only for an old sequence)."""
     assert seq not in d, f"{seq} is already there"
     if d and next(reversed(d)).order > seq.order:
@@ -61,21 +64,21 @@ class DecodeClock:
 
     def __init__(self, block_size: int, paged: bool, itl) -> None:
         self.ticks = 0
-        self.members: dict = {}  # the sequences on the clock, in arrival order
+        self.members: dict[Sequence, None] = {}  # the sequences on the clock, in arrival order
         self.offset_sum = 0  # sum of the members' computed-token offsets
         self.block_size = block_size
         self.paged = paged
         self._itl = itl  # inter-token latency sink: add(value, times), add_each(values, times)
-        self._fresh: dict = {}  # joined since the last tick: their next gap is their own
+        self._fresh: dict[Sequence, None] = {}  # joined since the last tick: their next gap is their own
         self._last_tick_s = 0.0
-        self._finish_at: list[tuple] = []  # (finish tick, order, seq) heap; stale entries skipped
-        self._cross: list[list] = [[] for _ in range(block_size)] if paged else []
+        self._finish_at: list[tuple[int, int, Sequence]] = []  # (finish tick, order, seq) heap; stale entries skipped
+        self._cross: list[list[Sequence]] = [[] for _ in range(block_size)] if paged else []
         self._offsets: list[int] | None = None  # the members' computed-token offsets, sorted, once asked for
         self._prefix: list[int] | None = None  # their prefix sums; None: stale
 
     # ------------------------------------------------------------------------------------ members
 
-    def join(self, seq) -> None:
+    def join(self, seq: Sequence) -> None:
         """A sequence entering (or resuming) the decode phase: its counters become offsets."""
         assert seq.clock is None, f"{seq} joins the clock twice"
         t = self.ticks
@@ -96,7 +99,7 @@ class DecodeClock:
             else:
                 cls.append(seq)
 
-    def leave(self, seq) -> None:
+    def leave(self, seq: Sequence) -> None:
         """Leave the group: the sequence's counters become plain values again."""
         assert seq.clock is self, f"{seq} leaves a clock it is not on"
         if self.paged:
@@ -116,7 +119,7 @@ class DecodeClock:
 
     # ------------------------------------------------------------------------------------ queries
 
-    def crossers(self, tick: int) -> list:
+    def crossers(self, tick: int) -> list[Sequence]:
         """Members that need a new block at ``tick``, in arrival order."""
         return self._cross[tick % self.block_size] if self.paged else []
 
@@ -213,9 +216,9 @@ class DecodeClock:
         self._last_tick_s = ends_s[-1]
         self.ticks += k
 
-    def pop_finished(self) -> list:
+    def pop_finished(self) -> list[Sequence]:
         """Members that have sampled their last token by now, in finish-tick order."""
-        out: dict = {}
+        out: dict[Sequence, None] = {}
         heap, t = self._finish_at, self.ticks
         while heap and heap[0][0] <= t:
             tick, _, seq = heapq.heappop(heap)

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+try:  # a compiled build (sim/native.py): StepPlan stays a Python class (its fields are set as one dict)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # plain Python: nothing to mark
+    def mypyc_attr(**_):  # type: ignore[misc]
+        return lambda cls: cls
+
 if TYPE_CHECKING:
     from sim.clock import DecodeClock
 
@@ -143,6 +149,7 @@ class _SeqView:
         self.block_table, self.slab_start = block_table, slab_start
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, init=False)
 class StepPlan:
     """Everything an executor sees of one step: for each scheduled sequence its id, the tokens it

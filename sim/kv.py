@@ -24,6 +24,7 @@ except ImportError:  # plain Python: nothing to allow
         return lambda cls: cls
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
+from sim.core import Sequence
 from sim.schema import MEMORY_CLASSES  # declared with the result files' schema
 
 
@@ -352,11 +353,11 @@ class KvManager(Protocol):
     span_shared_filled: object  # None, or (k, contexts) -> shared_filled now and after each of k decode steps
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray: ...
-    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool: ...
-    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None: ...
-    def can_grow(self, seq, num_new: int) -> bool: ...
-    def grow(self, seq, num_new: int) -> None: ...
-    def free(self, seq) -> None: ...
+    def can_admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> bool: ...
+    def admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> None: ...
+    def can_grow(self, seq: Sequence, num_new: int) -> bool: ...
+    def grow(self, seq: Sequence, num_new: int) -> None: ...
+    def free(self, seq: Sequence) -> None: ...
     def capture(self, seqs: list) -> tuple: ...
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray: ...
 
@@ -430,21 +431,21 @@ class PagedKv:
         need = need + (width - 1) * (need - p // self.block_size)
         return need > self.pool.num_blocks - self.pool.watermark_blocks
 
-    def _needed(self, seq, num_new: int) -> int:
+    def _needed(self, seq: Sequence, num_new: int) -> int:
         return max(0, blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table))
 
-    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool:
+    def can_admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new), admission=True)
 
-    def can_grow(self, seq, num_new: int) -> bool:
+    def can_grow(self, seq: Sequence, num_new: int) -> bool:
         return self.pool.can_allocate(self._needed(seq, num_new))
 
-    def grow(self, seq, num_new: int) -> None:
+    def grow(self, seq: Sequence, num_new: int) -> None:
         n = self._needed(seq, num_new)
         if n:
             self._add_blocks(seq, self.pool.allocate(n))
 
-    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None:
+    def admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> None:
         self.grow(seq, num_new)
 
     def _check(self) -> None:
@@ -456,7 +457,7 @@ class PagedKv:
             f"KV accounting: alloc {self.alloc}, capped {self.capped}, pool lent "
             f"{(pool.num_blocks - pool.num_free) * self.block_size} slots")
 
-    def _add_blocks(self, seq, block_ids: list[int]) -> None:
+    def _add_blocks(self, seq: Sequence, block_ids: list[int]) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
         old = len(seq.block_table) * B
         seq.block_table.extend(block_ids)
@@ -464,7 +465,7 @@ class PagedKv:
         self.alloc += new - old
         self.capped += min(new, cap) - min(old, cap)
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
         old = len(seq.block_table) * B
         self.alloc -= old
@@ -503,7 +504,7 @@ class PagedKv:
             np.concatenate([np.full(k, SLOT_TOKEN), np.full(k, SLOT_RESERVED), np.full(k, SLOT_INTERNAL),
                             np.full(m + 1, idle)]).astype(np.int64))  # never allocated: one run
 
-    def add_blocks(self, seqs: list) -> None:
+    def add_blocks(self, seqs: list[Sequence]) -> None:
         """One more block for each decoding sequence whose next token starts a new block, in order.
         The hot path of decoding: the caller checked that enough blocks are free."""
         B, n = self.block_size, len(seqs)
@@ -547,7 +548,7 @@ class ContiguousKv:
             f"KV accounting: allocator uses {self.allocator.used} slots, alloc {self.alloc} + rounding "
             f"{self.rounding} + held {self.held}, capped {self.capped}")
 
-    def slab_for(self, seq) -> int:
+    def slab_for(self, seq: Sequence) -> int:
         return self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
 
     def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray | bool:
@@ -561,14 +562,14 @@ class ContiguousKv:
             room = self.capacity // np.maximum(slab, 1)
         return (room < width) | (self.capacity == 0)
 
-    def _slabs_needed(self, seq) -> int:
+    def _slabs_needed(self, seq: Sequence) -> int:
         """Slabs to reserve when ``seq`` is admitted: its own, and one per sample or beam still to fork."""
         if seq.slab_start is not None:
             return 0
         g = seq.group
         return g.width if g is not None and len(g.members) == 1 else 1
 
-    def can_admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> bool:
+    def can_admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> bool:
         n = self._slabs_needed(seq)
         if n <= 1:
             return n == 0 or self.allocator.can_allocate(self.slab_for(seq))
@@ -582,7 +583,7 @@ class ContiguousKv:
             self.allocator.free(start)
         return len(taken) == n
 
-    def _take_slab(self, seq) -> int:
+    def _take_slab(self, seq: Sequence) -> int:
         n = self.slab_for(seq)
         start = self.allocator.allocate(n)
         if start is None:
@@ -592,7 +593,7 @@ class ContiguousKv:
         self.rounding += self.allocator.rounded(n) - n
         return start
 
-    def admit(self, seq, num_new: int, hits: list[int] | tuple = ()) -> None:
+    def admit(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> None:
         n = self._slabs_needed(seq)
         if not n:
             return
@@ -600,7 +601,9 @@ class ContiguousKv:
         seq.slab_tokens = self.slab_for(seq)
         seq.slab_rounded = self.allocator.rounded(seq.slab_tokens)
         if n > 1:  # the other samples' or beams' slabs, reserved now (their memory counts as reservation)
-            seq.group.reserved = [self._take_slab(seq) for _ in range(n - 1)]
+            group = seq.group
+            assert group is not None  # n > 1: a group's leader
+            group.reserved = [self._take_slab(seq) for _ in range(n - 1)]
         self._check()
 
     def fork(self, parent, child) -> tuple[int, int, int]:
@@ -613,13 +616,13 @@ class ContiguousKv:
         """Beam search: each (target, source) gets the source's history copied into its own slab."""
         return [(source.slab_start, target.slab_start, source.num_computed_tokens) for target, source in moves]
 
-    def can_grow(self, seq, num_new: int) -> bool:
+    def can_grow(self, seq: Sequence, num_new: int) -> bool:
         return True  # the slab covers the whole request
 
-    def grow(self, seq, num_new: int) -> None:
+    def grow(self, seq: Sequence, num_new: int) -> None:
         pass
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         if seq.slab_start is None:
             return
         self.alloc -= seq.slab_tokens
@@ -629,13 +632,13 @@ class ContiguousKv:
         seq.slab_start = None
         self._check()
 
-    def hold(self, seq) -> None:
+    def hold(self, seq: Sequence) -> None:
         """A finished request of a static batch keeps its slab until the batch ends (internal waste)."""
         self.alloc -= seq.slab_tokens
         self.capped -= min(seq.slab_tokens, seq.max_kv_tokens)
         self.held += seq.slab_tokens
 
-    def release(self, seq) -> None:
+    def release(self, seq: Sequence) -> None:
         self.held -= seq.slab_tokens
         self.alloc += seq.slab_tokens
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.core import Sequence
 from sim.kv import breakdown
 # The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
 # reports; named here too, where the simulator has always found it.
@@ -78,7 +79,7 @@ class RequestLog:
             self.first_scheduled_s[np.array(ids)] = t
             self._scheduled = []
 
-    def _common(self, seq) -> tuple[int, int, int]:
+    def _common(self, seq: Sequence) -> tuple[int, int, int]:
         """Per request: preemptions, generated tokens (a group's: all its samples' or beams'), prefix hits."""
         g = seq.group
         return (seq.num_preemptions, sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens,
@@ -90,12 +91,12 @@ class RequestLog:
         if len(self._scheduled) >= self.FLUSH_ROWS:
             self.flush()
 
-    def finish(self, seq, end_s: float) -> None:
+    def finish(self, seq: Sequence, end_s: float) -> None:
         self._done.append((seq.request_id, seq.first_token_s, end_s, *self._common(seq)))
         if len(self._done) >= self.FLUSH_ROWS:
             self.flush()
 
-    def unfinished(self, seq, reason: int) -> None:
+    def unfinished(self, seq: Sequence, reason: int) -> None:
         self.flush()
         i = seq.request_id
         self.status[i] = UNFINISHED
@@ -601,7 +602,7 @@ class Recorder:
             self._step_chunks.append(np.array(steps, dtype=np.float64))
             self.steps = []
 
-    def finished(self, end_s: float, done: list) -> None:
+    def finished(self, end_s: float, done: list[tuple[Sequence, float]]) -> None:
         """Requests that finished at ``end_s`` (each ``(sequence, its own end)``)."""
         self.timeline.add_finishes(end_s, len(done))
         for seq, t in done:

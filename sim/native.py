@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-MODULES = ("sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
+MODULES = ("sim.core", "sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
 _SIM = Path(__file__).resolve().parent
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's ABI (e.g. .cpython-311-x86_64-linux-gnu.so)
 

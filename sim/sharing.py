@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from sim.core import Sequence
 from sim.kv import BlockPool, PagedKv, blocks_for
 from sim.offload import HostTier
 
@@ -42,7 +43,7 @@ def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, pro
     return out
 
 
-def prompt_block_hashes(seq, block_size: int) -> list[tuple[int, tuple]]:
+def prompt_block_hashes(seq: Sequence, block_size: int) -> list[tuple[int, tuple]]:
     """(hash, identity) of each of ``seq``'s cacheable prompt blocks, computed once (the chain of the
     module's doc; with several KV groups every group's pages of a block share it, sim/hybrid.py)."""
     if seq.block_hashes is None:
@@ -280,7 +281,7 @@ class SharedPagedKv(PagedKv):
     def _check(self) -> None:
         pass  # alloc is the pool's own count here (see _sync_alloc)
 
-    def _hold(self, seq, b: int, index: int) -> None:
+    def _hold(self, seq: Sequence, b: int, index: int) -> None:
         """``seq`` takes another reference to ``b``, its ``index``-th block."""
         pool = self.pool
         if pool.ref_cnt[b] >= 1:  # already held: the slots exist once, count the extra holder out
@@ -295,7 +296,7 @@ class SharedPagedKv(PagedKv):
             self.shared_blocks += 1
         pool.incref(b)
 
-    def _release(self, seq, blocks: list[int]) -> None:
+    def _release(self, seq: Sequence, blocks: list[int]) -> None:
         pool, shared = self.pool, self._shared
         if shared:  # NOTE: a block is a key of _shared exactly while it has two holders or more
             ref = pool.ref_cnt
@@ -309,7 +310,7 @@ class SharedPagedKv(PagedKv):
                         del shared[b]
         pool.free(blocks)
 
-    def _needs_copy(self, seq, num_new: int) -> bool:
+    def _needs_copy(self, seq: Sequence, num_new: int) -> bool:
         """The next token lands in a block that others hold too: it must be copied first."""
         c, table = seq.num_computed_tokens, seq.block_table
         return bool(num_new and table and c % self.block_size and c < len(table) * self.block_size
@@ -317,10 +318,10 @@ class SharedPagedKv(PagedKv):
 
     # -- the manager interface ---------------------------------------------------------------------
 
-    def _needed(self, seq, num_new: int) -> int:
+    def _needed(self, seq: Sequence, num_new: int) -> int:
         return super()._needed(seq, num_new) + self._needs_copy(seq, num_new)
 
-    def can_admit(self, seq, num_new: int, hits: list | tuple = ()) -> bool:
+    def can_admit(self, seq: Sequence, num_new: int, hits: list | tuple = ()) -> bool:
         # cached blocks now in the free queue, and CPU-tier hits (a (hash, identity, parent hash) each): a block each
         revived = sum(1 for b in hits if type(b) is tuple or self.pool.ref_cnt[b] == 0)
         # NOTE: a sequence swapped back in (or recomputed) brings its computed tokens: they need blocks too
@@ -331,7 +332,7 @@ class SharedPagedKv(PagedKv):
             need += self._needs_copy(seq, num_new)
         return self.pool.can_allocate(need + revived, admission=True)
 
-    def admit(self, seq, num_new: int, hits: list | tuple = ()) -> None:
+    def admit(self, seq: Sequence, num_new: int, hits: list | tuple = ()) -> None:
         gpu = hits
         if hits:
             if self.tier is not None:  # GPU hits first, then the CPU tier's
@@ -349,7 +350,7 @@ class SharedPagedKv(PagedKv):
             self.hit_tokens_cpu += (len(hits) - len(gpu)) * self.block_size
         self.grow(seq, num_new)
 
-    def _load(self, seq, found: list[tuple] | tuple) -> None:
+    def _load(self, seq: Sequence, found: list[tuple] | tuple) -> None:
         """CPU-tier hits: each leaves the host pool for a fresh GPU block (one holder), cached on the GPU
         again; the step copies them in before its forward (``loads``)."""
         for h, _, _ in found:
@@ -365,7 +366,7 @@ class SharedPagedKv(PagedKv):
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
         self.loads.extend(blocks)
 
-    def grow(self, seq, num_new: int) -> None:
+    def grow(self, seq: Sequence, num_new: int) -> None:
         if self._needs_copy(seq, num_new):
             self._copy_on_write(seq)
         n = PagedKv._needed(self, seq, num_new)
@@ -373,7 +374,7 @@ class SharedPagedKv(PagedKv):
             self._add_blocks(seq, self.pool.allocate(n))
         self._sync_alloc()
 
-    def _copy_on_write(self, seq) -> None:
+    def _copy_on_write(self, seq: Sequence) -> None:
         B, table = self.block_size, seq.block_table
         i = seq.num_computed_tokens // B
         old = table[i]
@@ -383,11 +384,11 @@ class SharedPagedKv(PagedKv):
         self._release(seq, [old])  # this holder leaves the shared block for its own copy: its slots,
         table[i] = new  # which its own counts already include, now exist twice physically
 
-    def add_blocks(self, seqs: list) -> None:
+    def add_blocks(self, seqs: list[Sequence]) -> None:
         super().add_blocks(seqs)
         self._sync_alloc()
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         B, cap = self.block_size, seq.max_kv_tokens
         self.capped -= min(len(seq.block_table) * B, cap)
         self._release(seq, seq.block_table)
@@ -399,7 +400,7 @@ class SharedPagedKv(PagedKv):
         self._share_table(child, parent.block_table)
         self.capped += min(len(child.block_table) * self.block_size, child.max_kv_tokens)
 
-    def _share_table(self, seq, table: list[int]) -> None:
+    def _share_table(self, seq: Sequence, table: list[int]) -> None:
         seq.block_table = []
         for i, b in enumerate(table):
             seq.block_table.append(b)
@@ -443,7 +444,7 @@ class SharedPagedKv(PagedKv):
 
     # -- the prefix cache ----------------------------------------------------------------------------
 
-    def match_prefix(self, seq) -> list[int]:
+    def match_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks holding ``seq``'s longest cached prompt prefix (at least one prompt token
         is always left to compute, as vLLM does, so the step samples)."""
         if not self.caching or seq.num_computed_tokens:
@@ -467,7 +468,7 @@ class SharedPagedKv(PagedKv):
                 hits.append((h, ident, parent_hash))
         return hits
 
-    def register(self, seq) -> None:
+    def register(self, seq: Sequence) -> None:
         """Make ``seq``'s newly computed full prompt blocks findable."""
         if not self.caching:
             return
