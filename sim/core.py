@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
-
-try:  # a compiled build (sim/native.py): StepPlan stays a Python class (its fields are set as one dict)
-    from mypy_extensions import mypyc_attr
-except ImportError:  # plain Python: nothing to mark
-    def mypyc_attr(**_):  # type: ignore[misc]
-        return lambda cls: cls
 
 if TYPE_CHECKING:
     from sim.clock import DecodeClock
@@ -19,6 +12,8 @@ if TYPE_CHECKING:
 # Where a sequence is (``Sequence.state``): exactly one of the scheduler's queues, or done. The scheduler
 # asserts the state a sequence leaves whenever it moves one, so a sequence can never be in two queues.
 NEW, WAITING, RUNNING, SWAPPED, DONE = range(5)
+
+_MISSING = object()  # StepPlan._memoized: not read yet
 
 GROUP_SLOTS = 64  # order key = request id * GROUP_SLOTS + index in its group (groups of at most 63)
 
@@ -149,8 +144,7 @@ class _SeqView:
         self.block_table, self.slab_start = block_table, slab_start
 
 
-@mypyc_attr(native_class=False)
-@dataclass(frozen=True, init=False)
+@dataclass(init=False)
 class StepPlan:
     """Everything an executor sees of one step: for each scheduled sequence its id, the tokens it
     computes now (a prefill chunk, or 1 for a decode), the tokens already cached, and where its cache
@@ -160,7 +154,12 @@ class StepPlan:
     completes (an executor reads them while running the step). ``swap_out`` / ``swap_in`` are (source
     block, destination block) pairs copied before the step runs (GPU->CPU and CPU->GPU); then the
     ``copy_blocks`` / ``copy_slots`` copies (forks, copy-on-write), all before the forward pass.
-    ``host_loads``: GPU blocks filled from the prefix cache's CPU tier (``sim/offload.py``) before it."""
+    ``host_loads``: GPU blocks filled from the prefix cache's CPU tier (``sim/offload.py``) before it.
+
+    A plan is read-only once made (nothing assigns to its fields; executors write notes into ``extra``).
+    NOTE: not a frozen dataclass, whose ``__init__`` sets each field through ``object.__setattr__``: the
+    scheduler makes one per step, positionally, and plain attribute stores cost a third of that; the
+    compiled build (sim/native.py) makes it a C struct whose fields compiled readers load directly."""
 
     num_seqs: int
     num_tokens: int
@@ -177,35 +176,65 @@ class StepPlan:
     copy_slots: tuple[tuple[int, int, int], ...] = ()  # (source slot, destination slot, slots): slab copies
     forks: tuple[tuple[int, int], ...] = ()  # (source, target) sequence ids: target's history is source's
     num_preempted: int = 0
-    host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
     _decoding: Any = ()  # the scheduler's clocked decode group (each computes one token), not copied
     _entries: Any = ()  # the other scheduled (Sequence, new tokens) pairs, not copied
+    extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
+    host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
     _contexts: Any = field(default=None, compare=False, repr=False)  # () -> the clocked decodes' sorted keys
     # and their prefix sums (DecodeClock.decode_contexts), for window groups' keys; None: sort _decoding
 
-    extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
-
     def __init__(self, num_seqs: int, num_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
                  num_sampled: int, decode_context_tokens: int, prefill_attention_pairs: int, block_size: int,
-                 paged: bool, swap_out=(), swap_in=(), copy_blocks=(), copy_slots=(), forks=(), num_preempted: int = 0,
-                 _decoding=(), _entries=(), extra: dict | None = None, host_loads=(), _contexts=None) -> None:
-        # NOTE: one plan per step, so its fields are set in one go (the generated frozen __init__ sets
-        # them one by one, at twice the cost); the plan stays frozen for everyone else.
-        self.__dict__.update(
-            num_seqs=num_seqs, num_tokens=num_tokens, num_prefill_tokens=num_prefill_tokens,
-            num_decode_tokens=num_decode_tokens, num_sampled=num_sampled, decode_context_tokens=decode_context_tokens,
-            prefill_attention_pairs=prefill_attention_pairs, block_size=block_size, paged=paged, swap_out=swap_out,
-            swap_in=swap_in, copy_blocks=copy_blocks, copy_slots=copy_slots, forks=forks, num_preempted=num_preempted,
-            _decoding=_decoding, _entries=_entries, extra={} if extra is None else extra, host_loads=host_loads,
-            _contexts=_contexts)
+                 paged: bool, swap_out: tuple[tuple[int, int], ...] = (), swap_in: tuple[tuple[int, int], ...] = (),
+                 copy_blocks: tuple[tuple[int, int], ...] = (), copy_slots: tuple[tuple[int, int, int], ...] = (),
+                 forks: tuple[tuple[int, int], ...] = (), num_preempted: int = 0, _decoding: Any = (),
+                 _entries: Any = (), extra: dict | None = None, host_loads: tuple[int, ...] = (),
+                 _contexts: Any = None) -> None:
+        self.num_seqs = num_seqs
+        self.num_tokens = num_tokens
+        self.num_prefill_tokens = num_prefill_tokens
+        self.num_decode_tokens = num_decode_tokens
+        self.num_sampled = num_sampled
+        self.decode_context_tokens = decode_context_tokens
+        self.prefill_attention_pairs = prefill_attention_pairs
+        self.block_size = block_size
+        self.paged = paged
+        self.swap_out = swap_out
+        self.swap_in = swap_in
+        self.copy_blocks = copy_blocks
+        self.copy_slots = copy_slots
+        self.forks = forks
+        self.num_preempted = num_preempted
+        self._decoding = _decoding
+        self._entries = _entries
+        self.extra = {} if extra is None else extra
+        self.host_loads = host_loads
+        self._contexts = _contexts
+        self._memo: dict | None = None  # the per-sequence fields, once read (not a field: not compared)
 
-    @classmethod
-    def of(cls, fields: dict) -> "StepPlan":
-        """A plan from the dict of all its fields (the scheduler's, once per step: one dict literal, where
-        ``__init__``'s keyword call builds one and copies it)."""
-        plan = object.__new__(cls)
-        object.__setattr__(plan, "__dict__", fields)
-        return plan
+    def _memoized(self, name: str) -> Any:
+        memo = self._memo
+        if memo is None:
+            memo = self._memo = {}
+        got = memo.get(name, _MISSING)
+        if got is _MISSING:
+            seqs = memo.get("_seqs")
+            if seqs is None:
+                seqs = memo["_seqs"] = (*self._decoding, *(s for s, _ in self._entries))  # decodes first
+            got = memo[name] = self._compute(name, seqs)
+        return got
+
+    def _compute(self, name: str, seqs: tuple) -> Any:
+        if name == "seq_ids":
+            return tuple(s.seq_id for s in seqs)
+        if name == "num_new_tokens":
+            return (1,) * len(self._decoding) + tuple(n for _, n in self._entries)
+        if name == "num_computed_tokens":
+            return tuple(s.num_computed_tokens for s in seqs)
+        if name == "block_tables":
+            return tuple(s.block_table for s in seqs) if self.paged else None
+        assert name == "slab_starts", name
+        return None if self.paged else tuple(s.slab_start for s in seqs)
 
     @classmethod
     def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,
@@ -218,11 +247,11 @@ class StepPlan:
                    for i, (sid, n, c) in enumerate(zip(seq_ids, num_new_tokens, num_computed_tokens))]
         one = [(n, c) for n, c in zip(num_new_tokens, num_computed_tokens) if n == 1]
         many = [(n, c) for n, c in zip(num_new_tokens, num_computed_tokens) if n > 1]
-        return cls(num_seqs=len(entries), num_tokens=sum(num_new_tokens), num_prefill_tokens=sum(n for n, _ in many),
-                   num_decode_tokens=len(one), num_sampled=num_sampled,
-                   decode_context_tokens=sum(c + 1 for _, c in one),
-                   prefill_attention_pairs=sum(n * c + n * (n + 1) // 2 for n, c in many), block_size=block_size,
-                   paged=paged, _entries=entries, **fields)
+        return cls(num_seqs=len(entries), num_tokens=int(sum(num_new_tokens)),  # ints, not numpy's (typed fields)
+                   num_prefill_tokens=int(sum(n for n, _ in many)), num_decode_tokens=len(one),
+                   num_sampled=int(num_sampled), decode_context_tokens=int(sum(c + 1 for _, c in one)),
+                   prefill_attention_pairs=int(sum(n * c + n * (n + 1) // 2 for n, c in many)),
+                   block_size=int(block_size), paged=paged, _entries=entries, **fields)
 
     def snapshot(self) -> "StepPlan":
         """This plan with its per-sequence fields copied out of the live sequences."""
@@ -241,26 +270,22 @@ class StepPlan:
     def is_decode_only(self) -> bool:
         return self.num_decode_tokens == self.num_seqs == self.num_sampled
 
-    @cached_property
-    def _seqs(self) -> tuple:
-        return (*self._decoding, *(s for s, _ in self._entries))  # decodes first
-
-    @cached_property
+    @property
     def seq_ids(self) -> tuple[int, ...]:
-        return tuple(s.seq_id for s in self._seqs)
+        return self._memoized("seq_ids")
 
-    @cached_property
+    @property
     def num_new_tokens(self) -> tuple[int, ...]:
-        return (1,) * len(self._decoding) + tuple(n for _, n in self._entries)
+        return self._memoized("num_new_tokens")
 
-    @cached_property
+    @property
     def num_computed_tokens(self) -> tuple[int, ...]:
-        return tuple(s.num_computed_tokens for s in self._seqs)
+        return self._memoized("num_computed_tokens")
 
-    @cached_property
+    @property
     def block_tables(self) -> tuple[list[int], ...] | None:
-        return tuple(s.block_table for s in self._seqs) if self.paged else None
+        return self._memoized("block_tables")
 
-    @cached_property
+    @property
     def slab_starts(self) -> tuple[int, ...] | None:
-        return None if self.paged else tuple(s.slab_start for s in self._seqs)
+        return self._memoized("slab_starts")

@@ -416,8 +416,8 @@ class PagedKv:
 
     def __init__(self, pool: Any) -> None:  # a BlockPool, or a sharing.SharedBlockPool (its own bookkeeping)
         self.pool = pool
-        self.block_size = pool.block_size
-        self.capacity = pool.num_blocks * pool.block_size
+        self.block_size: int = pool.block_size  # typed: the pool is not (compiled code then adds ints as ints)
+        self.capacity: int = pool.num_blocks * pool.block_size
         self.alloc = 0
         self.capped = 0
         self.rounding = 0

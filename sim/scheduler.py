@@ -402,17 +402,14 @@ class Scheduler:
             sampled += n_clk
             keys += self.clock.decode_keys()
         kv = self.kv
-        return StepPlan.of({
-            "num_seqs": len(e) + n_clk, "num_tokens": prefill + decode, "num_prefill_tokens": prefill,
-            "num_decode_tokens": decode, "num_sampled": sampled, "decode_context_tokens": keys,
-            "prefill_attention_pairs": pairs, "block_size": self.block_size, "paged": self.paged,
-            "swap_out": tuple(self._swap_out) if self._swap_out else (),
-            "swap_in": tuple(self._swap_in) if self._swap_in else (),
-            "copy_blocks": tuple(kv.copies) if kv.copies else (),
-            "copy_slots": tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
-            "forks": tuple(self._pending_forks) if self._pending_forks else (), "num_preempted": self._num_preempted,
-            "_decoding": self.clock.members if n_clk else (), "_entries": e, "extra": {},
-            "host_loads": tuple(kv.loads) if kv.loads else (), "_contexts": self._contexts if n_clk else None})
+        return StepPlan(  # positionally, in the order of its fields
+            len(e) + n_clk, prefill + decode, prefill, decode, sampled, keys, pairs, self.block_size, self.paged,
+            tuple(self._swap_out) if self._swap_out else (), tuple(self._swap_in) if self._swap_in else (),
+            tuple(kv.copies) if kv.copies else (),
+            tuple(self._pending_slot_copies) if self._pending_slot_copies else (),
+            tuple(self._pending_forks) if self._pending_forks else (), self._num_preempted,
+            self.clock.members if n_clk else (), e, {}, tuple(kv.loads) if kv.loads else (),
+            self._contexts if n_clk else None)
 
     # ------------------------------------------------------------------------------------ complete
 
