@@ -218,17 +218,17 @@ class StepPlan:
             memo = self._memo = {}
         got = memo.get(name, _MISSING)
         if got is _MISSING:
-            seqs = memo.get("_seqs")
-            if seqs is None:
-                seqs = memo["_seqs"] = (*self._decoding, *(s for s, _ in self._entries))  # decodes first
-            got = memo[name] = self._compute(name, seqs)
+            got = memo[name] = self._compute(name, memo)
         return got
 
-    def _compute(self, name: str, seqs: tuple) -> Any:
-        if name == "seq_ids":
-            return tuple(s.seq_id for s in seqs)
+    def _compute(self, name: str, memo: dict) -> Any:
         if name == "num_new_tokens":
             return (1,) * len(self._decoding) + tuple(n for _, n in self._entries)
+        seqs = memo.get("_seqs")  # the sequences as the first per-sequence read finds them
+        if seqs is None:
+            seqs = memo["_seqs"] = (*self._decoding, *(s for s, _ in self._entries))  # decodes first
+        if name == "seq_ids":
+            return tuple(s.seq_id for s in seqs)
         if name == "num_computed_tokens":
             return tuple(s.num_computed_tokens for s in seqs)
         if name == "block_tables":
@@ -237,12 +237,12 @@ class StepPlan:
         return None if self.paged else tuple(s.slab_start for s in seqs)
 
     @classmethod
-    def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled: int, block_size: int, *,
+    def from_entries(cls, seq_ids, num_new_tokens, num_computed_tokens, num_sampled, block_size, *,
                      block_tables=None, slab_starts=None, **fields) -> "StepPlan":
         """A plan given sequence by sequence, holding its own copies (not live sequences): for plans
         recorded to replay later, or built by hand (tests, warm-up steps)."""
         paged = block_tables is not None
-        entries = [(_SeqView(sid, c, list(block_tables[i]) if paged else None,
+        entries = [(_SeqView(int(sid), int(c), list(block_tables[i]) if paged else None,  # ints: typed fields
                              None if paged or slab_starts is None else slab_starts[i]), n)
                    for i, (sid, n, c) in enumerate(zip(seq_ids, num_new_tokens, num_computed_tokens))]
         one = [(n, c) for n, c in zip(num_new_tokens, num_computed_tokens) if n == 1]

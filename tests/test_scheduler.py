@@ -1,6 +1,7 @@
 """Scheduler behaviour on tiny pools, driven step by step."""
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -177,8 +178,19 @@ def test_the_schedulers_plans_are_the_plans_their_fields_make():
     plans = []
     drive(s, 3, plans.append)
     names = [f.name for f in dataclasses.fields(StepPlan)]
+    assert names == list(inspect.signature(StepPlan.__init__).parameters)[1:]  # positional order = field order
     assert len(plans) == 3
     for p in plans:
         assert p == StepPlan(**{n: getattr(p, n) for n in names})  # the same plan keywords would make
-    assert (plans[0].num_seqs, plans[0].num_prefill_tokens, plans[0].paged, plans[0].block_size) == (1, 6, True, 4)
-    assert (plans[1].num_decode_tokens, plans[1].decode_context_tokens, plans[1].num_sampled) == (1, 7, 1)
+    prefill, decode = plans[0], plans[1]
+    assert (prefill.num_seqs, prefill.num_tokens, prefill.num_prefill_tokens, prefill.num_decode_tokens,
+            prefill.num_sampled, prefill.decode_context_tokens, prefill.prefill_attention_pairs,
+            prefill.block_size, prefill.paged, prefill.num_preempted) == (1, 6, 6, 0, 1, 0, 21, 4, True, 0)
+    assert [(x.seq_id, n) for x, n in prefill._entries] == [(0, 6)] and prefill._decoding == ()
+    assert prefill._contexts is None and prefill.extra == {}
+    assert (decode.num_seqs, decode.num_tokens, decode.num_decode_tokens, decode.decode_context_tokens,
+            decode.num_sampled) == (1, 1, 1, 7, 1)
+    assert decode._decoding is s.clock.members and decode._entries == []  # the live decode group, not a copy
+    assert decode._contexts is not None
+    for p in plans:
+        assert p.swap_out == p.swap_in == p.copy_blocks == p.copy_slots == p.forks == p.host_loads == ()
