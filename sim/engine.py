@@ -16,12 +16,10 @@ import math
 import random
 from bisect import bisect_left
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
 import simpy
 from simpy.events import NORMAL, URGENT
 
@@ -30,26 +28,56 @@ from sim.core import Group, Sequence
 from sim.kv import KvPool
 from sim.hybrid import GroupTimeline
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
+from sim.outputs import Columns
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
 from sim.workload import RequestTable
 
 
-@dataclass
 class PolicyResult:
-    policy: PolicyConfig
-    pool: KvPool
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    summary: dict
-    snapshot: dict | None = None  # the KV address space at the moment of most waiting requests
-    timeline: pd.DataFrame | None = None  # fixed-width time bins (see metrics.Timeline)
-    replicas: pd.DataFrame | None = None  # a fleet (sim.cluster): one row per replica
-    fleet: dict | None = None  # a fleet: routing and load-imbalance figures (summary.json "fleet")
-    num_events: int = 0  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
-    groups: pd.DataFrame | None = None  # several KV groups: slots per group class over time (hybrid.GroupTimeline)
-    layout: Any = None  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
+    """One policy's run: its summary, and its tables as pandas DataFrames (``requests``, ``steps``,
+    ``timeline``). A table may be given as ``sim.outputs.Columns``: it becomes a DataFrame when first read
+    (``table`` gives it as it is), so that a run whose tables are only written never imports pandas."""
+
+    def __init__(self, policy: PolicyConfig, pool: KvPool, requests: Any, steps: Any, summary: dict,
+                 snapshot: dict | None = None, timeline: Any = None, *, replicas: Any = None,
+                 fleet: dict | None = None, num_events: int = 0, groups: Any = None, layout: Any = None) -> None:
+        self.policy = policy
+        self.pool = pool
+        self._tables: dict[str, Any] = {"requests": requests, "steps": steps, "timeline": timeline}
+        self.summary = summary
+        self.snapshot = snapshot  # the KV address space at the moment of most waiting requests
+        self.replicas = replicas  # a fleet (sim.cluster): one row per replica (a DataFrame)
+        self.fleet = fleet  # a fleet: routing and load-imbalance figures (summary.json "fleet")
+        self.num_events = num_events  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
+        self.groups = groups  # several KV groups: slots per group class over time (hybrid.GroupTimeline; a DataFrame)
+        self.layout = layout  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
+
+    def table(self, name: str) -> Any:
+        """Table ``name`` ("requests", "steps", "timeline") as it is held: ``Columns`` or a DataFrame."""
+        return self._tables[name]
+
+    def _frame(self, name: str) -> Any:
+        t = self._tables[name]
+        if isinstance(t, Columns):
+            t = self._tables[name] = t.frame()
+        return t
+
+    @property
+    def requests(self) -> Any:
+        """One row per request (``sim.metrics.RequestLog``)."""
+        return self._frame("requests")
+
+    @property
+    def steps(self) -> Any:
+        """One row per step or span of steps (``sim.metrics.STEP_COLUMNS``)."""
+        return self._frame("steps")
+
+    @property
+    def timeline(self) -> Any:
+        """Fixed-width time bins (``sim.metrics.Timeline``)."""
+        return self._frame("timeline")
 
 
 _NOT_WOKEN = object()  # Engine._woke while a wait has not been cut short
@@ -148,7 +176,7 @@ class Engine:
             env.run()
         self._end_s = env.now
 
-    def results(self, requests: pd.DataFrame | None = None) -> PolicyResult:
+    def results(self, requests: Any = None) -> PolicyResult:
         """The finished run's result; ``requests``: this server's rows of a log shared by a fleet."""
         r = self.requests
         self._close_unfinished()

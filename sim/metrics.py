@@ -27,10 +27,10 @@ from operator import mul
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from sim.core import Sequence
 from sim.kv import breakdown
+from sim.outputs import Columns
 # The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
 # reports; named here too, where the simulator has always found it.
 from sim.schema import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, MEMORY_CLASSES,  # noqa: F401
@@ -105,33 +105,32 @@ class RequestLog:
             self.first_token_s[i] = seq.first_token_s
         self.num_preemptions[i], self.generated_tokens[i], self.prefix_hit_tokens[i] = self._common(seq)
 
-    def frame(self) -> pd.DataFrame:
+    def columns(self) -> Columns:
+        """The requests' table (``sim.outputs.Columns``; ``frame()`` for a DataFrame)."""
         self.flush()
-        df = pd.DataFrame({
-            "request_id": np.arange(len(self.arrival_s)),
-            # NOTE: the log's own columns go into the frame uncopied (``copy=False``: at 10^6 requests,
-            # copying them was ~90 MiB on top of everything the run holds, at its peak), so the frame is
-            # built once the log is final. The request table's columns are copied: every policy's log
-            # shares them, and a frame written in place must not change the next policy's requests.
-            "arrival_s": self.arrival_s.copy(),
-            "prompt_tokens": self.prompt_tokens.copy(),
-            "output_tokens": self.output_tokens.copy(),
-            "status": pd.Categorical.from_codes(self.status, list(STATUS_NAMES.values())),
-            "reason": pd.Categorical.from_codes(self.reason, list(REASONS.values())),
-            "first_scheduled_s": self.first_scheduled_s,
-            "first_token_s": self.first_token_s,
-            "finish_s": self.finish_s,
-            "num_preemptions": self.num_preemptions,
-            "generated_tokens": self.generated_tokens,
-            "prefix_hit_tokens": self.prefix_hit_tokens,
-        }, copy=False)
-        df["scheduling_delay_ms"] = (df.first_scheduled_s - df.arrival_s) * 1e3
-        df["ttft_ms"] = (df.first_token_s - df.arrival_s) * 1e3
-        df["e2el_ms"] = (df.finish_s - df.arrival_s) * 1e3
+        arrival, output = self.arrival_s.copy(), self.output_tokens.copy()
+        # NOTE: the log's own columns go into the table uncopied (at 10^6 requests, copying them was ~90
+        # MiB on top of everything the run holds, at its peak), so the table is built once the log is
+        # final. The request table's columns are copied: every policy's log shares them, and a table
+        # written in place must not change the next policy's requests.
+        delay = (self.first_scheduled_s - arrival) * 1e3
+        ttft = (self.first_token_s - arrival) * 1e3
+        e2el = (self.finish_s - arrival) * 1e3
         with np.errstate(divide="ignore", invalid="ignore"):
-            df["tpot_ms"] = np.where(df.output_tokens > 1, (df.e2el_ms - df.ttft_ms) / (df.output_tokens - 1), np.nan)
-        df["normalized_latency_s"] = df.e2el_ms / 1e3 / df.output_tokens
-        return df
+            tpot = np.where(output > 1, (e2el - ttft) / (output - 1), np.nan)
+        return Columns({
+            "request_id": np.arange(len(arrival)), "arrival_s": arrival, "prompt_tokens": self.prompt_tokens.copy(),
+            "output_tokens": output, "status": self.status, "reason": self.reason,
+            "first_scheduled_s": self.first_scheduled_s, "first_token_s": self.first_token_s,
+            "finish_s": self.finish_s, "num_preemptions": self.num_preemptions,
+            "generated_tokens": self.generated_tokens, "prefix_hit_tokens": self.prefix_hit_tokens,
+            "scheduling_delay_ms": delay, "ttft_ms": ttft, "e2el_ms": e2el, "tpot_ms": tpot,
+            "normalized_latency_s": e2el / 1e3 / output,
+        }, {"status": list(STATUS_NAMES.values()), "reason": list(REASONS.values())})
+
+    def frame(self):
+        """The requests' table as a pandas DataFrame."""
+        return self.columns().frame()
 
 
 class ItlHistogram:
@@ -198,6 +197,7 @@ class ItlHistogram:
 STEP_COLUMNS = ("step_index", "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens",
                 "num_decode_tokens", "num_sampled", "prefill_attention_pairs", "num_context_tokens", "num_waiting",
                 "num_running", "num_swapped", "num_preempted", "num_swap_blocks") + tuple(f"mem_{c}" for c in MEMORY_CLASSES)
+STEP_COUNTS = ("step_index", "prefill_attention_pairs")  # integer columns besides the num_* ones
 
 
 def _nan_to_none(x):  # NOTE: untyped: a compiled build (sim/native.py) would make an int a float
@@ -244,7 +244,7 @@ def offload_metrics(counts: dict) -> dict:
             **{k: counts[k] for k in ("prefill_tokens_saved_cpu", "host_to_device_bytes", "device_to_host_bytes")}}
 
 
-def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
+def summarize(requests: Columns, itl: ItlHistogram, mem_slot_seconds: np.ndarray, duration_s: float,
               capacity_tokens: int, step_seconds: float, num_steps: int, seq_steps: int, num_preemptions: int,
               decode_steps: int = 0, decode_seq_steps: int = 0, running_request_s: float = 0.0,
               sharing: SharingCounts | None = None, shared_slot_s: float = 0.0) -> dict:
@@ -253,22 +253,22 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     ``decode_seq_steps``: decoding sequences summed over steps; ``running_request_s``: requests holding
     KV, integrated over time (request-seconds); ``sharing``: block sharing's counts, when the run shares
     (or copies) blocks, with ``shared_slot_s``: the slot-seconds sharing saved."""
-    status = requests.status
-    finished = (status == "finished").to_numpy()
+    status = requests["status"]
+    finished = status == requests.codes("status", "finished")
     num_finished = int(finished.sum())
 
     def fin(column: str) -> np.ndarray:
         # NOTE: one column of the finished requests at a time (none copied when all finished), not a
         # copy of their whole table: at 10^6 requests, that was the largest allocation after the run
-        values = requests[column].to_numpy()
+        values = requests[column]
         return values if num_finished == len(values) else values[finished]
 
     generated = fin("generated_tokens")
     out: dict[str, float | int | None] = {
         "num_requests": int(len(requests)),
         "num_finished": num_finished,
-        "num_rejected": int((status == "rejected").sum()),
-        "num_unfinished": int((status == "unfinished").sum()),
+        "num_rejected": int((status == requests.codes("status", "rejected")).sum()),
+        "num_unfinished": int((status == requests.codes("status", "unfinished")).sum()),
         "duration_s": duration_s,
         "request_throughput": num_finished / duration_s if duration_s > 0 else math.nan,
         "output_throughput": float(generated.sum()) / duration_s if duration_s > 0 else math.nan,
@@ -284,9 +284,7 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
     out["mean_itl_ms"] = itl.mean() * 1e3
     out["median_itl_ms"] = itl.quantile(0.5) * 1e3
     out["p99_itl_ms"] = itl.quantile(0.99) * 1e3
-    # NOTE: pandas' mean, as the summary has always taken it (pandas may sum in its own order: bit for bit)
-    out["mean_normalized_latency_s"] = (float(pd.Series(fin("normalized_latency_s")).mean()) if num_finished
-                                        else math.nan)
+    out["mean_normalized_latency_s"] = _skipna_mean(fin("normalized_latency_s")) if num_finished else math.nan
     out["mean_batch_size"] = seq_steps / num_steps if num_steps else 0.0
     out["mean_decode_batch_size"] = decode_seq_steps / decode_steps if decode_steps else 0.0
     out["mean_running_requests"] = running_request_s / duration_s if duration_s > 0 else math.nan
@@ -305,6 +303,16 @@ def summarize(requests: pd.DataFrame, itl: ItlHistogram, mem_slot_seconds: np.nd
                                     float(mem_slot_seconds[:3].sum()), shared_slot_s))
     assert out.keys() <= METRICS.keys(), f"undeclared metrics {sorted(out.keys() - METRICS.keys())}"
     return out
+
+
+def _skipna_mean(v: np.ndarray) -> float:
+    """The mean of the values that are not NaN, summed as pandas' ``Series.mean`` sums them (missing ones
+    as zeros, in place), so that the summary is bit for bit what it was when pandas took it."""
+    missing = np.isnan(v)
+    n = len(v) - int(missing.sum())
+    if not n:
+        return math.nan
+    return float((np.where(missing, 0.0, v) if n < len(v) else v).sum() / n)
 
 
 def _sharing_metrics(prompt: np.ndarray, hit: np.ndarray, c: SharingCounts, used: float, shared: float) -> dict:
@@ -422,29 +430,33 @@ class Timeline:
         if len(self.finishes) >= self.flush_at:
             self.flush()
 
-    def frame(self, capacity: int, end_s: float) -> pd.DataFrame:
+    def columns(self, capacity: int, end_s: float) -> Columns:
         """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
         time-averaged running batch, waiting queue and memory shares."""
         self.flush()
-        df = pd.DataFrame(self.data[: self.n], columns=list(TIMELINE_COLUMNS))
+        data = self.data[: self.n]
         start = np.arange(self.n) * self.bin_s
-        df.insert(0, "bin_start_s", start)
         w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
-        df.insert(1, "bin_s", w)
-        df["mean_running"] = df.seq_s / w  # sequences in the steps, time-weighted (the batch over time)
-        df["mean_running_requests"] = df.running_request_s / w  # requests holding KV
-        df["mean_waiting"] = df.waiting_s / w
+        c = {"bin_start_s": start, "bin_s": w,
+             **{name: np.ascontiguousarray(data[:, j]) for j, name in enumerate(TIMELINE_COLUMNS)}}
+        c["mean_running"] = c["seq_s"] / w  # sequences in the steps, time-weighted (the batch over time)
+        c["mean_running_requests"] = c["running_request_s"] / w  # requests holding KV
+        c["mean_waiting"] = c["waiting_s"] / w
         for k in MEMORY_CLASSES:
-            df[f"memory.{k}"] = df[f"mem_{k}_slot_s"] / (w * capacity)
+            c[f"memory.{k}"] = c[f"mem_{k}_slot_s"] / (w * capacity)
         # block sharing: the share of admitted prompt tokens served by the prefix cache, and the slots
         # the same sequences would hold without sharing (as a share of the pool; may exceed 1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            df["prefix_hit_rate"] = np.where(df.num_prompt_tokens_admitted > 0,
-                                             df.num_prefix_hit_tokens / df.num_prompt_tokens_admitted, np.nan)
-        used = sum(df[f"mem_{k}_slot_s"] for k in MEMORY_CLASSES[:3])
-        df["memory.used"] = used / (w * capacity)
-        df["memory.used_without_sharing"] = (used + df.shared_slot_s) / (w * capacity)
-        return df
+            c["prefix_hit_rate"] = np.where(c["num_prompt_tokens_admitted"] > 0,
+                                            c["num_prefix_hit_tokens"] / c["num_prompt_tokens_admitted"], np.nan)
+        used = sum(c[f"mem_{k}_slot_s"] for k in MEMORY_CLASSES[:3])
+        c["memory.used"] = used / (w * capacity)
+        c["memory.used_without_sharing"] = (used + c["shared_slot_s"]) / (w * capacity)
+        return Columns(c)
+
+    def frame(self, capacity: int, end_s: float):
+        """``columns`` as a pandas DataFrame."""
+        return self.columns(capacity, end_s).frame()
 
 
 def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiting: int, joins: list[int] | tuple,
@@ -608,27 +620,28 @@ class Recorder:
         for seq, t in done:
             self.log.finish(seq, t)
 
-    def step_table(self) -> pd.DataFrame:
+    def step_columns(self) -> Columns:
+        """One row per step (``STEP_COLUMNS``; the counts as integers)."""
         rows = np.concatenate([*self._step_chunks, np.array(self.steps, dtype=np.float64)])
-        steps = pd.DataFrame(rows.reshape(-1, len(STEP_COLUMNS)), columns=list(STEP_COLUMNS))
-        counts = [c for c in STEP_COLUMNS if c.startswith("num_") or c == "step_index" or c == "prefill_attention_pairs"]
-        steps[counts] = steps[counts].astype(np.int64)
-        return steps
+        rows = rows.reshape(-1, len(STEP_COLUMNS))
+        return Columns({c: rows[:, j].astype(np.int64) if c.startswith("num_") or c in STEP_COUNTS
+                        else np.ascontiguousarray(rows[:, j]) for j, c in enumerate(STEP_COLUMNS)})
 
     def results(self, first_arrival_s: float, end_s: float, sharing: SharingCounts | None,
-                requests: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
-        """(requests, steps, timeline, summary) of the finished run; ``requests``: the rows of a shared
-        log that this recorder's server handled (a fleet's replica), else the whole log."""
+                requests: Any = None) -> tuple[Any, Columns, Columns, dict]:
+        """(requests, steps, timeline, summary) of the finished run, as ``Columns``; ``requests``: the rows
+        of a shared log that this recorder's server handled (a fleet's replica, a DataFrame), else the
+        whole log."""
         self.log.flush()
         lost = int((self.log.status == PENDING).sum())
         if lost:  # the accounting identity is a guarantee: never end a run without it
             raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
-        req = self.log.frame() if requests is None else requests
-        timeline = self.timeline.frame(self.capacity, end_s)
+        req = self.log.columns() if requests is None else requests
+        timeline = self.timeline.columns(self.capacity, end_s)
         mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
-        summary = summarize(req, self.itl, mem_slot_s, end_s - first_arrival_s, self.capacity,
-                            float(timeline.busy_s.sum()), self.num_steps, self.seq_steps,
-                            int(timeline.num_preempted.sum()), decode_steps=self.decode_steps,
+        summary = summarize(Columns.of(req), self.itl, mem_slot_s, end_s - first_arrival_s, self.capacity,
+                            float(timeline["busy_s"].sum()), self.num_steps, self.seq_steps,
+                            int(timeline["num_preempted"].sum()), decode_steps=self.decode_steps,
                             decode_seq_steps=self.decode_seq_steps, running_request_s=self.running_request_s,
-                            sharing=sharing, shared_slot_s=float(timeline.shared_slot_s.sum()))
-        return req, self.step_table(), timeline, summary
+                            sharing=sharing, shared_slot_s=float(timeline["shared_slot_s"].sum()))
+        return req, self.step_columns(), timeline, summary

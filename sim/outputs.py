@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from sim.config import ScenarioError
 
 # Writes a result folder's report.html from its files and returns its path (``reports.html.write_report``):
@@ -43,10 +45,103 @@ def out_file(path: str | Path, what: str = "--out") -> Path:
     return p
 
 
-def write_parquet(df, path: str | Path) -> None:
-    """``df.to_parquet(path, index=False)`` (the same schema, pandas metadata included, and the same
-    values read back), with dictionary encoding only for the columns that gain from it: categoricals and
-    text. NOTE: dictionary-encoding float and count columns, nearly all distinct, was half of writing a
-    result table (requests.parquet of the Azure trace: 19 ms -> 7 ms) and made the file larger."""
-    numeric = {c for c, t in df.dtypes.items() if t.kind in "iufb"}
-    df.to_parquet(path, index=False, use_dictionary=[str(c) for c in df.columns if c not in numeric])
+class Columns:
+    """A result table as numpy columns, in order; a categorical column is its integer codes here, with its
+    ``categories``. A run's tables stay in this form until someone asks for a DataFrame (``frame``): a
+    ``sim run`` that only writes its files never imports pandas (a quarter of a second)."""
+
+    def __init__(self, data: dict[str, np.ndarray], categories: dict[str, list[str]] | None = None) -> None:
+        self.data = data
+        self.categories = categories or {}
+
+    @classmethod
+    def of(cls, table) -> "Columns":
+        """``table`` as columns: a DataFrame's (its categoricals as codes), or a ``Columns`` as it is."""
+        if isinstance(table, Columns):
+            return table
+        data, cats = {}, {}
+        for name, col in table.items():
+            if isinstance(col.dtype, _pandas().CategoricalDtype):
+                data[name], cats[name] = col.cat.codes.to_numpy(), list(col.cat.categories)
+            else:
+                data[name] = col.to_numpy()
+        return cls(data, cats)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()))) if self.data else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name]
+
+    def codes(self, name: str, category: str) -> int:
+        """The code of ``category`` in categorical column ``name``."""
+        return self.categories[name].index(category)
+
+    def frame(self):
+        """The table as a pandas DataFrame (the columns uncopied; categoricals as ``pd.Categorical``)."""
+        pd = _pandas()
+        return pd.DataFrame({k: pd.Categorical.from_codes(v, pd.Index(self.categories[k], dtype="str"))
+                             if k in self.categories else v for k, v in self.data.items()}, copy=False)
+
+
+def _pandas():
+    import pandas as pd
+
+    return pd
+
+
+def concat_columns(parts: list[Columns], key: str, codes: np.ndarray, names: list[str], first: bool) -> Columns:
+    """Tables laid end to end (the same columns and categories), with a categorical column ``key`` (its
+    ``codes`` over ``names``), first or last."""
+    data = {k: np.concatenate([p.data[k] for p in parts]) for k in parts[0].data}
+    cats = {**parts[0].categories, key: list(names)}
+    return Columns({key: codes, **data} if first else {**data, key: codes}, cats)
+
+
+def write_parquet(table, path: str | Path) -> None:
+    """A result table as parquet, read back by ``pd.read_parquet`` as the same DataFrame (categoricals
+    as categoricals, no index column). A DataFrame is written by pandas (its metadata included); a
+    ``Columns`` by pyarrow alone, so that writing a run's files does not import pandas. Dictionary
+    encoding only for the columns that gain from it, categoricals and text. NOTE: dictionary-encoding
+    float and count columns, nearly all distinct, was half of writing a result table (requests.parquet of
+    the Azure trace: 19 ms -> 7 ms) and made the file larger."""
+    if not isinstance(table, Columns):
+        numeric = {c for c, t in table.dtypes.items() if t.kind in "iufb"}
+        table.to_parquet(path, index=False, use_dictionary=[str(c) for c in table.columns if c not in numeric])
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = {k: _dictionary(v, table.categories[k]) if k in table.categories else _arrow(v) for k, v in table.data.items()}
+    pq.write_table(pa.table(arrays), path, use_dictionary=[k for k in table.categories])
+
+
+# NOTE: pyarrow's ``pa.array`` imports pandas on every call (to ask whether its input is a pandas
+# object); these build the same arrays from the numpy buffers, which does not.
+
+def _arrow(v: np.ndarray):
+    """A numeric (or bool) numpy column as an Arrow array; NaN as null, as ``DataFrame.to_parquet`` writes it."""
+    import pyarrow as pa
+
+    v = np.ascontiguousarray(v)
+    if v.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(v), [None, pa.py_buffer(np.packbits(v, bitorder="little"))])
+    valid = None
+    if v.dtype.kind == "f":
+        nan = np.isnan(v)
+        if nan.any():
+            valid = pa.py_buffer(np.packbits(~nan, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [valid, pa.py_buffer(v)])
+
+
+def _dictionary(codes: np.ndarray, categories: list[str]):
+    """A categorical column (codes, categories) as an Arrow dictionary array, its codes as pandas keeps
+    them (the narrowest integer that holds them)."""
+    import pyarrow as pa
+
+    text = [c.encode() for c in categories]
+    offsets = np.zeros(len(text) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in text], out=offsets[1:])
+    values = pa.Array.from_buffers(pa.large_string(), len(text),
+                                   [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(text))])
+    return pa.DictionaryArray.from_arrays(_arrow(codes.astype(np.int8 if len(categories) < 128 else np.int32)), values)

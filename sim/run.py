@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, load_scenario
 from sim.decompose import decompose as decompose_policies
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
-from sim.outputs import ReportWriter, write_parquet
+from sim.outputs import Columns, ReportWriter, concat_columns, write_parquet
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
@@ -191,41 +190,50 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
     for p in [*paths.values(), out / "replicas.parquet", out / "kv_groups.parquet", out / "report.html"]:
         p.unlink(missing_ok=True)
     paths["summary"].write_text(json.dumps(result.summary(), indent=2))
-    tables: dict[str, dict[str, pd.DataFrame]] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {},
-                                                  "replicas": {}}
+    tables: dict[str, dict] = {"requests": {}, "steps": {}, "snapshots": {}, "timeline": {}, "replicas": {}}
     for name, res in result.policies.items():
-        tables["timeline"][name], tables["requests"][name], tables["steps"][name] = res.timeline, res.requests, res.steps
+        for key in ("timeline", "requests", "steps"):
+            tables[key][name] = res.table(key)
         if res.replicas is not None:  # a fleet's (sim.cluster)
             tables["replicas"][name] = res.replicas
         snap = res.snapshot
         if snap is not None:
             seg = snap["segments"]
-            tables["snapshots"][name] = pd.DataFrame({
-                "time_s": snap["time_s"], "num_waiting": snap["num_waiting"],
-                "num_running": snap["num_running"], "start": seg[:, 0], "length": seg[:, 1],
-                "memory_class": pd.Categorical.from_codes(seg[:, 2], list(MEMORY_CLASSES))})
+            n = len(seg)
+            tables["snapshots"][name] = Columns({
+                "time_s": np.full(n, snap["time_s"], dtype=np.float64),
+                "num_waiting": np.full(n, snap["num_waiting"], dtype=np.int64),
+                "num_running": np.full(n, snap["num_running"], dtype=np.int64), "start": seg[:, 0],
+                "length": seg[:, 1], "memory_class": seg[:, 2]}, {"memory_class": list(MEMORY_CLASSES)})
     if groups:
         tables["groups"] = groups
     for key, by_policy in tables.items():
         if not by_policy:
             continue
         paths.setdefault(key, out / f"{key}.parquet")
-        df = pd.concat(list(by_policy.values()), ignore_index=True)
-        df.insert(0 if key == "snapshots" else len(df.columns), "policy", _policy_column(by_policy))
+        codes, names = _policy_codes(by_policy)
+        parts = list(by_policy.values())
+        if all(isinstance(t, Columns) for t in parts):  # written by pyarrow alone: no pandas imported
+            write_parquet(concat_columns(parts, "policy", codes, names, first=key == "snapshots"), paths[key])
+            continue
+        import pandas as pd
+
+        df = pd.concat([t.frame() if isinstance(t, Columns) else t for t in parts], ignore_index=True)
+        df.insert(0 if key == "snapshots" else len(df.columns), "policy",
+                  pd.Categorical.from_codes(codes, pd.Index(names, dtype="str")))
         write_parquet(df, paths[key])
     if report:
         paths["report"] = report(out)
     return paths
 
 
-def _policy_column(by_policy: dict[str, pd.DataFrame]) -> pd.Categorical:
-    """The ``policy`` column of the policies' tables laid end to end, built as a categorical at once
-    (categories: the names with rows, sorted, as ``astype("category")`` of the names would give them)."""
-    lengths = [len(df) for df in by_policy.values()]
+def _policy_codes(by_policy: dict) -> tuple[np.ndarray, list[str]]:
+    """The ``policy`` column of the policies' tables laid end to end, as codes and categories (the names
+    with rows, sorted, as ``astype("category")`` of the names would give them)."""
+    lengths = [len(t) for t in by_policy.values()]
     names = sorted(n for n, k in zip(by_policy, lengths) if k)
     code = {n: i for i, n in enumerate(names)}
-    return pd.Categorical.from_codes(np.repeat([code.get(n, -1) for n in by_policy], lengths).astype(np.int64),
-                                     pd.Index(names, dtype="str"))
+    return np.repeat([code.get(n, -1) for n in by_policy], lengths).astype(np.int64), names
 
 
 def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, exact: bool = False,

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from sim import trace_paths
 from sim.config import (Fixed, Gamma, LogNormal, Poisson, Scenario, ScenarioError, SyntheticWorkload, TraceWorkload,
@@ -100,7 +99,9 @@ class RequestTable:
         """Input rows this table came from: its requests and every dropped row."""
         return len(self) + sum(self.dropped.values())
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self):
+        import pandas as pd
+
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 

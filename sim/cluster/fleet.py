@@ -28,6 +28,7 @@ from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.engine import Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
+from sim.outputs import Columns
 from sim.policy import rejection_reasons, resolve_policy
 from sim.cluster.router import Replicas, make_router
 
@@ -278,7 +279,7 @@ def fleet_summary(frame: pd.DataFrame, engines: list[Engine], requests) -> tuple
     tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
     mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
     recs = [e.rec for e in engines]
-    summary = summarize(frame, merge_itl([x.itl for x in recs]), mem, end - first, capacity,
+    summary = summarize(Columns.of(frame), merge_itl([x.itl for x in recs]), mem, end - first, capacity,
                         float(tl.busy_s.sum()), sum(x.num_steps for x in recs), sum(x.seq_steps for x in recs),
                         int(tl.num_preempted.sum()), decode_steps=sum(x.decode_steps for x in recs),
                         decode_seq_steps=sum(x.decode_seq_steps for x in recs),
