@@ -12,6 +12,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # whose spinning waits burned CPU time (before torch is first imported: test modules import it later)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+if "KVSIM_TRACE_CACHE" not in os.environ:  # parsed traces (traces/cache.py) kept for this run only, not in ~/.cache
+    import atexit
+    import tempfile
+
+    _trace_cache = tempfile.mkdtemp(prefix="kvsim-trace-cache-")
+    os.environ["KVSIM_TRACE_CACHE"] = _trace_cache
+    atexit.register(shutil.rmtree, _trace_cache, ignore_errors=True)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from sim.config import Gamma, Poisson, ScenarioError, TraceWorkload
 from sim.workload import RequestTable, arrival_times
+from traces.cache import cached
 from traces.formats import open_trace
-from traces.read import read_trace
 
 
 def window(t: RequestTable, start_s: float, end_s: float | None) -> RequestTable:
@@ -85,8 +85,14 @@ def load_trace(w: TraceWorkload, path: Path, max_model_len: int | None = None, *
         if w.arrival is None and not allow_untimed:
             raise ScenarioError(f"{path}: format {tf.fmt.name} has no arrival times; give 'arrival', "
                                 "such as {kind: poisson, rate: 2}")
-    t = transform(read_trace(tf, bad_rows=w.bad_rows, filters={"models": w.models, "log_types": w.log_types}),
-                  w, max_model_len)
+    filters = {"models": w.models, "log_types": w.log_types}
+
+    def read() -> RequestTable:
+        from traces.read import read_trace  # (pandas: imported only when a file is parsed)
+
+        return read_trace(tf, bad_rows=w.bad_rows, filters=filters)
+
+    t = transform(cached(tf, {"bad_rows": w.bad_rows, "filters": filters}, read), w, max_model_len)
     if len(t) == 0:
         reasons = ", ".join(f"{k}: {v:,}" for k, v in t.dropped.items())
         raise ScenarioError(f"{path}: no requests left after the workload's transforms ({reasons})")
