@@ -131,6 +131,9 @@ class Engine:
         self.scheduler.next_seq_id = len(requests)  # forked sequences get ids past the requests'
         self._holding = 0  # requests holding KV during the step being taken
         self.num_done = 0
+        # fed by a router: this server's slot in its fleet's outstanding counts (pushed - finished), kept here
+        self._loads: list[int] | None = None
+        self._slot = 0
         self._snap_key: tuple = (0, 0)
         self._snap: tuple | None = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
@@ -163,6 +166,7 @@ class Engine:
         this server's own clock. A fleet whose router reads no replica state gives each replica its
         requests this way (``sim.cluster.fleet``): the replica is then exactly a lone server."""
         r = self.requests
+        self._loads = None  # no router reads a server that knows its requests ahead
         self._ids = ids.tolist()
         # plain Python lists for the hot loop, with an arrival at infinity as a sentinel
         self._arrivals = r.arrival_s[self._ids].tolist() + [math.inf]
@@ -318,6 +322,8 @@ class Engine:
             if done:
                 self.rec.finished(env.now, done)
                 self.num_done += len(done)
+                if self._loads is not None:
+                    self._loads[self._slot] -= len(done)
                 if self.on_handoff is not None:
                     self.on_handoff(self, done, env.now)
                 done.clear()
@@ -339,15 +345,25 @@ class Engine:
         self._end_s = 0.0
         self.process = env.process(self._serve(env))
 
-    def push(self, i: int, arrival_s: float, output_tokens: int | None = None, seq: Sequence | None = None) -> None:
-        """Request ``i`` arrives now (``arrival_s``, the clock's time): it joins at the next step.
-        Disaggregation: a prefill replica gets it with ``output_tokens`` 1; a decode replica gets the
+    def share_load(self, loads: list[int], slot: int) -> None:
+        """Keep ``loads[slot]`` equal to this server's outstanding requests (pushed, not yet finished), for
+        a router that reads them at every arrival (``sim.cluster.router.Replicas``). Before ``attach``:
+        nothing is pushed yet. (A server given its requests ahead, ``serve``, keeps no count.)"""
+        loads[slot] = 0
+        self._loads, self._slot = loads, slot
+
+    def push(self, i: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+             seq: Sequence | None = None) -> None:
+        """Request ``i`` arrives now (``arrival_s``, the clock's time) with these lengths: it joins at the next
+        step. Disaggregation: a prefill replica gets it with ``output_tokens`` 1; a decode replica gets the
         ``seq`` the fleet made (its KV on a prefill replica)."""
         self._arrivals[-1] = arrival_s
         self._arrivals.append(math.inf)
         self._ids.append(i)
-        self._prompts.append(int(self.requests.prompt_tokens[i]))
-        self._outputs.append(int(self.requests.output_tokens[i]) if output_tokens is None else output_tokens)
+        self._prompts.append(prompt_tokens)
+        self._outputs.append(output_tokens)
+        if self._loads is not None:
+            self._loads[self._slot] += 1
         if seq is not None:
             self._made[i] = seq
         self.wake(arrival_s)

@@ -175,7 +175,7 @@ class DisaggFleet:
             self._pos = pos + 1
             k = route(i, cands)
             self.prefill_of[i] = k
-            engines[k].push(i, t, output_tokens=1)
+            engines[k].push(i, t, int(self.requests.prompt_tokens[i]), 1)
         self._close("prefill")
         if not self._to_hand_off:
             self._close("decode")
@@ -210,7 +210,7 @@ class DisaggFleet:
                 remote.prefix_ids, remote.hash_block = de._hashes.of(i), de._hashes.block_size
             self.decode_of[i] = d
             self._source[i] = (engine, seq)
-            de.push(i, t, seq=remote)
+            de.push(i, t, int(self.requests.prompt_tokens[i]), int(self.requests.output_tokens[i]), seq=remote)
         if self.feeds["prefill"].closed and not self._to_hand_off:
             self._close("decode")
 

@@ -115,16 +115,33 @@ class Fleet:
         if not self.router.live:  # routing reads no replica state: route every request now, and each replica
             self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
             return self._results()
-        env = self.env
-        if self._order:  # scheduled first: at t = 0 it routes before any replica plans
-            _at(env, max(self._times[0], env.now)).callbacks.append(self._route)
-        else:
+        self._prompts, self._outputs = r.prompt_tokens.tolist(), r.output_tokens.tolist()
+        if not self._order:
             self._close()
         for e in self.engines:
-            e.attach(env, self)
+            e.attach(self.env, self)
         with paced_gc():
-            env.run()
+            self._run_clock()
         return self._results()
+
+    def _run_clock(self) -> None:
+        """The shared clock: SimPy's events (the replicas'), with every arrival routed before any event of
+        its time, as an urgent event scheduled at the previous arrival would be (it would come first: no
+        event of that time is scheduled before it). NOTE: arrivals are known ahead, so they need no
+        events of their own: one heap entry, and its Python event, fewer per request."""
+        env, times = self.env, self._times
+        queue, step = env._queue, env.step
+        while True:
+            t = times[self._pos]
+            if queue and queue[0][0] < t:
+                step()
+            elif t < math.inf:
+                env._now = t
+                self._route()
+            elif queue:
+                step()
+            else:
+                return
 
     def _preassign(self) -> None:
         """Route in arrival order, as at the arrivals, then run each replica to its end on its own clock:
@@ -136,11 +153,12 @@ class Fleet:
         for k, e in enumerate(self.engines):
             e.serve(np.flatnonzero(assigned == k))
 
-    def _route(self, _event) -> None:
-        """At an arrival (an urgent event, before any replica's of the same time): route the requests
-        arriving now, from the replicas' live state, and schedule the next arrival (or close)."""
+    def _route(self) -> None:
+        """At an arrival (before any replica's event of the same time): route the requests arriving now,
+        from the replicas' live state (after the last one: close)."""
         engines, route, times, order, ok, cands, assigned = (self.engines, self.router.route, self._times,
                                                              self._order, self._ok, self._cands, self.assigned)
+        prompts, outputs = self._prompts, self._outputs
         pos, now = self._pos, self.env.now
         while times[pos] <= now:  # (the sentinel at infinity ends it)
             i, t = order[pos], times[pos]
@@ -148,10 +166,8 @@ class Fleet:
             self._pos = pos
             k = route(i, self._whole if self._single else cands[int(ok[i])])
             assigned[i] = k
-            engines[k].push(i, t)
-        if pos < len(order):
-            _at(self.env, times[pos]).callbacks.append(self._route)
-        else:
+            engines[k].push(i, t, prompts[i], outputs[i])
+        if pos == len(order):
             self._close()
 
     def _close(self) -> None:

@@ -26,14 +26,16 @@ class Replicas:
     def __init__(self, engines: list) -> None:
         self.engines = engines
         self.n = len(engines)
+        self._loads = [0] * self.n  # each replica's outstanding requests, kept by the replica (Engine.share_load)
+        for k, e in enumerate(engines):
+            e.share_load(self._loads, k)
 
     def outstanding(self, r: int) -> int:
-        e = self.engines[r]
-        return len(e._ids) - e.num_done
+        return self._loads[r]
 
     def loads(self) -> list[int]:
-        """Every replica's outstanding requests (one pass: routers that compare them all read this)."""
-        return [len(e._ids) - e.num_done for e in self.engines]
+        """Every replica's outstanding requests (read-only: the replicas keep this list)."""
+        return self._loads
 
     def kv_use(self, r: int) -> float:
         """KV slots in use / capacity, now, as exact stepping would hold them (``Engine.kv_slots_in_use``)."""
@@ -48,7 +50,11 @@ class Replicas:
                 e.exact = True
 
     def least_outstanding(self, cands, loads: list[int] | None = None) -> int:
-        return min(cands, key=(self.loads() if loads is None else loads).__getitem__)
+        """The candidate with the fewest outstanding requests, the lowest index among ties."""
+        loads = self._loads if loads is None else loads
+        if len(cands) == self.n:  # every replica (ids 0..n-1 in order): the first minimum, in C
+            return loads.index(min(loads))
+        return min(cands, key=loads.__getitem__)
 
 
 class Router:
