@@ -172,7 +172,7 @@ class HybridPagedKv:
             pool = self.blocks
             if pool.can_allocate(need, admission=True) and not pool.can_allocate(need + hit, admission=True):
                 held = pool.held  # (counted only when it decides)
-                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if b not in held)
+                need += sum(1 for row in hits for pages in row if pages is not None for b in pages if not held[b])
         else:
             ch = self._change(seq, num_new)
             need = 0 if ch is None else ch[2] - self._freeable(seq, ch)
@@ -490,7 +490,7 @@ class HybridPagedKv:
         for i, (g, n) in enumerate(self.classes):
             f = first_kept(g, h * B, B)
             table = [b for row in hits[f:] for b in row[i]]
-            n_held = sum(1 for b in table if b in held)
+            n_held = sum(1 for b in table if held[b])
             for b in table:
                 blocks.incref(b)
             firsts.append(f)

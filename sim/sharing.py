@@ -58,26 +58,31 @@ def prompt_block_hashes(seq: Sequence, block_size: int) -> list[tuple[int, tuple
 
 
 class _Counts(Mapping):
-    """Reference counts of the held blocks, read-only: ``held`` (every held block) and ``multi`` (the count
-    of each block with two holders or more); a block no one holds reads 0."""
+    """Reference counts of the held blocks, read-only, from the pool's ``held`` flags (a block's holder)
+    and ``multi`` (the count of each block with two holders or more); a block no one holds reads 0."""
 
-    __slots__ = ("held", "multi")
+    __slots__ = ("pool",)
 
-    def __init__(self, held: set, multi: dict) -> None:
-        self.held, self.multi = held, multi
+    def __init__(self, pool: "SharedBlockPool") -> None:
+        self.pool = pool
 
     def __getitem__(self, b: int) -> int:
-        c = self.multi.get(b)
-        return c if c is not None else 1 if b in self.held else 0
+        pool = self.pool
+        c = pool.multi.get(b)
+        if c is not None:
+            return c
+        held = pool.held
+        return 1 if 0 <= b < len(held) and held[b] else 0
 
     def __contains__(self, b) -> bool:
-        return b in self.held
+        held = self.pool.held
+        return 0 <= b < len(held) and held[b]
 
     def __iter__(self):
-        return iter(self.held)
+        return (b for b, h in enumerate(self.pool.held) if h)
 
     def __len__(self) -> int:
-        return len(self.held)
+        return self.pool.num_held
 
 
 class SharedBlockPool:
@@ -103,11 +108,14 @@ class SharedBlockPool:
         # stale: ``_revived`` counts such places per block, and the head skips them (a block's stale place
         # comes before any later one, so the first place of it the head meets is the stale one). An
         # OrderedDict did the same at ~10x the cost per block.
-        # holders: a block is in ``held`` while some table holds it, and in ``multi`` (with its count) while
-        # two or more do -- sets and a small dict, so a table is taken and given back in bulk (C loops)
-        self.held: set[int] = set()
+        # holders: ``held[b]`` while some table holds block b (a flag per block ever lent: [0, _fresh)), and b
+        # is in ``multi`` (with its count) while two or more do. NOTE: a set of the held blocks was 5x the
+        # cost per block: the churn of a KV pool (every block taken and given back) left its table full of
+        # deleted entries, which each insertion probed through.
+        self.held: list[bool] = []
+        self.num_held = 0
         self.multi: dict[int, int] = {}
-        self.ref_cnt = _Counts(self.held, self.multi)  # block -> holders (0 when free)
+        self.ref_cnt = _Counts(self)  # block -> holders (0 when free)
         self._fresh = 0
         self._q: list[int] = []
         self._h = 0
@@ -154,6 +162,8 @@ class SharedBlockPool:
         k = min(n, fresh)  # never-used blocks first: no holder, no key
         out = list(range(f, f + k))
         self._fresh = f + k
+        held = self.held
+        held.extend([True] * k)
         if k < n:
             q, h, m = self._q, self._h, n - k
             if not self._stale:  # the next m places are all live
@@ -184,11 +194,12 @@ class SharedBlockPool:
                             if self.tier is not None:
                                 self.tier.store(kb[0], kb[1], kb[3])
                         self.num_evicted += 1
+            for b in taken:
+                if held[b]:
+                    raise AssertionError(f"block {b} free and held")
+                held[b] = True
             out += taken
-        held = self.held
-        n = len(held)
-        held.update(out)
-        assert len(held) == n + len(out), "a block free and held"  # (the update's own count: O(1) more)
+        self.num_held += n
         return out
 
     def _enqueue(self, blocks) -> None:
@@ -201,10 +212,11 @@ class SharedBlockPool:
     def free(self, block_ids: list[int]) -> None:
         held, multi = self.held, self.multi
         if not multi:  # no block has two holders: each of these goes back to the queue
-            n = len(held)
-            held.difference_update(block_ids)
-            assert len(held) == n - len(block_ids), (  # (the update's own count: O(1) more)
-                f"{len(block_ids) - (n - len(held))} of blocks {block_ids} freed with no holder")
+            for b in block_ids:
+                if not held[b]:
+                    raise AssertionError(f"block {b} of {block_ids} freed with no holder")
+                held[b] = False
+            self.num_held -= len(block_ids)
             self._enqueue(block_ids[::-1])
         else:
             back = []
@@ -216,23 +228,26 @@ class SharedBlockPool:
                     else:
                         multi[b] = c - 1
                 else:
-                    assert b in held, f"block {b} freed with no holder"
-                    held.remove(b)
+                    if not held[b]:
+                        raise AssertionError(f"block {b} freed with no holder")
+                    held[b] = False
                     back.append(b)
+            self.num_held -= len(back)
             self._enqueue(back)
-        assert len(self._q) - self._h - self._stale + len(held) == self._fresh, "blocks ever lent != freed + held"
+        assert len(self._q) - self._h - self._stale + self.num_held == self._fresh, "blocks ever lent != freed + held"
 
     def incref(self, b: int) -> None:
         multi = self.multi
         c = multi.get(b)
         if c is not None:
             multi[b] = c + 1
-        elif b in self.held:
+        elif self.held[b]:
             multi[b] = 2
         else:  # a cached block comes back from the free queue: its place goes stale
             self._revived[b] = self._revived.get(b, 0) + 1
             self._stale += 1
-            self.held.add(b)
+            self.held[b] = True
+            self.num_held += 1
 
     def lookup(self, h: int, identity, parent: int | None) -> int | None:
         b = self.cache.get(h)
