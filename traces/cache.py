@@ -35,7 +35,10 @@ def cache_dir() -> Path | None:
         return None
     if where:
         return Path(where)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / "traces"
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / "traces"
+    except RuntimeError:  # no home directory to find: no cache
+        return None
 
 
 def _code_hash() -> str:
