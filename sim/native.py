@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from sim.trace_paths import user_cache
+
 MODULES = ("sim.core", "sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
 _SIM = Path(__file__).resolve().parent
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's ABI (e.g. .cpython-311-x86_64-linux-gnu.so)
@@ -33,7 +35,7 @@ class NativeBuildError(Exception):
 def cache_root() -> Path:
     if os.environ.get("KVSIM_NATIVE_DIR"):
         return Path(os.environ["KVSIM_NATIVE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / "native"
+    return user_cache("native")
 
 
 def source_key() -> str:

@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]  # the project's root (in a source ch
 PROJECT_TRACES = ROOT.parent / "shared" / "traces"
 
 
+def user_cache(name: str) -> Path:
+    """kvsim's cache folder ``name`` (the compiled build's ``native``, parsed traces' ``traces``):
+    ``$XDG_CACHE_HOME/kvsim/<name>``, ``~/.cache`` when unset. Raises RuntimeError when there is no home
+    directory to find."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / name
+
+
 def trace_dirs(explicit: str | Path | None = None) -> list[Path]:
     """The folders searched, in order (an unset or empty ``$KVSIM_TRACES`` is left out)."""
     dirs = [Path(explicit).expanduser()] if explicit else []

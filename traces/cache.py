@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from sim.trace_paths import user_cache
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import TraceFile
 
@@ -36,7 +37,7 @@ def cache_dir() -> Path | None:
     if where:
         return Path(where)
     try:
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvsim" / "traces"
+        return user_cache("traces")
     except RuntimeError:  # no home directory to find: no cache
         return None
 
