@@ -123,6 +123,22 @@ def test_off_unwritable_or_damaged_means_parsing(tmp_path, folder, parses, monke
     assert len(parses) == 6
 
 
+def test_no_home_directory_means_no_cache_not_an_error(tmp_path, parses, monkeypatch):
+    """With no cache folder named and no home directory to find (``Path.home`` raises), traces are parsed."""
+    from pathlib import Path
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("KVSIM_TRACE_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    p = azure_csv(tmp_path / "t.csv", [(10, 5), (20, 6)])
+    assert cache.cache_dir() is None
+    same(load(p), load(p))
+    assert len(parses) == 2
+
+
 def test_a_trace_command_from_the_copy_imports_no_pandas(tmp_path):
     """The second ``sim run`` of a trace scenario reads the trace's copy: pandas (the readers' parser)
     stays unloaded, as it does for a generated workload."""
