@@ -48,4 +48,4 @@ def test_wheel_holds_no_top_level_cli_module(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     cfg = configparser.ConfigParser()
     cfg.read_string(wheel.read(entry).decode())
-    assert dict(cfg["console_scripts"]) == {"sim": "kvsim.cli:app"}
+    assert dict(cfg["console_scripts"]) == {"sim": "kvsim.cli:main"}

@@ -1,0 +1,66 @@
+"""The `sim` command as a process (``cli.main``): it ends without the interpreter's teardown, so these
+pin what must still hold then: exit codes, output flushed, result files whole, exit handlers run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = textwrap.dedent("""\
+    name: main
+    model: opt-13b
+    gpu: a100-40gb
+    workload: {arrival: {kind: poisson, rate: 6}, lengths: sharegpt, num_requests: 40, seed: 2}
+    policies: [orca-max, vllm]
+    """)
+
+
+def sim(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "1000"}  # a long temporary path on one line
+    return subprocess.run([sys.executable, "cli.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_run_writes_whole_files_and_prints_everything(tmp_path):
+    (tmp_path / "s.yaml").write_text(SMALL)
+    p = sim("run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-report")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert set(summary["policies"]) == {"orca-max", "vllm"}
+    requests = pq.read_table(tmp_path / "out" / "requests.parquet")
+    assert requests.num_rows == 2 * 40
+    last = p.stdout.rstrip().splitlines()[-1]  # the written paths come last: all of them reached the pipe
+    assert last.split(":")[0].strip() == "timeline" and last.endswith("timeline.parquet"), p.stdout
+    assert pq.read_table(tmp_path / "out" / "timeline.parquet").num_rows > 0
+
+
+def test_user_error_exits_2_with_its_message(tmp_path):
+    (tmp_path / "bad.yaml").write_text(SMALL.replace("opt-13b", "no-such-model"))
+    p = sim("check", str(tmp_path / "bad.yaml"))
+    assert p.returncode == 2
+    assert "error:" in p.stderr and "no-such-model" in p.stderr, p.stderr
+
+
+def test_usage_error_exits_2():
+    p = sim("run")
+    assert p.returncode == 2
+    assert "Missing argument" in p.stderr, p.stderr
+
+
+def test_exit_handlers_run_and_output_is_flushed():
+    code = ("import atexit, sys\n"
+            "import cli\n"
+            "atexit.register(lambda: print('handler ran'))\n"
+            "sys.argv = ['sim', '--version']\n"
+            "print('before', end='')\n"  # unflushed at exit: the exit flushes it
+            "cli.main()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("before") and "kvsim" in p.stdout and p.stdout.rstrip().endswith("handler ran"), p.stdout
