@@ -490,8 +490,8 @@ def main() -> None:
 
     NOTE: that teardown is a full garbage collection and the freeing of every module and object: about
     0.1 s after a trace's run, a tenth of the whole command, for nothing a user sees (every file the
-    command wrote is closed by its writer). Other threads still running, or an error that is a bug
-    (a traceback), take the ordinary way out."""
+    command wrote is closed by its writer). Other threads still running, a profiler or tracer, or an
+    error that is a bug (a traceback), take the ordinary way out."""
     import os
     import threading
 
@@ -505,8 +505,9 @@ def main() -> None:
     elif not isinstance(code, int):  # sys.exit("message"): printed, exit status 1, as Python does
         print(code, file=sys.stderr)
         code = 1
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
+    if sys.getprofile() is not None or sys.gettrace() is not None or any(
+            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)  # a profiler or tracer writes its data at the ordinary exit (`python -m cProfile cli.py`)
     import atexit
 
     atexit._run_exitfuncs()

@@ -64,3 +64,12 @@ def test_exit_handlers_run_and_output_is_flushed():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("before") and "kvsim" in p.stdout and p.stdout.rstrip().endswith("handler ran"), p.stdout
+
+
+def test_a_profiler_still_writes_its_data(tmp_path):
+    """`python -m cProfile -o F cli.py ...` writes F when the profiled command ends (the ordinary exit)."""
+    out = tmp_path / "cli.prof"
+    p = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "cli.py", "--version"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "kvsim" in p.stdout and out.stat().st_size > 0
