@@ -16,8 +16,9 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate contiguous vs paged KV-cache management for LLM serving.")
-err = Console(stderr=True)
-out = Console()
+# NOTE: no emoji codes: a name such as ":x:" printed as written (and rich's emoji table, 3 ms, not imported)
+err = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
 
 
 def _print_version(value: bool) -> None:

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.metrics import ItlHistogram, RequestLog, Timeline
+from sim.metrics import ItlHistogram, RequestLog, Timeline, _median_p99
 
 
 def test_timeline_splits_time_exactly_and_doubles_bins():
@@ -49,3 +51,12 @@ def test_request_frame_never_writes_through_to_the_shared_request_table():
     df.loc[0, "prompt_tokens"] = 9
     df.loc[0, "output_tokens"] = 9
     assert arrival.tolist() == [0.0, 1.0, 2.0] and prompt.tolist() == [5, 6, 7] and output.tolist() == [2, 3, 4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 1e7, allow_nan=False) | st.integers(0, 60).map(float), min_size=1, max_size=400))
+def test_median_and_p99_are_numpys_to_the_bit(values):
+    """The summary's median and p99 (computed without ``np.median``/``np.percentile``, which import
+    ``numpy.ma``) equal numpy's exactly, ties and all sizes included."""
+    v = np.array(values)
+    assert _median_p99(v.copy()) == (float(np.median(v)), float(np.percentile(v, 99)))

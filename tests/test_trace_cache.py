@@ -141,15 +141,19 @@ def test_no_home_directory_means_no_cache_not_an_error(tmp_path, parses, monkeyp
 
 def test_a_trace_command_from_the_copy_imports_no_pandas(tmp_path):
     """The second ``sim run`` of a trace scenario reads the trace's copy: pandas (the readers' parser)
-    stays unloaded, as it does for a generated workload."""
+    stays unloaded, as it does for a generated workload; so do the modules a plain run outside a terminal
+    never needs (a progress bar, the decomposition, numpy's masked arrays and random numbers)."""
     p = azure_csv(tmp_path / "t.csv", [(100 + i, 20 + i) for i in range(40)])
     spec = tmp_path / "s.yaml"
     spec.write_text(json.dumps({"name": "t", "model": "llama-2-7b", "gpu": "a100-80gb", "policies": ["vllm"],
                                 "workload": {"kind": "trace", "path": str(p)}}))
     code = ("import sys; from kvsim import run_to_dir; "
-            f"run_to_dir({str(spec)!r}, {str(tmp_path / 'out')!r}, report=False); print('pandas' in sys.modules)")
+            f"run_to_dir({str(spec)!r}, {str(tmp_path / 'out')!r}, report=False); "
+            "print([m for m in ('rich.progress', 'sim.decompose', 'numpy.ma', 'numpy.random') if m in sys.modules]); "
+            "print('pandas' in sys.modules)")
     env = {**os.environ, "KVSIM_TRACE_CACHE": str(tmp_path / "cache")}
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
             for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     assert [r.stdout.strip().splitlines()[-1] for r in runs] == ["True", "False"]
+    assert runs[1].stdout.strip().splitlines()[-2] == "[]"

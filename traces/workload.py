@@ -56,7 +56,8 @@ def truncate(t: RequestTable, max_model_len: int) -> RequestTable:
 
 def transform(t: RequestTable, w: TraceWorkload, max_model_len: int | None = None) -> RequestTable:
     """The workload's transforms, in the documented order, seeded by ``w.seed``."""
-    rng = np.random.default_rng(w.seed)
+    # NOTE: numpy.random (6 ms to import) only for a transform that draws
+    rng = np.random.default_rng(w.seed) if w.sample is not None or w.arrival is not None else None
     if w.window is not None:
         t = window(t, w.window.start_s, w.window.end_s)
     if w.sample is not None:
