@@ -496,6 +496,12 @@ def main() -> None:
     import os
     import threading
 
+    # NOTE: numpy's OpenBLAS starts a thread per core that spins for about 0.1 s after numpy is imported
+    # (and after each matrix product), waiting for work the simulator never gives it: 0.13 s of CPU in a
+    # 1 s run on two cores, and a core taken from the other workers of a sweep. One thread, unless the
+    # user set it (numpy not yet imported here; a sweep's worker processes inherit it).
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         app()
         code = 0

@@ -73,3 +73,17 @@ def test_a_profiler_still_writes_its_data(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "kvsim" in p.stdout and out.stat().st_size > 0
+
+
+def test_blas_threads_are_one_unless_the_user_chose(tmp_path):
+    """numpy's OpenBLAS threads spin waiting for work the simulator never gives: ``sim`` asks for one,
+    before numpy is imported, and keeps a user's own setting."""
+    code = ("import atexit, os, sys; sys.argv = ['sim', '--version']; "
+            "atexit.register(lambda: print('blas', os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules)); "
+            "import cli; cli.main()")
+    for given, want in ((None, "blas 1 False"), ("3", "blas 3 False")):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+        if given:
+            env["OPENBLAS_NUM_THREADS"] = given
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.splitlines()[-1] == want, (p.stdout, p.stderr)
