@@ -193,12 +193,14 @@ class DecodeClock:
                 if shared is not None:
                     shared.append(sb)
             return alloc, capped
+        a, c = alloc[0], capped[0]
         for j in range(1, k):
             movers = cross[(t0 + 1 + j) % B]
-            if movers:
+            if movers:  # (only this changes the manager's figures here)
                 add(movers)
-            alloc.append(kv.alloc)
-            capped.append(kv.capped)
+                a, c = kv.alloc, kv.capped
+            alloc.append(a)
+            capped.append(c)
         return alloc, capped
 
     def advance(self, k: int, ends_s: list[float]) -> None:

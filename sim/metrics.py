@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from operator import mul
 from typing import Any
 
 import numpy as np
@@ -475,6 +474,16 @@ class Timeline:
         return self.columns(capacity, end_s).frame()
 
 
+def _dot(times: list[float], x: list[int], j0: int, j1: int) -> float:
+    """The time integral of a per-step count over steps ``j0 .. j1 - 1``: each step's seconds times its
+    count, added in step order. NOTE: a typed loop, not ``sum(map(mul, ...))``: compiled, it makes no
+    object per step (a fleet's spans have hundreds of thousands of steps)."""
+    acc = 0.0
+    for j in range(j0, j1):
+        acc += times[j] * x[j]
+    return acc
+
+
 def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiting: int, joins: list[int] | tuple,
                shared, holding: int, n: int, num_sampled: int, capacity, w: float) -> list[tuple[float, list]]:
     """A span's (end, TIMELINE_COLUMNS row) per bin of width ``w``, for the steps ending in it (see
@@ -490,7 +499,7 @@ def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiti
             j1 += 1
         ts = times[j0:j1]
         t = sum(ts)
-        f, a, c = (sum(map(mul, ts, x[j0:j1])) if x.__class__ is list else x * t for x in (filled, alloc, capped))
+        f, a, c = (_dot(times, x, j0, j1) if x.__class__ is list else x * t for x in (filled, alloc, capped))
         w_s = waiting * t
         for x in joins:  # an arrival joining after step x waits from step x on
             x = max(x, j0)
@@ -498,7 +507,7 @@ def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiti
                 w_s += ends[j1 - 1] - (ends[x - 1] if x else start_s)
         out.append((ends[j1 - 1], [t, n * t, w_s, j1 - j0, num_sampled * (j1 - j0), 0, 0, 0,
                                    *breakdown(capacity * t, f, a, c, rounding * t, held * t, blocked), 0, 0,
-                                   sum(map(mul, ts, shared[j0:j1])) if shared.__class__ is list else shared * t,
+                                   _dot(times, shared, j0, j1) if shared.__class__ is list else shared * t,
                                    holding * t]))
         j0 = j1
     return out
@@ -599,14 +608,14 @@ class Recorder:
         total = sum(times)
         filled, alloc, capped, rounding, held, blocked = mem
         # the classes are linear in (filled, alloc, capped): integrate those over the span's steps
-        f, a, c = (sum(map(mul, times, x)) if x.__class__ is list else x * total for x in (filled, alloc, capped))
+        f, a, c = (_dot(times, x, 0, k) if x.__class__ is list else x * total for x in (filled, alloc, capped))
         slot_s = breakdown(self.capacity * total, f, a, c, rounding * total, held * total, blocked)
         waiting_s = waiting * total
         for j in joins:
             waiting_s += ends[-1] - ends[j - 1]
         capacity = self.capacity
         shared = shared_slots  # a list along a span whose shared pages leave windows (sim/hybrid.py)
-        shared_s = sum(map(mul, times, shared)) if shared.__class__ is list else shared * total
+        shared_s = _dot(times, shared, 0, k) if shared.__class__ is list else shared * total
         # TIMELINE_COLUMNS, in order
         totals = [total, n * total, waiting_s, k, plan.num_sampled * k, plan.num_prefill_tokens * k,
                   plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_s, holding * total]

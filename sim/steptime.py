@@ -432,8 +432,8 @@ class RooflineStepTime:
         n = plan.num_seqs
         fixed = self._fixed_parts(n, n, n)
         per_key, per_seq = self.decode_key_terms(plan.block_size)
-        keys, seq_s, step = plan.decode_context_tokens, n * per_seq, self._step_s
-        return [step(fixed, (keys + n * j) * per_key + seq_s) for j in range(k)]
+        keys, seq_s = plan.decode_context_tokens, n * per_seq
+        return [self._step_s(fixed, (keys + n * j) * per_key + seq_s) for j in range(k)]
 
     def breakdown(self, num_tokens: int, context_tokens: int = 0, block_size: int = 16) -> dict[str, float]:
         """Milliseconds of a prefill step of ``num_tokens`` new tokens of one sequence over
