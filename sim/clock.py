@@ -68,7 +68,7 @@ class DecodeClock:
         self.offset_sum = 0  # sum of the members' computed-token offsets
         self.block_size = block_size
         self.paged = paged
-        self._itl = itl  # inter-token latency sink: add(value, times), add_each(values, times)
+        self._itl = itl  # inter-token latency sink: add(value, times), add_gaps(ends, times)
         self._fresh: dict[Sequence, None] = {}  # joined since the last tick: their next gap is their own
         self._last_tick_s = 0.0
         self._finish_at: list[tuple[int, int, Sequence]] = []  # (finish tick, order, seq) heap; stale entries skipped
@@ -213,7 +213,7 @@ class DecodeClock:
         if n > len(self._fresh):
             itl.add(first - self._last_tick_s, n - len(self._fresh))
         if k > 1:
-            itl.add_each([b - a for a, b in zip(ends_s, ends_s[1:])], n)
+            itl.add_gaps(ends_s, n)
         self._fresh = {}
         self._last_tick_s = ends_s[-1]
         self.ticks += k

@@ -18,7 +18,6 @@ import math
 import random
 from bisect import bisect_left
 from contextlib import contextmanager
-from itertools import accumulate
 from typing import Any, Callable
 
 import numpy as np
@@ -100,6 +99,15 @@ class LoneClock:
 
     def timeout(self, delay: float) -> float:
         return delay
+
+
+def _step_ends(now: float, times: list[float]) -> list[float]:
+    """When each step of a span ends: the clock advanced step by step, as stepping would (``now + t``)."""
+    ends = []
+    for t in times:
+        now = now + t
+        ends.append(now)
+    return ends
 
 
 @contextmanager
@@ -321,10 +329,10 @@ class Engine:
                 yield env.timeout(dt)
                 self._record(now, [dt], plan, *sched.complete(env.now))
             else:
-                ends = list(accumulate(times, initial=now))[1:]  # the clock as stepping would advance it
+                ends = _step_ends(now, times)
                 cut = bisect_left(ends, stop if self.feed is None else self._horizon)
                 if cut < k:  # stop at the first step that ends at or after the next admissible arrival
-                    ends, times = ends[:cut + 1], times[:cut + 1]
+                    del ends[cut + 1:], times[cut + 1:]
                 self._span_ends = ends  # what a router reads of a fed replica's KV meanwhile (kv_slots_in_use)
                 if self.feed is None or not (cuttable or sched.pulling):  # a landing KV cuts it too
                     yield env.timeout(ends[-1] - now)
@@ -333,7 +341,7 @@ class Engine:
                     yield env.timeout(ends[-1] - now)  # a push may end it sooner (``wake``)
                     self._wakeable = None
                     if self._woke is not _NOT_WOKEN:  # cut at the first step ending at or after the push
-                        ends, times = ends[:self._woke + 1], times[:self._woke + 1]
+                        del ends[self._woke + 1:], times[self._woke + 1:]
                 self._span_ends = None
                 mem, shared = sched.complete_span(ends)
                 self._record(now, times, plan, mem, shared, ends)

@@ -156,11 +156,16 @@ class ItlHistogram:
         if len(self._values) >= 16384:
             self.flush()
 
-    def add_each(self, values: list[float], times: int) -> None:
-        """Each of ``values`` seen ``times`` times."""
-        self._values.extend(values)
-        self._runs += (len(values), times)
-        if len(self._values) >= 16384:
+    def add_gaps(self, ends: list[float], times: int) -> None:
+        """Each gap between consecutive ``ends`` (a span's step ends) seen ``times`` times."""
+        values = self._values
+        prev = ends[0]
+        for j in range(1, len(ends)):
+            e = ends[j]
+            values.append(e - prev)
+            prev = e
+        self._runs += (len(ends) - 1, times)
+        if len(values) >= 16384:
             self.flush()
 
     def flush(self) -> None:
@@ -367,7 +372,7 @@ class Timeline:
     NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a plain
     list and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a fraction of adding each
     record to its bin in Python (a list takes a row at half the cost of an ``array('d')``, which converts
-    each value as it comes). Bins are sums, so the order of adding does not matter."""
+    each value as it comes). Each bin adds its rows in the order they came (the order sets the last bits)."""
 
     BUFFER_ROWS = 8192
 

@@ -54,7 +54,7 @@ class Scheduler:
         self.max_num_batched_tokens = r.max_num_batched_tokens
         self.preemption = Preemption(policy.preemption, r.swap_blocks, policy.block_size)  # owns the swap space
         self.rec = rec  # the run's metrics.Recorder: ITL gaps and sharing counts go to it
-        self.itl = rec.itl  # inter-token latency sink: add(value, times), add_each(values, times)
+        self.itl = rec.itl  # inter-token latency sink: add(value, times), add_gaps(ends, times)
         self.waiting: deque[Sequence] = deque()
         self.swapped: list[Sequence] = []
         self.batch: list[Sequence] = []

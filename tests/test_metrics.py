@@ -34,8 +34,8 @@ def test_itl_histogram_quantiles_within_bin_precision():
     v = rng.lognormal(-3.5, 0.5, 50_000)
     for x in v[:20_000]:
         h.add(float(x))
-    h.add_each(list(v[20_000:]), 1)
-    assert h.mean() == pytest.approx(v.mean(), rel=1e-12)
+    h.add_gaps([0.0, *np.cumsum(v[20_000:]).tolist()], 1)  # a span's step ends: its gaps are the values
+    assert h.mean() == pytest.approx(v.mean(), rel=1e-9)  # (up to the rounding of the ends)
     for q in (0.5, 0.99):
         assert h.quantile(q) == pytest.approx(np.quantile(v, q), rel=3e-3)
 
@@ -60,3 +60,12 @@ def test_median_and_p99_are_numpys_to_the_bit(values):
     ``numpy.ma``) equal numpy's exactly, ties and all sizes included."""
     v = np.array(values)
     assert _median_p99(v.copy()) == (float(np.median(v)), float(np.percentile(v, 99)))
+
+
+def test_itl_gaps_are_the_differences_of_consecutive_ends_each_weighted():
+    h = ItlHistogram()
+    ends = [1.0, 1.25, 1.75, 2.0]
+    h.add_gaps(ends, 3)
+    h.add(0.5, 2)
+    assert h.count == 0 and h.mean() == pytest.approx((3 * (0.25 + 0.5 + 0.25) + 2 * 0.5) / 11)
+    assert h.count == 11
