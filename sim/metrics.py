@@ -641,13 +641,13 @@ class Recorder:
 
     def _step_row(self, start_s: float, times: list[float], k: int, shape: tuple, slot_s, total=None) -> None:
         """STEP_COLUMNS, in order: index, start, duration, steps, then ``shape`` (num_seqs .. num_swap_blocks)
-        and the memory classes as mean token slots."""
+        and the memory classes as token slot-seconds (``step_columns`` divides them by the duration)."""
         if total is None:
             total = times[0]
         steps = self.steps
         steps += (self.num_steps - k, start_s, total, k)
         steps += shape
-        steps += [v / total if total > 0 else v for v in slot_s]
+        steps += slot_s
         if len(steps) >= self.STEP_ROWS * len(STEP_COLUMNS):  # 8 bytes a value, not a Python object
             self._step_chunks.append(np.frombuffer(array("d", steps), dtype=np.float64))
             self.steps = []
@@ -662,6 +662,9 @@ class Recorder:
         """One row per step (``STEP_COLUMNS``; the counts as integers)."""
         rows = np.concatenate([*self._step_chunks, np.frombuffer(array("d", self.steps), dtype=np.float64)])
         rows = rows.reshape(-1, len(STEP_COLUMNS))
+        mem, duration = rows[:, -len(MEMORY_CLASSES):], rows[:, 2:3]  # slot-seconds to mean token slots
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mem[...] = np.where(duration > 0, mem / duration, mem)
         return Columns({c: rows[:, j].astype(np.int64) if c.startswith("num_") or c in STEP_COUNTS
                         else np.ascontiguousarray(rows[:, j]) for j, c in enumerate(STEP_COLUMNS)})
 
