@@ -316,7 +316,8 @@ def steptime(
 def compile_native(status: bool = typer.Option(False, "--status", help="say whether a build of these sources "
                                                "exists and runs; build nothing")) -> None:
     """Compile the engine's hot modules with mypyc (same results, less time; needs `pip install
-    'kvsim[native]'` and a C compiler). Later runs use the build while the sources stay as they were."""
+    'kvsim[native]'` and a C compiler), and write the other modules' bytecode. Later runs use the build
+    while the sources stay as they were."""
     from sim import native
 
     if status:
@@ -335,6 +336,9 @@ def compile_native(status: bool = typer.Option(False, "--status", help="say whet
         for line in str(e).splitlines():
             err.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    failed = native.write_bytecode()  # the other modules' bytecode, which a run would otherwise compile again
+    out.print("bytecode: written" if not failed else f"bytecode: not written in {', '.join(failed)} (not writable)",
+              highlight=False)
 
 
 profiles_app = typer.Typer(no_args_is_help=True, help="Measured GPU operator profiles (Vidur's layout): fit the "

@@ -108,6 +108,38 @@ def test_sim_compile_without_mypy_is_one_clear_error(tmp_path):
     assert r.returncode == 0 and "not built for these sources: plain Python" in r.stdout
 
 
+def test_bytecode_is_written_for_every_package_and_read_back(tmp_path):
+    """``sim compile`` also writes the pure-Python modules' bytecode: a run under PYTHONDONTWRITEBYTECODE
+    (as in many containers) then loads it instead of compiling every module again."""
+    for name in ("sim", "traces/sub"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "cli.py").write_text("Y = 2\n")
+    assert native.write_bytecode(tmp_path) == []
+    tag = sys.implementation.cache_tag
+    for f in ("sim/__pycache__/__init__", "traces/sub/__pycache__/__init__", "__pycache__/cli"):
+        assert (tmp_path / f"{f}.{tag}.pyc").is_file(), f
+    # the source changed behind the bytecode's back (same size, same time): a run that reads the bytecode
+    # sees the old value, which shows it did not compile the source again
+    st = (tmp_path / "sim" / "__init__.py").stat()
+    (tmp_path / "sim" / "__init__.py").write_text("X = 9\n")
+    os.utime(tmp_path / "sim" / "__init__.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    code = "import sys, sim; print(sim.X, sys.flags.dont_write_bytecode)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.stdout.split() == ["1", "1"], (r.stdout, r.stderr)
+
+
+def test_bytecode_not_writable_is_said_not_raised(tmp_path, monkeypatch):
+    """A folder compileall cannot write (a read-only install) is named, not raised."""
+    import compileall
+
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "__init__.py").write_text("X = 1\n")
+    monkeypatch.setattr(compileall, "compile_dir", lambda *a, **k: False)  # what it returns on a write error
+    assert native.write_bytecode(tmp_path) == [str(tmp_path / "sim")]
+
+
 SCENARIO = {"name": "native", "model": "llama-2-7b", "gpu": "a100-40gb", "record_steps": True,
             "workload": {"arrival": {"kind": "gamma", "rate": 30.0, "cv": 3.0}, "num_requests": 400, "seed": 5,
                          "prompt": {"kind": "lognormal", "mean": 900, "cv": 0.8, "max": 3000},
