@@ -170,8 +170,8 @@ PACKAGES = ("sim", "traces", "reports", "gpu", "kvsim")  # the project's package
 def write_bytecode(root: Path | None = None) -> list[str]:
     """Byte-compile the project's Python sources under ``root`` (this checkout or install) into their
     ``__pycache__`` folders, as Python itself does at a first import -- unless ``PYTHONDONTWRITEBYTECODE``
-    is set (many container images set it), when every run compiles every module again: about a tenth of a
-    trace's whole ``sim run``. Python reads the files even then, and ignores one whose source has changed
+    is set (many container images set it), when every run compiles every module again: 7 % of the
+    instructions of a trace's whole ``sim run``. Python reads the files even then, and ignores one whose source has changed
     since. Returns the folders or files that could not be written (a read-only install: nothing to do)."""
     import compileall
 
