@@ -25,7 +25,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from sim.config import PolicyConfig
-from sim.core import Group, Sequence
+from sim.core import Group, Sequence, StepPlan
 from sim.kv import KvPool
 from sim.hybrid import GroupTimeline
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
@@ -461,7 +461,7 @@ class Engine:
             used += kv.fill_rate * kv.block_size * self.scheduler.clock.crossings(j)
         return used
 
-    def _record(self, start_s: float, times: list[float], plan, mem, shared_blocks: int | list[int],
+    def _record(self, start_s: float, times: list[float], plan: StepPlan, mem, shared_blocks: int | list[int],
                 ends: list[float] | None = None) -> None:
         """Hand the recorder one step, or a span of ``len(times)`` decode steps ending at ``ends``."""
         s = self.scheduler

@@ -21,14 +21,14 @@ better); the console, the report, sweeps and the decomposition read it.
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from sim.core import Sequence
+from sim.buffers import append, vec
+from sim.core import Sequence, StepPlan
 from sim.kv import breakdown
 from sim.outputs import Columns
 # The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
@@ -141,19 +141,20 @@ class ItlHistogram:
     LO = 1e-7  # (one name per line: mypyc compiles class bodies of plain assignments only)
     PER_DECADE = 1000
     DECADES = 12
+    BUFFER = 16384  # values binned at once
 
     def __init__(self) -> None:
         self.counts = np.zeros(self.PER_DECADE * self.DECADES + 1, dtype=np.float64)
         self.count = 0.0
         self.total = 0.0
-        self._values: list[float] = []
+        self._values = vec[float](capacity=self.BUFFER)
         self._runs: list[int] = []  # flat (values, times) pairs: the weights of the buffered values, run by run
 
     def add(self, value: float, times: int = 1) -> None:
         """``value`` seen ``times`` times."""
-        self._values.append(value)
+        self._values = append(self._values, value)
         self._runs += (1, times)
-        if len(self._values) >= 16384:
+        if len(self._values) >= self.BUFFER:
             self.flush()
 
     def add_gaps(self, ends: list[float], times: int) -> None:
@@ -162,17 +163,18 @@ class ItlHistogram:
         prev = ends[0]
         for j in range(1, len(ends)):
             e = ends[j]
-            values.append(e - prev)
+            values = append(values, e - prev)
             prev = e
+        self._values = values
         self._runs += (len(ends) - 1, times)
-        if len(values) >= 16384:
+        if len(values) >= self.BUFFER:
             self.flush()
 
     def flush(self) -> None:
-        if not self._values:
+        if len(self._values) == 0:
             return
         runs = np.array(self._runs, dtype=np.int64)
-        v = np.frombuffer(array("d", self._values), dtype=np.float64)  # (array('d'): see Timeline.flush)
+        v = np.frombuffer(memoryview(self._values), dtype=np.float64)
         w = np.repeat(runs[1::2].astype(np.float64), runs[0::2])
         with np.errstate(divide="ignore"):
             i = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.PER_DECADE)
@@ -183,7 +185,7 @@ class ItlHistogram:
         # memory alignment, so the same run gave a different last bit in another process (a sweep's local
         # and Ray executors must give identical tables)
         self.total += math.fsum((v * w).tolist())
-        self._values, self._runs = [], []
+        self._values, self._runs = vec[float](capacity=self.BUFFER), []
 
     def mean(self) -> float:
         self.flush()
@@ -369,10 +371,10 @@ class Timeline:
     needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end;
     idle gaps split across bins by time.
 
-    NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a plain
-    list and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a fraction of adding each
-    record to its bin in Python (a list takes a row at half the cost of an ``array('d')``, which converts
-    each value as it comes). Each bin adds its rows in the order they came (the order sets the last bits)."""
+    NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a float
+    buffer (sim/buffers.py) and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a
+    fraction of adding each record to its bin in Python. Each bin adds its rows in the order they came
+    (the order sets the last bits)."""
 
     BUFFER_ROWS = 8192
 
@@ -382,10 +384,11 @@ class Timeline:
         self.data = np.zeros((64, len(TIMELINE_COLUMNS)))  # one row per bin, TIMELINE_COLUMNS (room to grow)
         self.n = 0  # bins in use
         self.col = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
-        self.rows: list[float] = []  # buffered records: end time, then one total per column (the Recorder
-        # writes a single step's row here itself: see ``add``)
         self.flush_at = self.BUFFER_ROWS * (len(TIMELINE_COLUMNS) + 1)
-        self.finishes: list[float] = []  # buffered (end time, requests finished) pairs, flat
+        # buffered records: end time, then one total per column (the Recorder writes a single step's row
+        # here itself: see ``add``)
+        self.rows = vec[float](capacity=self.flush_at)
+        self.finishes = vec[float]()  # buffered (end time, requests finished) pairs, flat
 
     def _index(self, t: float) -> int:
         """The bin holding time ``t``, doubling the width while more than max_bins would be needed."""
@@ -407,23 +410,22 @@ class Timeline:
         return i
 
     def flush(self) -> None:
-        if self.finishes:
-            f = np.frombuffer(array("d", self.finishes), dtype=np.float64).reshape(-1, 2)
+        if len(self.finishes):
+            f = np.frombuffer(memoryview(self.finishes), dtype=np.float64).reshape(-1, 2)
             self._index(float(f[:, 0].max()))  # room (and width) for the latest
             np.add.at(self.data[:, self.col["num_finished"]], (f[:, 0] // self.bin_s).astype(np.int64), f[:, 1])
-            self.finishes = []
-        if not self.rows:
+            self.finishes = vec[float]()
+        if len(self.rows) == 0:
             return
-        # NOTE: through array('d'), which converts a list of numbers a third faster than np.array; and
-        # np.add.at column by column, where numpy has a fast path (a 2-D add.at was 6x slower), each column
-        # still summed row after row, as before
-        rows = np.frombuffer(array("d", self.rows), dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
+        # NOTE: np.add.at column by column, where numpy has a fast path (a 2-D add.at was 6x slower), each
+        # column still summed row after row, as before
+        rows = np.frombuffer(memoryview(self.rows), dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
         self._index(float(rows[:, 0].max()))  # room (and width) for the latest
         idx = (rows[:, 0] // self.bin_s).astype(np.int64)
         data = self.data
         for j in range(1, rows.shape[1]):
             np.add.at(data[:, j - 1], idx, rows[:, j])
-        self.rows = []
+        self.rows = vec[float](capacity=self.flush_at)
 
     def add(self, start_s: float, times, totals, by_bin=None) -> None:
         """A record starting at ``start_s`` lasting ``times`` (one duration per step) with ``totals``
@@ -434,9 +436,7 @@ class Timeline:
         end = start_s + (times[0] if len(times) == 1 else sum(times))
         w = self.bin_s
         if start_s // w == end // w or (len(times) == 1 and totals[3]):  # one bin (at any later width too)
-            buf = self.rows
-            buf.append(end)
-            buf.extend(totals)
+            self.rows = buf = _extend(append(self.rows, end), totals)
             if len(buf) >= self.flush_at:
                 self.flush()
         elif by_bin is None:  # an idle gap: every column is time-weighted
@@ -448,14 +448,14 @@ class Timeline:
         else:  # the steps ending in each bin, buffered, go to that bin
             buf = self.rows
             for t, row in by_bin(w):
-                buf.append(t)
-                buf.extend(row)
+                buf = _extend(append(buf, t), row)
+            self.rows = buf
             if len(buf) >= self.flush_at:
                 self.flush()
 
     def add_finishes(self, t: float, count: int) -> None:
-        self.finishes += (t, count)  # buffered like the rows (a numpy item update costs ten appends)
-        if len(self.finishes) >= self.flush_at:
+        self.finishes = f = append(append(self.finishes, t), count)  # buffered like the rows
+        if len(f) >= self.flush_at:
             self.flush()
 
     def columns(self, capacity: int, end_s: float) -> Columns:
@@ -526,6 +526,66 @@ def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiti
     return out
 
 
+def _extend(v: vec[float], values: Any) -> vec[float]:
+    """``v`` with ``values`` (numbers of any kind) appended, as float64."""
+    for x in values:
+        v = append(v, float(x))
+    return v
+
+
+def _timeline_step_row(v: vec[float], end: float, total: float, n: float, waiting: float, sampled: float,
+                       prefill: float, preempted: float, m0: float, m1: float, m2: float, m3: float, m4: float,
+                       prompt: float, hit: float, shared: float, holding: float) -> vec[float]:
+    """A single step's timeline row (end, then TIMELINE_COLUMNS; ``m0`` .. ``m4``: the memory classes in
+    token slots) appended to ``v``. NOTE: a value at a time, with float parameters: compiled, no Python
+    object is made per value (sim/buffers.py)."""
+    v = append(v, end)
+    v = append(v, total)
+    v = append(v, n * total)
+    v = append(v, waiting * total)
+    v = append(v, 1.0)
+    v = append(v, sampled)
+    v = append(v, prefill)
+    v = append(v, preempted)
+    v = append(v, 0.0)
+    v = append(v, m0 * total)
+    v = append(v, m1 * total)
+    v = append(v, m2 * total)
+    v = append(v, m3 * total)
+    v = append(v, m4 * total)
+    v = append(v, prompt)
+    v = append(v, hit)
+    v = append(v, shared * total)
+    return append(v, holding * total)
+
+
+def _step_table_row(v: vec[float], index: float, start: float, total: float, n: float, prefill: float,
+                    decode: float, sampled: float, pairs: float, context: float, waiting: float, running: float,
+                    swapped: float, preempted: float, swap_blocks: float, m0: float, m1: float, m2: float,
+                    m3: float, m4: float) -> vec[float]:
+    """A single step's STEP_COLUMNS row (see ``Recorder._step_row``) appended to ``v``, as above."""
+    v = append(v, index)
+    v = append(v, start)
+    v = append(v, total)
+    v = append(v, 1.0)
+    v = append(v, n)
+    v = append(v, prefill)
+    v = append(v, decode)
+    v = append(v, sampled)
+    v = append(v, pairs)
+    v = append(v, context)
+    v = append(v, waiting)
+    v = append(v, running)
+    v = append(v, swapped)
+    v = append(v, preempted)
+    v = append(v, swap_blocks)
+    v = append(v, m0 * total)
+    v = append(v, m1 * total)
+    v = append(v, m2 * total)
+    v = append(v, m3 * total)
+    return append(v, m4 * total)
+
+
 class Recorder:
     """Everything one policy's run records, in one place: the request log, the inter-token-latency
     histogram, the timeline, the step table and the counters the summary needs. The engine hands it each
@@ -546,8 +606,8 @@ class Recorder:
                                                           requests.output_tokens)
         self.itl = ItlHistogram()  # the scheduler adds each gap between a request's output tokens
         self.timeline = Timeline(timeline_bin_s)
-        # step records, row after row: a list (cheap to append to) converted to float64 chunks of STEP_ROWS rows
-        self.steps: list[float] = []
+        # step records, row after row: a float buffer (sim/buffers.py) taken as a float64 chunk every STEP_ROWS rows
+        self.steps = vec[float](capacity=self.STEP_ROWS * len(STEP_COLUMNS))
         self._step_chunks: list[np.ndarray] = []
         self.num_steps = 0
         self.seq_steps = 0  # sequences summed over steps
@@ -574,7 +634,7 @@ class Recorder:
             self._step_row(start_s, [duration_s], 0, (0, 0, 0, 0, 0, 0, num_waiting, num_running, num_swapped, 0, 0),
                            slot_s)
 
-    def step(self, start_s: float, times: list[float], plan, mem, num_waiting: int, num_running: int,
+    def step(self, start_s: float, times: list[float], plan: StepPlan, mem, num_waiting: int, num_running: int,
              num_swapped: int, shared_slots, holding: int, prompt_tokens: int, hit_tokens: int,
              ends: list[float] | None = None, joins: list[int] | tuple = ()) -> None:
         """One step (``mem``: the five memory classes), or a span of ``len(times)`` decode steps ending at
@@ -586,20 +646,32 @@ class Recorder:
         if ends is None:  # one step: the common event, kept lean
             total = times[0]
             m0, m1, m2, m3, m4 = mem
-            slot_s = (m0 * total, m1 * total, m2 * total, m3 * total, m4 * total)
             # Timeline.add's single-step case, inlined: the row goes to the bin where the step ends
             tl = self.timeline
-            rows = tl.rows
-            rows.append(start_s + total)
-            rows.extend((  # TIMELINE_COLUMNS, in order
-                total, n * total, num_waiting * total, 1, plan.num_sampled, plan.num_prefill_tokens,
-                plan.num_preempted, 0, *slot_s, prompt_tokens, hit_tokens, shared_slots * total, holding * total))
+            tl.rows = rows = _timeline_step_row(
+                tl.rows, start_s + total, total, n, num_waiting, plan.num_sampled, plan.num_prefill_tokens,
+                plan.num_preempted, m0, m1, m2, m3, m4, prompt_tokens, hit_tokens, shared_slots, holding)
             if len(rows) >= tl.flush_at:
                 tl.flush()
-            k = 1
-        else:
-            k, total, slot_s = self._span(start_s, times, plan, mem, num_waiting, shared_slots, holding, prompt_tokens,
-                                          hit_tokens, ends, joins)
+            self.num_steps += 1
+            self.seq_steps += n
+            if plan.num_decode_tokens:
+                self.decode_steps += 1
+                self.decode_seq_steps += plan.num_decode_tokens
+            self.running_request_s += holding * total
+            if self.groups is not None:
+                self.groups.add(start_s, total)
+            if self.record_steps:
+                self.steps = steps = _step_table_row(
+                    self.steps, self.num_steps - 1, start_s, total, n, plan.num_prefill_tokens,
+                    plan.num_decode_tokens, plan.num_sampled, plan.prefill_attention_pairs,
+                    plan.decode_context_tokens, num_waiting, num_running, num_swapped, plan.num_preempted,
+                    len(plan.swap_in) + len(plan.swap_out), m0, m1, m2, m3, m4)
+                if len(steps) >= self.STEP_ROWS * len(STEP_COLUMNS):
+                    self._step_chunk()
+            return
+        k, total, slot_s = self._span(start_s, times, plan, mem, num_waiting, shared_slots, holding, prompt_tokens,
+                                      hit_tokens, ends, joins)
         self.num_steps += k
         self.seq_steps += k * n
         if plan.num_decode_tokens:
@@ -614,7 +686,7 @@ class Recorder:
                 plan.prefill_attention_pairs, plan.decode_context_tokens, num_waiting, num_running, num_swapped,
                 plan.num_preempted, len(plan.swap_in) + len(plan.swap_out)), slot_s, total)
 
-    def _span(self, start_s: float, times: list[float], plan, mem, waiting: int, shared_slots, holding: int,
+    def _span(self, start_s: float, times: list[float], plan: StepPlan, mem, waiting: int, shared_slots, holding: int,
               prompt_tokens: int, hit_tokens: int, ends: list[float], joins: list[int] | tuple) -> tuple:
         """A span's timeline rows (see ``step``); returns (steps, seconds, memory slot-seconds)."""
         k, n = len(times), plan.num_seqs
@@ -644,13 +716,13 @@ class Recorder:
         and the memory classes as token slot-seconds (``step_columns`` divides them by the duration)."""
         if total is None:
             total = times[0]
-        steps = self.steps
-        steps += (self.num_steps - k, start_s, total, k)
-        steps += shape
-        steps += slot_s
-        if len(steps) >= self.STEP_ROWS * len(STEP_COLUMNS):  # 8 bytes a value, not a Python object
-            self._step_chunks.append(np.frombuffer(array("d", steps), dtype=np.float64))
-            self.steps = []
+        self.steps = steps = _extend(_extend(_extend(self.steps, (self.num_steps - k, start_s, total, k)), shape), slot_s)
+        if len(steps) >= self.STEP_ROWS * len(STEP_COLUMNS):
+            self._step_chunk()
+
+    def _step_chunk(self) -> None:
+        self._step_chunks.append(np.frombuffer(memoryview(self.steps), dtype=np.float64))
+        self.steps = vec[float](capacity=self.STEP_ROWS * len(STEP_COLUMNS))
 
     def finished(self, end_s: float, done: list[tuple[Sequence, float]]) -> None:
         """Requests that finished at ``end_s`` (each ``(sequence, its own end)``)."""
@@ -660,7 +732,7 @@ class Recorder:
 
     def step_columns(self) -> Columns:
         """One row per step (``STEP_COLUMNS``; the counts as integers)."""
-        rows = np.concatenate([*self._step_chunks, np.frombuffer(array("d", self.steps), dtype=np.float64)])
+        rows = np.concatenate([*self._step_chunks, np.frombuffer(memoryview(self.steps), dtype=np.float64)])
         rows = rows.reshape(-1, len(STEP_COLUMNS))
         mem, duration = rows[:, -len(MEMORY_CLASSES):], rows[:, 2:3]  # slot-seconds to mean token slots
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -193,3 +193,20 @@ def test_the_compiled_build_gives_plain_pythons_results_to_the_bit(tmp_path):
         got[flag] = json.loads(r.stdout)
     assert got["1"].pop("native") is True and got["0"].pop("native") is False
     assert len(got["1"]) == 10 and got["1"] == got["0"]
+
+
+def test_the_float_buffers_stand_in_gives_librts_results_to_the_bit(tmp_path):
+    """sim/buffers.py: without mypy's runtime library (plain Python, no ``kvsim[native]``) the recorder's
+    buffers are ``array('d')``s; the same runs as with librt's ``vec[float]``, to the bit."""
+    pytest.importorskip("librt.vecs", reason="librt is not installed: every other test runs on the stand-in")
+    got = {}
+    env = {**os.environ, "KVSIM_NATIVE": "0"}
+    for case, prefix in (("librt", ""), ("stand-in", "import sys; sys.modules['librt'] = None\n")):
+        code = prefix + _DIGEST + "import sim.buffers; print(type(sim.buffers.vec).__name__)\n"
+        r = subprocess.run([sys.executable, "-c", code, json.dumps([SCENARIO])], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests, kind = r.stdout.splitlines()
+        got[case] = json.loads(digests), kind
+    assert got["librt"][1] != "_ArrayVec" and got["stand-in"][1] == "_ArrayVec"
+    assert len(got["librt"][0]) == 8 and got["librt"][0] == got["stand-in"][0]
