@@ -36,8 +36,12 @@ import heapq
 from bisect import bisect_left, insort
 from collections import deque
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from sim.core import Sequence
+
+if TYPE_CHECKING:  # (typed for the compiled build's direct calls)
+    from sim.metrics import ItlHistogram
 
 
 def insert_by_arrival(queue: list[Sequence] | deque[Sequence], seq: Sequence) -> None:
@@ -62,7 +66,7 @@ def add_sorted(d: dict[Sequence, None], seq: Sequence) -> dict[Sequence, None]:
 class DecodeClock:
     """The clocked decode group of one scheduler (see the module's docstring for the invariant)."""
 
-    def __init__(self, block_size: int, paged: bool, itl) -> None:
+    def __init__(self, block_size: int, paged: bool, itl: ItlHistogram) -> None:
         self.ticks = 0
         self.members: dict[Sequence, None] = {}  # the sequences on the clock, in arrival order
         self.offset_sum = 0  # sum of the members' computed-token offsets

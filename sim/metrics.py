@@ -54,30 +54,33 @@ class RequestLog:
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.prefix_hit_tokens = np.zeros(n, dtype=np.int64)  # served from the prefix cache at admission
-        self._done: list[tuple] = []  # finishes not yet in the columns (see flush)
-        self._scheduled: list[tuple[int, float]] = []
+        # finishes not yet in the columns, flat: request id, first token, finish, preemptions, generated
+        # tokens, prefix hits (see flush); and first schedulings: (request id, start) pairs
+        self._done = vec[float](capacity=self.FLUSH_ROWS * 6)
+        self._scheduled = vec[float](capacity=self.FLUSH_ROWS * 2)
 
-    # NOTE: finishes and first schedulings are buffered in lists and written to the columns in bulk (a numpy
-    # item write costs ~10x a list append, and every request does both); readers of the columns call ``flush``
-    # first (``frame``, the recorder's results, the engine's close), and a full buffer flushes itself.
+    # NOTE: finishes and first schedulings are buffered as float64 (sim/buffers.py; ids and counts exact) and
+    # written to the columns in bulk (a numpy item write costs ~10x an append, and every request does both);
+    # readers of the columns call ``flush`` first (``frame``, the recorder's results, the engine's close),
+    # and a full buffer flushes itself.
     FLUSH_ROWS = 4096
 
     def flush(self) -> None:
         """Write the buffered finishes and first schedulings into the columns."""
-        if self._done:
-            ids, first, end, pre, gen, hit = zip(*self._done)
-            i = np.array(ids)
+        if len(self._done):
+            d = np.frombuffer(memoryview(self._done), dtype=np.float64).reshape(-1, 6)
+            i = d[:, 0].astype(np.int64)
             self.status[i] = FINISHED
-            self.first_token_s[i] = first
-            self.finish_s[i] = end
-            self.num_preemptions[i] = pre
-            self.generated_tokens[i] = gen
-            self.prefix_hit_tokens[i] = hit
-            self._done = []
-        if self._scheduled:
-            ids, t = zip(*self._scheduled)
-            self.first_scheduled_s[np.array(ids)] = t
-            self._scheduled = []
+            self.first_token_s[i] = d[:, 1]
+            self.finish_s[i] = d[:, 2]
+            self.num_preemptions[i] = d[:, 3]
+            self.generated_tokens[i] = d[:, 4]
+            self.prefix_hit_tokens[i] = d[:, 5]
+            self._done = vec[float](capacity=self.FLUSH_ROWS * 6)
+        if len(self._scheduled):
+            d = np.frombuffer(memoryview(self._scheduled), dtype=np.float64).reshape(-1, 2)
+            self.first_scheduled_s[d[:, 0].astype(np.int64)] = d[:, 1]
+            self._scheduled = vec[float](capacity=self.FLUSH_ROWS * 2)
 
     def _common(self, seq: Sequence) -> tuple[int, int, int]:
         """Per request: preemptions, generated tokens (a group's: all its samples' or beams'), prefix hits."""
@@ -87,13 +90,20 @@ class RequestLog:
 
     def scheduled(self, request_id: int, start_s: float) -> None:
         """The step starting at ``start_s`` is the first to schedule request ``request_id``."""
-        self._scheduled.append((request_id, start_s))
-        if len(self._scheduled) >= self.FLUSH_ROWS:
+        self._scheduled = v = append(append(self._scheduled, request_id), start_s)
+        if len(v) >= self.FLUSH_ROWS * 2:
             self.flush()
 
     def finish(self, seq: Sequence, end_s: float) -> None:
-        self._done.append((seq.request_id, seq.first_token_s, end_s, *self._common(seq)))
-        if len(self._done) >= self.FLUSH_ROWS:
+        pre, gen, hit = self._common(seq)
+        first = seq.first_token_s
+        v = append(self._done, seq.request_id)
+        v = append(v, math.nan if first is None else first)
+        v = append(v, end_s)
+        v = append(v, pre)
+        v = append(v, gen)
+        self._done = v = append(v, hit)
+        if len(v) >= self.FLUSH_ROWS * 6:
             self.flush()
 
     def unfinished(self, seq: Sequence, reason: int) -> None:

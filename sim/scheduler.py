@@ -33,16 +33,19 @@ out, the budget is short), the general per-sequence path runs instead, with the 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.clock import DecodeClock, add_sorted, insert_by_arrival
 from sim.core import DONE, NEW, RUNNING, SWAPPED, WAITING, Sequence, StepPlan
 from sim.kv import KvManager, breakdown
 from sim.policy import Preemption, ResolvedPolicy
 
+if TYPE_CHECKING:  # (typed for the compiled build's direct calls)
+    from sim.metrics import Recorder
+
 
 class Scheduler:
-    def __init__(self, r: ResolvedPolicy, kv: KvManager, rec) -> None:
+    def __init__(self, r: ResolvedPolicy, kv: KvManager, rec: Recorder) -> None:
         policy = r.policy
         self.policy = policy
         self.kv: Any = kv  # paged managers also have pool, add_blocks, match_prefix, ...: read under self.paged
