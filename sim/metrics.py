@@ -537,9 +537,9 @@ def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiti
 
 
 def _extend(v: vec[float], values: Any) -> vec[float]:
-    """``v`` with ``values`` (numbers of any kind) appended, as float64."""
+    """``v`` with ``values`` (ints or floats) appended, as float64."""
     for x in values:
-        v = append(v, float(x))
+        v = append(v, x)
     return v
 
 
