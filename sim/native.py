@@ -3,7 +3,8 @@
 ``sim compile`` (``build``) compiles ``MODULES`` from this package's own sources into a cache directory
 named by a key of the bytes of every source file under ``sim/`` and of the interpreter. ``import sim`` (``install``)
 loads the compiled modules only from the directory of the current key, so a source edited since the build
-runs as plain Python until ``sim compile`` is run again: a stale build is never used. ``KVSIM_NATIVE=0``
+runs as plain Python until ``sim compile`` is run again: a stale build is never used. Nor is a build where
+mypy's runtime library (``librt``, which the compiled modules import) is missing: plain Python runs. ``KVSIM_NATIVE=0``
 turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
 
 Plain Python stays the reference: the compiled build must give bit-identical results (the test suite runs
@@ -82,10 +83,22 @@ def install() -> bool:
     except (OSError, RuntimeError):  # an unreadable cache or source, no home directory: plain Python
         return False
     files = _files(d)
-    if not all(m in files for m in MODULES):
+    if not all(m in files for m in MODULES) or not _has_runtime():
         return False
     sys.meta_path.insert(0, _Finder(files))
     return True
+
+
+RUNTIME = "librt.vecs"  # mypy's runtime library, which the compiled modules import (sim/buffers.py)
+
+
+def _has_runtime() -> bool:
+    """Whether the compiled modules can load here: a build made in one environment is found from any other
+    with the same interpreter (the cache is per user), which may lack mypy and its librt."""
+    try:
+        return importlib.util.find_spec(RUNTIME) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def active() -> bool:

@@ -41,7 +41,7 @@ def _fake_build(d: Path, modules=native.MODULES, meta=True) -> None:
         (d / "build.json").write_text("{}")
 
 
-@pytest.mark.parametrize("case", ["none", "no build.json", "a module missing", "disabled"])
+@pytest.mark.parametrize("case", ["none", "no build.json", "a module missing", "disabled", "no librt"])
 def test_install_uses_only_a_whole_build_of_these_sources(tmp_path, monkeypatch, case):
     monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
     monkeypatch.delenv("KVSIM_NATIVE", raising=False)
@@ -55,6 +55,10 @@ def test_install_uses_only_a_whole_build_of_these_sources(tmp_path, monkeypatch,
     elif case == "disabled":
         _fake_build(d)
         monkeypatch.setenv("KVSIM_NATIVE", "0")
+    elif case == "no librt":  # built in another environment: this one lacks the compiled modules' runtime
+        _fake_build(d)
+        monkeypatch.setitem(sys.modules, "librt", None)
+        monkeypatch.setitem(sys.modules, "librt.vecs", None)
     before = list(sys.meta_path)
     assert native.install() is False
     assert sys.meta_path == before
@@ -65,6 +69,7 @@ def test_install_puts_a_whole_build_first_and_finds_only_its_modules(tmp_path, m
     monkeypatch.delenv("KVSIM_NATIVE", raising=False)
     monkeypatch.setattr(sys, "modules", {k: v for k, v in sys.modules.items() if k not in native.MODULES})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(native, "_has_runtime", lambda: True)  # (librt is installed with mypy, for the build)
     d = native.build_dir()
     _fake_build(d)
     (d / f"abc123__mypyc{native._SUFFIX}").write_bytes(b"")  # the library the modules share
