@@ -323,8 +323,10 @@ def compile_native(status: bool = typer.Option(False, "--status", help="say whet
     if status:
         s = native.status()
         state = "disabled (KVSIM_NATIVE=0)" if s["disabled"] else \
-            ("used" if s["built"] and native.active() else "not built for these sources: plain Python")
-        out.print(f"compiled build: {state}\n  {s['dir']}", highlight=False)
+            ("used" if s["built"] and native.active() else
+             "not built for these sources: plain Python" if s["librt"] else
+             "none without librt (pip install 'kvsim[native]'): plain Python")
+        out.print(f"compiled build: {state}\n  {s['dir']}", highlight=False, markup=False)
         if s["build"]:
             b = s["build"]
             out.print(f"  mypy {b['mypy']}, Python {b['python']}, built {b['built_at']} in {b['seconds']} s",

@@ -3,8 +3,9 @@
 ``sim compile`` (``build``) compiles ``MODULES`` from this package's own sources into a cache directory
 named by a key of the bytes of every source file under ``sim/`` and of the interpreter. ``import sim`` (``install``)
 loads the compiled modules only from the directory of the current key, so a source edited since the build
-runs as plain Python until ``sim compile`` is run again: a stale build is never used. Nor is a build where
-mypy's runtime library (``librt``, which the compiled modules import) is missing: plain Python runs. ``KVSIM_NATIVE=0``
+runs as plain Python until ``sim compile`` is run again: a stale build is never used. The key also holds the
+version of mypy's runtime library (``librt``, which the compiled modules import): the cache is per user, so
+an environment without librt, or with another version, finds no build and runs plain Python. ``KVSIM_NATIVE=0``
 turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
 
 Plain Python stays the reference: the compiled build must give bit-identical results (the test suite runs
@@ -39,10 +40,26 @@ def cache_root() -> Path:
     return user_cache("native")
 
 
+def runtime_version() -> str:
+    """The installed version of librt, mypy's runtime library, whose C API the compiled modules link to
+    (``sim/buffers.py``); "" when it is missing. Read from its ``dist-info`` folder's name: no import."""
+    try:
+        spec = importlib.util.find_spec("librt")
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    for loc in spec.submodule_search_locations:
+        for p in sorted(Path(loc).parent.glob("librt-*.dist-info")):
+            return p.name[len("librt-"):-len(".dist-info")]
+    return "unknown"
+
+
 def source_key() -> str:
-    """The build's name: every source file of the package (a compiled module reads the others' types) and
-    the interpreter."""
-    h = hashlib.sha256(f"{sys.implementation.cache_tag} {_SUFFIX} {sys.version}".encode())
+    """The build's name: every source file of the package (a compiled module reads the others' types), the
+    interpreter and librt's version (a build links to its C API, which checks its version at import: another
+    librt, or none, has no build, and runs plain Python until ``sim compile``)."""
+    h = hashlib.sha256(f"{sys.implementation.cache_tag} {_SUFFIX} {sys.version} librt {runtime_version()}".encode())
     for p in sorted(_SIM.rglob("*.py")):
         h.update(p.relative_to(_SIM).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:20]
@@ -83,22 +100,10 @@ def install() -> bool:
     except (OSError, RuntimeError):  # an unreadable cache or source, no home directory: plain Python
         return False
     files = _files(d)
-    if not all(m in files for m in MODULES) or not _has_runtime():
+    if not all(m in files for m in MODULES):
         return False
     sys.meta_path.insert(0, _Finder(files))
     return True
-
-
-RUNTIME = "librt.vecs"  # mypy's runtime library, which the compiled modules import (sim/buffers.py)
-
-
-def _has_runtime() -> bool:
-    """Whether the compiled modules can load here: a build made in one environment is found from any other
-    with the same interpreter (the cache is per user), which may lack mypy and its librt."""
-    try:
-        return importlib.util.find_spec(RUNTIME) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def active() -> bool:
@@ -121,7 +126,8 @@ def status() -> dict:
 
     d = build_dir()
     meta = json.loads((d / "build.json").read_text()) if (d / "build.json").is_file() else None
-    return {"key": source_key(), "dir": str(d), "built": meta is not None, "build": meta,
+    return {"key": source_key(), "librt": runtime_version() or None, "dir": str(d), "built": meta is not None,
+            "build": meta,
             "disabled": os.environ.get("KVSIM_NATIVE", "1") == "0"}
 
 

@@ -31,6 +31,20 @@ def test_the_key_changes_with_any_source_byte(tmp_path, monkeypatch):
     assert native.source_key() == before
     (src / "newmodule.py").write_text("x = 1\n")  # a module the compiled ones may read the types of
     assert native.source_key() != before
+    now = native.source_key()
+    for version in ("", "0.17.0", "0.18.0"):  # librt missing, or another version: another key
+        monkeypatch.setattr(native, "runtime_version", lambda v=version: v)
+        assert native.source_key() != now
+        now = native.source_key()
+
+
+def test_runtime_version_reads_librts_dist_info_and_says_when_it_is_missing(monkeypatch):
+    pytest.importorskip("librt.vecs", reason="librt is not installed")
+    from importlib.metadata import version
+
+    assert native.runtime_version() == version("librt")
+    monkeypatch.setitem(sys.modules, "librt", None)
+    assert native.runtime_version() == ""
 
 
 def _fake_build(d: Path, modules=native.MODULES, meta=True) -> None:
@@ -69,7 +83,6 @@ def test_install_puts_a_whole_build_first_and_finds_only_its_modules(tmp_path, m
     monkeypatch.delenv("KVSIM_NATIVE", raising=False)
     monkeypatch.setattr(sys, "modules", {k: v for k, v in sys.modules.items() if k not in native.MODULES})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setattr(native, "_has_runtime", lambda: True)  # (librt is installed with mypy, for the build)
     d = native.build_dir()
     _fake_build(d)
     (d / f"abc123__mypyc{native._SUFFIX}").write_bytes(b"")  # the library the modules share
@@ -110,7 +123,19 @@ def test_sim_compile_without_mypy_is_one_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "cli.py", "compile", "--status"], cwd=ROOT, env=env, capture_output=True,
                        text=True)
-    assert r.returncode == 0 and "not built for these sources: plain Python" in r.stdout
+    assert r.returncode == 0 and "plain Python" in r.stdout  # (no build; why depends on librt: below)
+
+
+def test_compile_status_without_librt_says_what_to_install(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "runtime_version", lambda: "")
+    r = CliRunner().invoke(app, ["compile", "--status"])
+    assert r.exit_code == 0, r.output
+    assert "none without librt (pip install 'kvsim[native]'): plain Python" in r.output
 
 
 def test_bytecode_is_written_for_every_package_and_read_back(tmp_path):
