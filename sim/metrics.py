@@ -617,7 +617,7 @@ class Recorder:
         self.itl = ItlHistogram()  # the scheduler adds each gap between a request's output tokens
         self.timeline = Timeline(timeline_bin_s)
         # step records, row after row: a float buffer (sim/buffers.py) taken as a float64 chunk every STEP_ROWS rows
-        self.steps = vec[float](capacity=self.STEP_ROWS * len(STEP_COLUMNS))
+        self.steps = vec[float](capacity=self.STEP_ROWS * len(STEP_COLUMNS) if record_steps else 0)
         self._step_chunks: list[np.ndarray] = []
         self.num_steps = 0
         self.seq_steps = 0  # sequences summed over steps
