@@ -93,6 +93,8 @@ def install() -> bool:
     its modules is imported. Returns whether it is used."""
     if os.environ.get("KVSIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
         return False
+    if not runtime_version():  # no librt here: a build (made where it was) cannot load
+        return False
     try:
         d = build_dir()
         if not (d / "build.json").is_file():
