@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from types import FunctionType
+from typing import Any, Final
 
 import numpy as np
 
-from sim.buffers import append, vec
+from sim.buffers import append, extend, vec
 from sim.core import Sequence, StepPlan
 from sim.kv import breakdown
 from sim.outputs import Columns
@@ -170,11 +171,14 @@ class ItlHistogram:
     def add_gaps(self, ends: list[float], times: int) -> None:
         """Each gap between consecutive ``ends`` (a span's step ends) seen ``times`` times."""
         values = self._values
-        prev = ends[0]
-        for j in range(1, len(ends)):
-            e = ends[j]
-            values = append(values, e - prev)
-            prev = e
+        if COMPILED:
+            prev = ends[0]
+            for j in range(1, len(ends)):
+                e = ends[j]
+                values = append(values, e - prev)
+                prev = e
+        else:  # (one call, not one per value: see _timeline_step_row)
+            values = extend(values, [e - p for p, e in zip(ends, ends[1:])])
         self._values = values
         self._runs += (len(ends) - 1, times)
         if len(values) >= self.BUFFER:
@@ -507,6 +511,10 @@ def _dot(times: list[float], x: list[int], j0: int, j1: int) -> float:
     return acc
 
 
+# whether this module runs compiled (sim/native.py): its functions are then builtins, not Python functions
+COMPILED: Final = not isinstance(_dot, FunctionType)
+
+
 def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiting: int, joins: list[int] | tuple,
                shared, holding: int, n: int, num_sampled: int, capacity, w: float) -> list[tuple[float, list]]:
     """A span's (end, TIMELINE_COLUMNS row) per bin of width ``w``, for the steps ending in it (see
@@ -538,6 +546,8 @@ def _span_rows(start_s: float, times: list[float], ends: list[float], mem, waiti
 
 def _extend(v: vec[float], values: Any) -> vec[float]:
     """``v`` with ``values`` (ints or floats) appended, as float64."""
+    if not COMPILED:
+        return extend(v, values)
     for x in values:
         v = append(v, x)
     return v
@@ -548,7 +558,11 @@ def _timeline_step_row(v: vec[float], end: float, total: float, n: float, waitin
                        prompt: float, hit: float, shared: float, holding: float) -> vec[float]:
     """A single step's timeline row (end, then TIMELINE_COLUMNS; ``m0`` .. ``m4``: the memory classes in
     token slots) appended to ``v``. NOTE: a value at a time, with float parameters: compiled, no Python
-    object is made per value (sim/buffers.py)."""
+    object is made per value (sim/buffers.py). Plain Python passes the row in one call instead (a call per
+    value would cost it more than the objects it makes anyway)."""
+    if not COMPILED:
+        return extend(v, (end, total, n * total, waiting * total, 1.0, sampled, prefill, preempted, 0.0, m0 * total,
+                          m1 * total, m2 * total, m3 * total, m4 * total, prompt, hit, shared * total, holding * total))
     v = append(v, end)
     v = append(v, total)
     v = append(v, n * total)
@@ -574,6 +588,10 @@ def _step_table_row(v: vec[float], index: float, start: float, total: float, n: 
                     swapped: float, preempted: float, swap_blocks: float, m0: float, m1: float, m2: float,
                     m3: float, m4: float) -> vec[float]:
     """A single step's STEP_COLUMNS row (see ``Recorder._step_row``) appended to ``v``, as above."""
+    if not COMPILED:
+        return extend(v, (index, start, total, 1.0, n, prefill, decode, sampled, pairs, context, waiting, running,
+                          swapped, preempted, swap_blocks, m0 * total, m1 * total, m2 * total, m3 * total,
+                          m4 * total))
     v = append(v, index)
     v = append(v, start)
     v = append(v, total)

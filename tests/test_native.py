@@ -132,6 +132,7 @@ def test_compile_status_without_librt_says_what_to_install(tmp_path, monkeypatch
     from cli import app
 
     monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("KVSIM_NATIVE", raising=False)
     monkeypatch.setattr(native, "runtime_version", lambda: "")
     r = CliRunner().invoke(app, ["compile", "--status"])
     assert r.exit_code == 0, r.output
