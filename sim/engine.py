@@ -8,7 +8,8 @@ step starts. One event (a wait) per step, or per *span*: when the planned step i
 nothing can change (no finish, no block shortage, no arrival) for ``k`` steps, those ``k`` steps are
 priced in closed form and taken at once. ``exact=True`` steps every iteration: the reference that
 spans must reproduce. A lone server's waits follow one another on its own clock (``LoneClock``); the
-replicas of a fleet share a SimPy environment, which orders their events (``attach``).
+replicas of a fleet that a router feeds share a ``SharedClock`` (``join``); a disaggregated fleet's
+share a SimPy environment, which also orders its transfers (``attach``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,99 @@ class LoneClock:
         return delay
 
 
+class SharedClock:
+    """The clock of a fleet's replicas that a router feeds at each arrival (sim/cluster/fleet.py). Each
+    replica's process waits as a lone server's does (``timeout`` hands the wait back, ``event`` waits
+    until woken); ``run`` resumes the replica whose wait ends first, after routing every arrival up to
+    then: an arrival comes before any replica's event of its time. The replicas read the arrivals here
+    (``closed``, ``expected_next_s``).
+
+    The times are SimPy's, bit for bit: a wait ends at ``now + delay``, and a push that cuts a wait
+    short resumes the replica at ``now + (at - now)``, or now (``resume_at``). Replicas do not read one
+    another (the router reads them only at arrivals), so the order among equal times does not matter;
+    the lowest index goes first.
+
+    NOTE: SimPy did this in interpreted Python: per wait a ``Timeout`` made, a heap entry (tuple
+    compares), the process resumed through callbacks, and per cut a new event while the old one stayed
+    queued. This compiled loop keeps one float per replica instead."""
+
+    def __init__(self, times: list[float], num_replicas: int) -> None:
+        self.now = 0.0
+        self.closed = False
+        self._times = times  # the routed arrivals' times, in order, then infinity
+        self._pos = 0  # the next arrival to route
+        self._n = num_replicas
+        self.wake: list[float] = []  # when each replica's process resumes (infinity: when woken)
+        self._procs: list[Any] = []
+
+    def timeout(self, delay: float) -> float:
+        return delay
+
+    def event(self) -> float:
+        return math.inf
+
+    def add(self, proc: Any) -> int:
+        """A replica's process, started now; its slot."""
+        self._procs.append(proc)
+        self.wake.append(self.now)
+        return len(self._procs) - 1
+
+    def resume_at(self, slot: int, at: float) -> None:
+        """The process in ``slot`` resumes at ``at`` (now if that has passed) instead of when its wait ends."""
+        now = self.now
+        d = at - now
+        self.wake[slot] = now + d if d > 0 else now
+
+    def expected_next_s(self) -> float:
+        """When a replica may next get a request: the arrival as many ahead as there are replicas (a
+        replica gets about one in N; for one replica, exactly the next arrival)."""
+        times = self._times
+        return times[min(self._pos + self._n - 1, len(times) - 1)]
+
+    def run(self, engines: list[Engine], order: list[int], cands: list[tuple[int, ...]] | None,
+            whole: tuple[int, ...], route: Callable[[int, tuple[int, ...]], int], prompts: list[int],
+            outputs: list[int], assigned: list[int]) -> None:
+        """Serve requests ``order`` (rows of the table, arriving at ``times``), each routed at its arrival by
+        ``route(row, candidates)`` (``cands[pos]``, or ``whole`` for all) and pushed to that replica;
+        ``assigned[row]``: the replica."""
+        for e in engines:
+            e.join(self)
+        if not order:
+            self._close(engines)
+        times, wake, procs = self._times, self.wake, self._procs
+        inf = math.inf
+        while True:
+            t = times[self._pos]
+            k, w = -1, inf
+            for j in range(len(wake)):
+                x = wake[j]
+                if x < w:
+                    k, w = j, x
+            if w < t:  # (t is infinite after the last arrival)
+                self.now = w
+                delay = next(procs[k], None)
+                wake[k] = inf if delay is None else w + delay
+            elif t < inf:
+                self.now = t
+                pos = self._pos
+                while times[pos] <= t:
+                    i = order[pos]
+                    r = route(i, whole if cands is None else cands[pos])
+                    assigned[i] = r
+                    pos += 1
+                    self._pos = pos
+                    engines[r].push(i, t, prompts[i], outputs[i])
+                if pos == len(order):
+                    self._close(engines)
+            else:
+                return
+
+    def _close(self, engines: list[Engine]) -> None:
+        self.closed = True
+        for e in engines:
+            e.wake(None)
+
+
 def _step_ends(now: float, times: list[float]) -> list[float]:
     """When each step of a span ends: the clock advanced step by step, as stepping would (``now + t``)."""
     ends = []
@@ -164,7 +258,9 @@ class Engine:
         self._snap_key: tuple = (0, 0)
         self._snap: tuple | None = None
         self._snap_waiting, self._snap_alloc = -1, -1  # below these, _maybe_capture has nothing to do
-        self.feed: Any = None  # set by ``attach``: a router pushes this server its requests (sim.cluster)
+        self.feed: Any = None  # set by ``join``/``attach``: a router pushes this server its requests (sim.cluster)
+        self._shared: SharedClock | None = None  # the fleet's clock (``join``)
+        self._clock_slot = 0
         self._wakeable: str | None = None  # fed: "idle" or "span" while waiting in a way that an arrival cuts short
         self._waited_from = 0.0  # that wait's start
         self._woke: Any = _NOT_WOKEN  # ``wake``'s cause (idle), or the step at which it cut the span (span)
@@ -360,17 +456,27 @@ class Engine:
 
     # ---------------------------------------------------------------- fed by a router (sim.cluster)
 
-    def attach(self, env: simpy.Environment, feed) -> None:
+    def join(self, clock: SharedClock) -> None:
         """Serve, on a clock shared with other servers, the requests a router ``push``es at their arrival
-        (instead of the whole table). ``feed.closed``: no request will come any more;
-        ``feed.expected_next_s()``: when one may next come (how far a decode span is priced ahead; a push
+        (instead of the whole table). ``clock.closed``: no request will come any more;
+        ``clock.expected_next_s()``: when one may next come (how far a decode span is priced ahead; a push
         cuts the span at the first step ending at or after it, as a known arrival would)."""
+        self._fed(clock)
+        self._shared = clock
+        self._clock_slot = clock.add(self._serve(clock))
+
+    def attach(self, env: simpy.Environment, feed) -> None:
+        """As ``join``, on a SimPy environment (a disaggregated fleet's, which also times its transfers);
+        ``feed`` has ``closed`` and ``expected_next_s``."""
+        self._fed(feed)
+        self.process = env.process(self._serve(env))
+
+    def _fed(self, feed) -> None:
         self.feed = feed
         self._ids, self._arrivals, self._prompts, self._outputs = [], [math.inf], [], []
         self._hashes = self.requests.prefix_hashes if self.kv.caching else None
         self._next = 0
         self._end_s = 0.0
-        self.process = env.process(self._serve(env))
 
     def share_load(self, loads: list[int], slot: int) -> None:
         """Keep ``loads[slot]`` equal to this server's outstanding requests (pushed, not yet finished), for
@@ -433,6 +539,9 @@ class Engine:
         without throwing an exception into the generator and waking it twice (at the push, then at the
         cut); the old wait's event still fires, with nothing to call. Bit for bit where the interrupt
         landed: at ``now + (at - now)``, or now, before the clock's ordinary events (urgent)."""
+        if self._shared is not None:
+            self._shared.resume_at(self._clock_slot, at)
+            return
         proc = self.process
         env = proc.env
         ev = simpy.Event(env)
@@ -457,7 +566,7 @@ class Engine:
         used = kv.alloc + kv.held + kv.rounding
         ends = self._span_ends
         if ends is not None and kv.kind == "paged":
-            j = bisect_left(ends, self.process.env.now)
+            j = bisect_left(ends, self._shared.now if self._shared is not None else self.process.env.now)
             used += kv.fill_rate * kv.block_size * self.scheduler.clock.crossings(j)
         return used
 

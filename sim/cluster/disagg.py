@@ -44,6 +44,7 @@ import math
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import URGENT
 
 from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
@@ -51,7 +52,7 @@ from sim.engine import Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog
 from sim.policy import rejection_reasons, resolve_policy
-from sim.cluster.fleet import _at, _imbalance, fleet_summary, merged_steps
+from sim.cluster.fleet import _imbalance, fleet_summary, merged_steps
 from sim.cluster.router import Replicas, make_router
 
 POOLS = ("prefill", "decode")
@@ -85,6 +86,21 @@ def pool_policy(name: str, sc: Scenario, model, policy: PolicyConfig):
         raise ScenarioError(f"{where}: policy {policy.name}: {model.name}'s several KV groups are not simulated with "
                             f"prefill/decode disaggregation (set hybrid_allocator: false)")
     return r
+
+
+def _at(env: simpy.Environment, t: float) -> simpy.Event:
+    """An urgent event at exactly time ``t`` (``now + (t - now)`` can miss ``t`` by a rounding): the
+    router acts at an arrival before any replica event of the same time."""
+    now = env.now
+    d = t - now
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while d > 0 and now + d > t:
+        d = math.nextafter(d, -math.inf)
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, None
+    env.schedule(ev, URGENT, d)
+    return ev
 
 
 class _Feed:

@@ -1,5 +1,6 @@
 """A fleet: replicas of today's server (each an ``Engine``: same scheduler, allocator and step-time
-model) on one SimPy clock, behind a router that sends each request to a replica at its arrival.
+model) on one clock (``engine.SharedClock``), behind a router that sends each request to a replica at
+its arrival.
 
     arrivals ─► router (live replica state) ─► Engine.push ─► replica's steps ─► shared request log
 
@@ -21,11 +22,9 @@ import math
 
 import numpy as np
 import pandas as pd
-import simpy
-from simpy.events import URGENT
 
 from sim.config import PolicyConfig, Scenario, ScenarioError
-from sim.engine import Engine, PolicyResult, paced_gc
+from sim.engine import Engine, PolicyResult, SharedClock, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
 from sim.outputs import Columns
@@ -62,13 +61,11 @@ def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: 
 
 
 class Fleet:
-    """One policy's fleet run. ``closed`` and ``expected_next_s`` are what a replica reads of the
-    arrivals (``Engine.attach``)."""
+    """One policy's fleet run."""
 
     def __init__(self, scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
                  record_steps: bool) -> None:
         self.scenario, self.requests, self.router_name = scenario, requests, router
-        self.env = simpy.Environment()
         self.log = RequestLog(requests.arrival_s, requests.prompt_tokens, requests.output_tokens)
         self.engines: list[Engine] = []
         self.kinds: list[tuple[int, str, int]] = []  # (group, gpu, tensor_parallel) per replica
@@ -80,13 +77,7 @@ class Fleet:
                                        timeline_bin_s=sc.timeline_bin_s, sampling=sc.sampling,
                                        startup_s=sc.startup_s, log=self.log))
             self.kinds.append((gi, gpu.name, sc.tensor_parallel))
-        self.closed = False
         self.router = make_router(router, Replicas(self.engines), requests, scenario.cluster.router_options)
-
-    def expected_next_s(self) -> float:
-        """When a replica may next get a request: the arrival as many ahead as there are replicas (a
-        replica gets about one in N; for one replica, exactly the next arrival)."""
-        return self._times[min(self._pos + len(self.engines) - 1, len(self._times) - 1)]
 
     def run(self) -> PolicyResult:
         r, n = self.requests, len(self.requests)
@@ -104,76 +95,33 @@ class Fleet:
         self.log.status[late] = UNFINISHED
         self.log.reason[late] = HORIZON
         order = np.flatnonzero(routable)
-        self._order, self._times, self._pos = order.tolist(), r.arrival_s[order].tolist() + [math.inf], 0
-        self.assigned = np.full(n, -1, dtype=np.int16)
         every = (1 << len(groups)) - 1
         cands = {every: tuple(range(len(self.engines)))}
         for mask in np.unique(ok[routable]).tolist():
             cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
-        self._cands, self._ok = cands, ok
-        self._single, self._whole = len(cands) == 1, cands[every]  # single: any replica can serve any request
+        whole = cands[every]
+        # each routed request's candidates (None: any replica can serve any request)
+        per = None if len(cands) == 1 else [cands[m] for m in ok[order].tolist()]
         if not self.router.live:  # routing reads no replica state: route every request now, and each replica
-            self._preassign()  # serves its own like a lone server (its spans priced up to its own next arrival)
-            return self._results()
-        self._prompts, self._outputs = r.prompt_tokens.tolist(), r.output_tokens.tolist()
-        if not self._order:
-            self._close()
-        for e in self.engines:
-            e.attach(self.env, self)
+            self._preassign(order.tolist(), per, whole)  # serves its own like a lone server (its spans priced
+            return self._results()  # up to its own next arrival)
+        assigned = [-1] * n
+        clock = SharedClock(r.arrival_s[order].tolist() + [math.inf], len(self.engines))
         with paced_gc():
-            self._run_clock()
+            clock.run(self.engines, order.tolist(), per, whole, self.router.route, r.prompt_tokens.tolist(),
+                      r.output_tokens.tolist(), assigned)
+        self.assigned = np.array(assigned, dtype=np.int16)
         return self._results()
 
-    def _run_clock(self) -> None:
-        """The shared clock: SimPy's events (the replicas'), with every arrival routed before any event of
-        its time, as an urgent event scheduled at the previous arrival would be (it would come first: no
-        event of that time is scheduled before it). NOTE: arrivals are known ahead, so they need no
-        events of their own: one heap entry, and its Python event, fewer per request."""
-        env, times = self.env, self._times
-        queue, step = env._queue, env.step
-        while True:
-            t = times[self._pos]
-            if queue and queue[0][0] < t:
-                step()
-            elif t < math.inf:
-                env._now = t
-                self._route()
-            elif queue:
-                step()
-            else:
-                return
-
-    def _preassign(self) -> None:
+    def _preassign(self, order: list[int], per: list[tuple[int, ...]] | None, whole: tuple[int, ...]) -> None:
         """Route in arrival order, as at the arrivals, then run each replica to its end on its own clock:
         with no state read at routing, replicas never affect one another."""
-        route, cands, ok, assigned, single, whole = (self.router.route, self._cands, self._ok, self.assigned,
-                                                     self._single, self._whole)
-        for i in self._order:
-            assigned[i] = route(i, whole if single else cands[int(ok[i])])
+        route, assigned = self.router.route, np.full(len(self.requests), -1, dtype=np.int16)
+        for pos, i in enumerate(order):
+            assigned[i] = route(i, whole if per is None else per[pos])
+        self.assigned = assigned
         for k, e in enumerate(self.engines):
             e.serve(np.flatnonzero(assigned == k))
-
-    def _route(self) -> None:
-        """At an arrival (before any replica's event of the same time): route the requests arriving now,
-        from the replicas' live state (after the last one: close)."""
-        engines, route, times, order, ok, cands, assigned = (self.engines, self.router.route, self._times,
-                                                             self._order, self._ok, self._cands, self.assigned)
-        prompts, outputs = self._prompts, self._outputs
-        pos, now = self._pos, self.env.now
-        while times[pos] <= now:  # (the sentinel at infinity ends it)
-            i, t = order[pos], times[pos]
-            pos += 1
-            self._pos = pos
-            k = route(i, self._whole if self._single else cands[int(ok[i])])
-            assigned[i] = k
-            engines[k].push(i, t, prompts[i], outputs[i])
-        if pos == len(order):
-            self._close()
-
-    def _close(self) -> None:
-        self.closed = True
-        for e in self.engines:
-            e.wake(None)
 
     # ------------------------------------------------------------------------------------- results
 
@@ -219,21 +167,6 @@ def _imbalance(x: np.ndarray) -> float | None:
     """max / mean (1: perfectly balanced); None when the mean is 0."""
     m = float(np.mean(x)) if len(x) else 0.0
     return float(np.max(x)) / m if m > 0 else None
-
-
-def _at(env: simpy.Environment, t: float) -> simpy.Event:
-    """An urgent event at exactly time ``t`` (``now + (t - now)`` can miss ``t`` by a rounding): the
-    router acts at an arrival before any replica event of the same time."""
-    now = env.now
-    d = t - now
-    while now + d < t:
-        d = math.nextafter(d, math.inf)
-    while d > 0 and now + d > t:
-        d = math.nextafter(d, -math.inf)
-    ev = simpy.Event(env)
-    ev._ok, ev._value = True, None
-    env.schedule(ev, URGENT, d)
-    return ev
 
 
 def merge_itl(hists: list[ItlHistogram]) -> ItlHistogram:
