@@ -7,7 +7,7 @@ Workload: the Azure LLM inference 2023 conversation trace ($KVSIM_TRACES or ../s
 ``--copies`` times its rate over the same hour: that many copies of the trace laid over each other,
 copy k shifted by k/copies of the trace's span (wrapping around), so the request count and the rate
 both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each replica one A100-80GB,
-``vllm``. Runs (in this process, one after the other; pinned to one core when ``taskset`` exists):
+``vllm``. Runs, each in a fresh process pinned to one core (when ``taskset`` exists):
 
 - fleet: ``--replicas`` replicas behind each of ``--routers`` (round-robin and least-outstanding);
 - independent: the same requests as ``--replicas`` single servers, server k taking requests k, k+N, ...
@@ -16,10 +16,11 @@ both grow by ``--copies`` (16: about 310k requests). Model: Llama-3-8B, each rep
   (for a router reading live state, what routing at each arrival on one clock costs over the same work).
 
 The runs alternate, ``--rounds`` times (default 3: fleet, fleet, independent, fleet, ...), so a shared
-machine's slow and fast spells fall on all of them; each run's figure is its median over the rounds.
-Prints CPU seconds (this process's: a loaded machine's other work does not count), simulated requests
-per second, and each fleet's cost over the independent servers'. ``--minutes M``: only the first M
-minutes of the tiled trace (a quick check).
+machine's slow and fast spells fall on all of them. Prints each run's CPU seconds (the simulation's, in
+its process: loading the trace is not counted) as the median and the minimum over the rounds, simulated
+requests per second, and each fleet's cost over the independent servers': the ratio of the medians, and
+the median of the rounds' own ratios (each round's runs are neighbours in time). ``--minutes M``: only
+the first M minutes of the tiled trace (a quick check).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +67,56 @@ def tiled(requests, copies: int):
                             output_tokens=rep(requests.output_tokens), prefix_hashes=None, session_id=None)
 
 
+def requests_of(copies: int, minutes: float | None):
+    base = parse_scenario(scenario(None))
+    requests = tiled(load_requests(base, load_trace), copies)
+    if minutes is not None:
+        requests = requests.take(np.flatnonzero(requests.arrival_s < requests.arrival_s[0] + 60 * minutes),
+                                 "other_server")
+    return base, requests
+
+
+def child(spec: dict) -> None:
+    """One run in this process: prints its CPU seconds and figures as JSON (a fleet also writes its routing
+    to ``spec["save"]``)."""
+    base, requests = requests_of(spec["copies"], spec["minutes"])
+    import sim.cluster.fleet  # noqa: F401  (imported before the clock starts, as pandas is)
+
+    if spec["kind"] == "fleet":
+        s = parse_scenario(scenario({"replicas": spec["replicas"], "router": spec["router"]}))
+        t = time.process_time()
+        res = run(s, requests=requests).policies["vllm"]
+        cpu = time.process_time() - t
+        np.save(spec["save"], res.requests.replica.to_numpy())
+        info = {"finished": res.summary["num_finished"], "events": res.num_events}
+    else:
+        n, k = len(requests), spec["replicas"]
+        if spec["parts"] is None:  # round-robin's split
+            parts = [np.arange(j, n, k) for j in range(k)]
+        else:  # a fleet's own routing
+            assigned = np.load(spec["parts"])
+            parts = [np.flatnonzero(assigned == j) for j in range(k)]
+        cpu, finished, events = 0.0, 0, 0
+        for part in parts:
+            t = time.process_time()
+            res = run(base, requests=requests.take(part, "other_server")).policies["vllm"]
+            cpu += time.process_time() - t
+            finished += res.summary["num_finished"]
+            events += res.num_events
+        info = {"finished": finished, "events": events}
+    print(json.dumps({"cpu_s": cpu, "requests": len(requests), **info}))
+
+
+def measure(spec: dict) -> dict:
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", os.environ.get("KVSIM_BENCH_CORE", "0"), *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--copies", type=int, default=16)
@@ -74,66 +127,45 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=None, help="only the first M minutes of the tiled trace")
     ap.add_argument("--replay", action="store_true",
                     help="after each fleet, its own routing as independent servers (what routing at arrivals costs)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if shutil.which("taskset") and "KVSIM_PINNED" not in os.environ:
-        os.environ["KVSIM_PINNED"] = "1"
-        os.execvp("taskset", ["taskset", "-c", "0", sys.executable, *sys.argv])
-    base = parse_scenario(scenario(None))
-    requests = tiled(load_requests(base, load_trace), a.copies)
-    if a.minutes is not None:
-        requests = requests.take(np.flatnonzero(requests.arrival_s < requests.arrival_s[0] + 60 * a.minutes),
-                                 "other_server")
-    n = len(requests)
-
-    assigned = {}  # router -> each request's replica
-
-    def fleet(router):
-        s = parse_scenario(scenario({"replicas": a.replicas, "router": router}))
-        t = time.process_time()
-        res = run(s, requests=requests).policies["vllm"]
-        cpu = time.process_time() - t
-        assigned[router] = res.requests.replica.to_numpy()
-        return cpu, {"finished": res.summary["num_finished"], "events": res.num_events,
-                     "p99_ttft_ms": res.summary["p99_ttft_ms"], "load_imbalance_kv": res.fleet["load_imbalance_kv"]}
-
-    def independent(parts):
-        cpu, finished, events = 0.0, 0, 0
-        for part in parts:
-            t = time.process_time()
-            res = run(base, requests=requests.take(part, "other_server")).policies["vllm"]
-            cpu += time.process_time() - t
-            finished += res.summary["num_finished"]
-            events += res.num_events
-        return cpu, {"finished": finished, "events": events}
-
-    runs = {}
-    for r in a.routers:
-        runs[f"fleet {a.replicas} x {r}"] = lambda r=r: fleet(r)
-        if a.replay:
-            runs[f"  {r}'s routing, independent"] = lambda r=r: independent(
-                [np.flatnonzero(assigned[r] == k) for k in range(a.replicas)])
-    if not a.no_independent:
-        runs[f"independent {a.replicas} servers"] = lambda: independent(
-            [np.arange(k, n, a.replicas) for k in range(a.replicas)])
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    info = {}
-    for _ in range(a.rounds):
-        for name, f in runs.items():
-            cpu, info[name] = f()
-            times[name].append(cpu)
-    rows = [{"run": name, "cpu_s": float(np.median(ts)), "cpu_s_rounds": ts, "requests": n, **info[name]}
+    if a.child:
+        return child(json.loads(a.child))
+    common = {"copies": a.copies, "minutes": a.minutes, "replicas": a.replicas}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {}
+        for r in a.routers:
+            save = str(Path(tmp) / f"{r}.npy")
+            runs[f"fleet {a.replicas} x {r}"] = {**common, "kind": "fleet", "router": r, "save": save}
+            if a.replay:
+                runs[f"  {r}'s routing, independent"] = {**common, "kind": "independent", "parts": save}
+        if not a.no_independent:
+            runs[f"independent {a.replicas} servers"] = {**common, "kind": "independent", "parts": None}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        info = {}
+        for _ in range(a.rounds):
+            for name, spec in runs.items():
+                info[name] = measure(spec)
+                times[name].append(info[name].pop("cpu_s"))
+    rows = [{"run": name, "cpu_s": float(np.median(ts)), "cpu_s_min": min(ts), "cpu_s_rounds": ts, **info[name]}
             for name, ts in times.items()]
-    ind = rows[-1]["cpu_s"] if not a.no_independent else None
+    ind = times[rows[-1]["run"]] if not a.no_independent else None
     from sim import native
 
     print(native.describe())
-    print(f"{n:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on A100-80GB each; "
-          f"CPU s: median of {a.rounds} alternating rounds")
+    print(f"{rows[0]['requests']:,} requests (Azure conv x{a.copies}), {a.replicas} replicas, vllm, Llama-3-8B on "
+          f"A100-80GB each; CPU s of the simulation, each run a fresh process: median (min) of {a.rounds} "
+          f"alternating rounds")
     for j, r in enumerate(rows):
-        extra = f"  {r['cpu_s'] / ind - 1:+.1%} vs independent" if ind and r["run"].startswith("fleet") else ""
+        extra = ""
+        if ind and r["run"].startswith("fleet"):
+            paired = float(np.median([x / y for x, y in zip(r["cpu_s_rounds"], ind)]))
+            extra = f"  {r['cpu_s'] / np.median(ind) - 1:+.1%} vs independent (per round: {paired - 1:+.1%})"
         if r["run"].startswith("  "):  # the fleet above it over the same routing run as independent servers
-            extra = f"  (the fleet: {rows[j - 1]['cpu_s'] / r['cpu_s'] - 1:+.1%} over this)"
-        print(f"{r['run']:<42} {r['cpu_s']:7.1f} s CPU  {r['requests'] / r['cpu_s']:9,.0f} req/s  "
+            mine = rows[j - 1]["cpu_s_rounds"]
+            paired = float(np.median([x / y for x, y in zip(mine, r["cpu_s_rounds"])]))
+            extra = f"  (the fleet: {rows[j - 1]['cpu_s'] / r['cpu_s'] - 1:+.1%} over this, per round {paired - 1:+.1%})"
+        print(f"{r['run']:<42} {r['cpu_s']:6.1f} s ({r['cpu_s_min']:5.1f}) {r['requests'] / r['cpu_s']:8,.0f} req/s  "
               f"finished {r['finished']:,}  events {r['events']:,}{extra}")
     print(json.dumps(rows))
 
