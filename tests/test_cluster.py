@@ -81,6 +81,25 @@ def test_round_robin_replicas_are_independent_servers_on_every_nth_request():
     assert 0 < s["busy_fraction"] <= 1
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_arrival_at_a_step_boundary_is_routed_before_that_step(exact):
+    """The fleet's clock routes an arrival before any replica's event of its time: a request arriving
+    exactly when a step ends joins the step that starts then, as on a lone server that knew it ahead."""
+    base = scenario(rate=2.0, n=40, exact=exact)
+    requests = load_requests(base)
+    steps = run(base, requests=requests).policies["vllm"].steps
+    t = float(steps.start_s.iloc[len(steps) // 2])  # a step's start: the very float at which the one before ended
+    k = int(np.searchsorted(requests.arrival_s, t, side="right"))
+    requests = requests.replace(arrival_s=np.insert(requests.arrival_s, k, t),
+                                prompt_tokens=np.insert(requests.prompt_tokens, k, 100),
+                                output_tokens=np.insert(requests.output_tokens, k, 20))
+    single = run(base, requests=requests)
+    assert single.policies["vllm"].requests.first_scheduled_s.iloc[k] == t
+    fleet = run(base.model_copy(update={"cluster": ClusterConfig(replicas=1, router="least-outstanding")}),
+                requests=requests)
+    assert_same_run(single, fleet)
+
+
 @pytest.mark.parametrize("router", ["round-robin", "random"])
 def test_routing_ahead_equals_routing_at_each_arrival(router, monkeypatch):
     """A router that reads no replica state routes every request ahead and each replica runs alone; the
