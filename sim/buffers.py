@@ -4,9 +4,9 @@ The recorder writes tens of values per event into buffers it converts to numpy i
 a Python float object per value, which the conversion then read back and freed: about 45 ns a value, a
 fifth of the compiled engine loop's instructions on the Azure trace. ``librt.vecs.vec[float]`` (mypy's
 runtime library, installed with ``kvsim[native]``) holds the values unboxed: in the compiled build
-(sim/native.py) each ``append`` of a float stores 8 bytes, with no object made. Without librt (plain Python, no mypy), an ``array('d')``
-stands in, with the same three calls: ``vec[float](capacity=n)``, ``append(v, x)`` and ``extend(v, xs)``,
-which return the buffer to use from then on, as librt's do.
+(sim/native.py) each ``append`` of a float stores 8 bytes, with no object made. Without librt (plain
+Python, no mypy), an ``array('d')`` stands in, with the same three calls: ``vec[float](capacity=n)``,
+``append(v, x)`` and ``extend(v, xs)``, which return the buffer to use from then on, as librt's do.
 """
 
 from __future__ import annotations

@@ -102,9 +102,9 @@ class LoneClock:
         return delay
 
 
-class SharedClock:
+class SharedClock(LoneClock):
     """The clock of a fleet's replicas that a router feeds at each arrival (sim/cluster/fleet.py). Each
-    replica's process waits as a lone server's does (``timeout`` hands the wait back, ``event`` waits
+    replica's process waits as a lone server's does (``timeout`` hands the wait back; ``event`` waits
     until woken); ``run`` resumes the replica whose wait ends first, after routing every arrival up to
     then: an arrival comes before any replica's event of its time. The replicas read the arrivals here
     (``closed``, ``expected_next_s``).
@@ -119,16 +119,13 @@ class SharedClock:
     queued. This compiled loop keeps one float per replica instead."""
 
     def __init__(self, times: list[float], num_replicas: int) -> None:
-        self.now = 0.0
+        super().__init__()
         self.closed = False
         self._times = times  # the routed arrivals' times, in order, then infinity
         self._pos = 0  # the next arrival to route
         self._n = num_replicas
         self.wake: list[float] = []  # when each replica's process resumes (infinity: when woken)
         self._procs: list[Any] = []
-
-    def timeout(self, delay: float) -> float:
-        return delay
 
     def event(self) -> float:
         return math.inf
