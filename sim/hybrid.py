@@ -34,8 +34,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, _fill_runs, _merge_segments,
-                    blocks_for)
+from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, FifoBlockPool, _fill_runs,
+                    _merge_segments, blocks_for)
 from sim.layouts import KvLayout, first_kept, window_sums
 from sim.sharing import SharedBlockPool, prompt_block_hashes
 
@@ -74,7 +74,7 @@ class HybridPagedKv:
     num_copies = 0  # no copy-on-write: only full prompt blocks are shared, and no sequence writes into one
     span_shared_filled = None  # (slabs only: HybridContiguousKv's)
 
-    def __init__(self, layout: KvLayout, pool: BlockPool | SharedBlockPool, caching: bool = False,
+    def __init__(self, layout: KvLayout, pool: FifoBlockPool | SharedBlockPool, caching: bool = False,
                  prefill_cap: int | None = None, recompute: bool = True) -> None:
         """``prefill_cap``: the most tokens one step prefills for a sequence (a chunked policy's token
         budget; None: its whole prompt at once); ``recompute``: a preempted sequence prefills its prompt
@@ -113,6 +113,8 @@ class HybridPagedKv:
         self._hit_order = sorted(range(len(self.classes)), key=lambda k: self.classes[k][0].window > 0)  # full first
         if caching:
             assert isinstance(pool, SharedBlockPool) and not self.state_pages, "prefix caching: attention groups only"
+        else:  # the decode fast path takes a span's pages in one call: right only for a FIFO (span_blocks)
+            assert isinstance(pool, FifoBlockPool), "a hybrid manager's pool is a FifoBlockPool"
 
     # ------------------------------------------------------------------ the rule
 

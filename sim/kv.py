@@ -96,23 +96,81 @@ def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: 
 
 
 class BlockPool:
-    """``num_blocks`` physical blocks; free ones wait in a FIFO queue.
+    """``num_blocks`` physical blocks; free ones wait on a stack (last freed, first reused).
 
     Guarantees: a block id is either free or held by exactly one owner's block table (the caller keeps
-    the tables); allocation takes from the head of the queue, freeing appends to the tail, so the
-    allocation order is deterministic. ``watermark_blocks`` stay free on admission.
+    the tables); allocation takes the most recently freed blocks first, a freed table coming back in its
+    own order, then blocks never handed out, in id order; so the allocation order is deterministic.
+    ``watermark_blocks`` stay free on admission. This is vLLM's uncached block allocator (its free ids a
+    stack, V0's ``NaiveBlockAllocator``). The prefix-caching pool (``sharing.SharedBlockPool``) keeps V1's
+    FIFO queue, since its order there is the eviction order; the hybrid manager a FIFO (``FifoBlockPool``).
 
-    The queue is ``[_fresh, num_blocks)`` (blocks never handed out yet, in id order) followed by the
-    freed ids ``_queue[_head:]``: memory follows the blocks ever used, not the pool's size (an H200
-    holds tens of millions of blocks of a small model). Same order as one list ``range(num_blocks)``
-    with freed ids appended. NOTE: the freed part is a list with a moving head, so taking n blocks is
-    one slice rather than n pops; the consumed prefix is dropped once it outgrows the rest."""
+    Why a stack: the blocks reused first are the ones just touched, so the bookkeeping stays in the CPU's
+    cache; a queue hands out the block freed longest ago (in a fleet of replicas advanced together, each
+    one cold). Freed ids are ``_stack`` (the next to go last, a table pushed tail first), then
+    ``[_fresh, num_blocks)``: memory follows the blocks ever used, not the pool's size (an H200 holds tens
+    of millions of blocks of a small model)."""
 
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
-        self._fresh = 0  # blocks [_fresh, num_blocks) were never allocated: the head of the queue
+        self._fresh = 0  # blocks [_fresh, num_blocks) were never allocated: the bottom of the stack
+        self._stack: list[int] = []
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self._fresh + len(self._stack)
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
+        return self._stack[::-1] + list(range(self._fresh, self.num_blocks))
+
+    def free_state(self) -> tuple[list[int], int]:
+        """The free blocks compactly: (freed ids, first never-allocated id); ids from the latter to
+        ``num_blocks`` are free too."""
+        return self._stack[:], self._fresh
+
+    def can_allocate(self, n: int, admission: bool = False) -> bool:
+        return n <= self.num_blocks - self._fresh + len(self._stack) - (
+            self.watermark_blocks if admission else 0)
+
+    def allocate(self, n: int) -> list[int]:
+        st = self._stack
+        k = len(st)
+        if n <= k:
+            out = st[k - 1:k - 1 - n:-1] if n < k else st[::-1]
+            del st[k - n:]
+            return out
+        f = self._fresh
+        if n - k > self.num_blocks - f:
+            raise RuntimeError(f"allocate({n}) with {k + self.num_blocks - f} free blocks")
+        self._fresh = f + n - k
+        if k:
+            out = st[::-1]
+            st.clear()
+            out.extend(range(f, f + n - k))
+            return out
+        return list(range(f, f + n))
+
+    def free(self, block_ids: list[int]) -> None:
+        self._stack.extend(reversed(block_ids))
+        assert len(self._stack) <= self._fresh, "more blocks free than ever lent: one freed twice"
+
+
+class FifoBlockPool(BlockPool):
+    """A ``BlockPool`` whose free ids wait in a FIFO queue: freeing appends to the tail, allocation takes
+    from the head. The hybrid manager's (``sim/hybrid.py``): its decode fast path takes a span's pages in
+    one call, which equals taking them a tick at a time only when pages freed meanwhile (those leaving a
+    sliding window) join the tail, never reached first.
+
+    The queue is ``[_fresh, num_blocks)`` (blocks never handed out yet, in id order) followed by the
+    freed ids ``_queue[_head:]``, a list with a moving head (taking n blocks is one slice rather than n
+    pops); the consumed prefix is dropped once it outgrows the rest."""
+
+    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
+        super().__init__(num_blocks, block_size, watermark_blocks)
         self._queue: list[int] = []
         self._head = 0
 
@@ -122,12 +180,9 @@ class BlockPool:
 
     @property
     def free_blocks(self) -> list[int]:
-        """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
         return list(range(self._fresh, self.num_blocks)) + self._queue[self._head:]
 
     def free_state(self) -> tuple[list[int], int]:
-        """The free blocks compactly: (freed ids, first never-allocated id); ids from the latter to
-        ``num_blocks`` are free too."""
         return self._queue[self._head:], self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:

@@ -19,8 +19,8 @@ import numpy as np
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.hybrid import HybridContiguousKv, HybridPagedKv
-from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FirstFitAllocator, KvManager, KvPool,
-                    PagedKv, Reservation, kv_pool)
+from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FifoBlockPool, FirstFitAllocator, KvManager,
+                    KvPool, PagedKv, Reservation, kv_pool)
 from sim.layouts import KvLayout, LayoutError, kv_layout
 from sim.metrics import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
 from sim.offload import HostTier
@@ -115,7 +115,7 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
     if r.layout is not None and not r.layout.single:  # several KV groups (sim/hybrid.py)
         if a.kind == "paged":
             caching = r.policy.prefix_caching  # reference-counted pages with a prefix cache (sim/sharing.py)
-            blocks = (SharedBlockPool if caching else BlockPool)(pool.num_blocks, pool.block_size, r.watermark_blocks)
+            blocks = (SharedBlockPool if caching else FifoBlockPool)(pool.num_blocks, pool.block_size, r.watermark_blocks)
             return HybridPagedKv(r.layout, blocks, caching,
                                  r.max_num_batched_tokens if r.policy.prefill == "chunked" else None,
                                  r.policy.preemption == "recompute")

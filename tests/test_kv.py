@@ -127,16 +127,19 @@ def test_contiguous_manager_buddy_rounding_is_counted():
     assert kv.allocator.free_runs() == [(0, 4096)]
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_block_pool_is_compact_and_hands_out_blocks_in_queue_order(shared):
-    """A pool of 10^8 blocks costs nothing until used, and hands out ids exactly as one FIFO queue of
-    range(num_blocks) with freed ids appended at the tail (the order results depend on)."""
+@pytest.mark.parametrize("kind", ["stack", "fifo", "shared"])
+def test_block_pool_is_compact_and_hands_out_blocks_in_its_order(kind):
+    """A pool of 10^8 blocks costs nothing until used, and hands out ids exactly as one list that starts
+    as range(num_blocks): the plain pool puts a freed table back at the front (a stack: the blocks just
+    used are reused first), the FIFO and shared pools at the tail (the shared one a table tail first).
+    Results' address maps depend on this order."""
     import random
     import tracemalloc
 
+    from sim.kv import FifoBlockPool
     from sim.sharing import SharedBlockPool
 
-    make = SharedBlockPool if shared else BlockPool
+    make = {"stack": BlockPool, "fifo": FifoBlockPool, "shared": SharedBlockPool}[kind]
     tracemalloc.start()
     big = make(10**8, 16)
     held = big.allocate(1000)
@@ -149,7 +152,10 @@ def test_block_pool_is_compact_and_hands_out_blocks_in_queue_order(shared):
         if held and rng.random() < 0.5:
             out = held.pop(rng.randrange(len(held)))
             pool.free(out)
-            ref.extend(reversed(out) if shared else out)  # the shared pool queues a table tail first
+            if kind == "stack":
+                ref[:0] = out
+            else:
+                ref.extend(reversed(out) if kind == "shared" else out)
         else:
             n = rng.randint(0, len(ref))
             assert pool.allocate(n) == ref[:n]
@@ -159,15 +165,16 @@ def test_block_pool_is_compact_and_hands_out_blocks_in_queue_order(shared):
         assert pool.can_allocate(len(ref)) and not pool.can_allocate(len(ref) + 1)
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_a_block_freed_twice_fails_where_it_is_freed(shared):
+@pytest.mark.parametrize("kind", ["stack", "fifo", "shared"])
+def test_a_block_freed_twice_fails_where_it_is_freed(kind):
     """The runtime invariants (plain asserts, as vLLM's): a double free is caught at the free, not
     steps later as a block with two owners. The shared pool counts holders per block; the plain pool
     only knows how many it lent (PagedKv's check below catches the rest)."""
+    from sim.kv import FifoBlockPool
     from sim.sharing import SharedBlockPool
 
-    pool = (SharedBlockPool if shared else BlockPool)(8, 16)
-    blocks = pool.allocate(3 if shared else 1)
+    pool = {"stack": BlockPool, "fifo": FifoBlockPool, "shared": SharedBlockPool}[kind](8, 16)
+    blocks = pool.allocate(3 if kind == "shared" else 1)
     pool.free(blocks[:1])
     with pytest.raises(AssertionError):
         pool.free(blocks[:1])

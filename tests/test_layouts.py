@@ -14,7 +14,7 @@ from sim.catalog import GIB, GPUS, MODELS, CatalogError, model_from_hf_config
 from sim.config import ScenarioError, parse_scenario
 from sim.core import Sequence
 from sim.hybrid import HybridContiguousKv, HybridPagedKv, _CrossingPool
-from sim.kv import MEMORY_CLASSES, BlockPool, BuddyAllocator, Reservation, activation_bytes, breakdown, kv_pool
+from sim.kv import MEMORY_CLASSES, BuddyAllocator, FifoBlockPool, Reservation, activation_bytes, breakdown, kv_pool
 from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout
 from sim.policy import resolve_policy
 from sim.sharing import SharedBlockPool
@@ -245,7 +245,7 @@ def _paged(kinds=("sliding", "sliding", "full", "mamba"), window=40, blocks=400,
                   sliding_window=window, attention_chunk_size=window, mamba_d_inner=256, mamba_d_state=4,
                   mamba_d_conv=4, mamba_dt_rank=16)
     lay = kv_layout(m, 1, 8)
-    return HybridPagedKv(lay, (SharedBlockPool if caching else BlockPool)(blocks, 8), caching), lay
+    return HybridPagedKv(lay, (SharedBlockPool if caching else FifoBlockPool)(blocks, 8), caching), lay
 
 
 def _check_paged(kv: HybridPagedKv, seqs):
