@@ -137,22 +137,18 @@ class BlockPool:
             self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
-        st = self._stack
-        k = len(st)
-        if n <= k:
-            out = st[k - 1:k - 1 - n:-1] if n < k else st[::-1]
-            del st[k - n:]
-            return out
-        f = self._fresh
-        if n - k > self.num_blocks - f:
-            raise RuntimeError(f"allocate({n}) with {k + self.num_blocks - f} free blocks")
-        self._fresh = f + n - k
-        if k:
-            out = st[::-1]
-            st.clear()
-            out.extend(range(f, f + n - k))
-            return out
-        return list(range(f, f + n))
+        st, f = self._stack, self._fresh
+        rest = n - len(st)  # blocks the stack cannot give: never-allocated ones
+        if rest > self.num_blocks - f:
+            raise RuntimeError(f"allocate({n}) with {len(st) + self.num_blocks - f} free blocks")
+        top = max(0, -rest)
+        out = st[top:]
+        del st[top:]
+        out.reverse()
+        if rest > 0:
+            self._fresh = f + rest
+            out.extend(range(f, f + rest))
+        return out
 
     def free(self, block_ids: list[int]) -> None:
         self._stack.extend(reversed(block_ids))
