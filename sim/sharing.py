@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from sim.core import Sequence
-from sim.kv import BlockPool, PagedKv, blocks_for
+from sim.kv import BlockPool, PagedKv, block_ids, blocks_for
 from sim.offload import HostTier
 
 
@@ -160,7 +160,7 @@ class SharedBlockPool:
         if n > fresh + queued:
             raise RuntimeError(f"allocate({n}) with {fresh + queued} free blocks")
         k = min(n, fresh)  # never-used blocks first: no holder, no key
-        out = list(range(f, f + k))
+        out = block_ids(f, f + k)
         self._fresh = f + k
         held = self.held
         held.extend([True] * k)

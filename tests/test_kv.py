@@ -165,6 +165,18 @@ def test_block_pool_is_compact_and_hands_out_blocks_in_its_order(kind):
         assert pool.can_allocate(len(ref)) and not pool.can_allocate(len(ref) + 1)
 
 
+def test_block_ids_are_the_ids_shared_below_the_cap():
+    """Never-used blocks' ids come from one table of int objects shared by every pool (a fleet's replicas
+    hold the same objects); above the table's cap they are made as handed out. Either way, the values."""
+    from sim import kv
+
+    cap = kv._IDS_MAX
+    for lo, hi in [(0, 0), (0, 5), (3, 2000), (cap - 3, cap + 4), (cap + 10, cap + 12), (7, 7)]:
+        assert kv.block_ids(lo, hi) == list(range(lo, hi))
+    a, b = BlockPool(4000, 16), BlockPool(4000, 16)
+    assert all(x is y for x, y in zip(a.allocate(3000), b.allocate(3000)))
+
+
 @pytest.mark.parametrize("kind", ["stack", "fifo", "shared"])
 def test_a_block_freed_twice_fails_where_it_is_freed(kind):
     """The runtime invariants (plain asserts, as vLLM's): a double free is caught at the free, not
