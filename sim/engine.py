@@ -27,6 +27,7 @@ from simpy.events import NORMAL, URGENT
 
 from sim.config import PolicyConfig
 from sim.core import Group, Sequence, StepPlan
+from sim.buffers import append, vec
 from sim.kv import KvPool
 from sim.hybrid import GroupTimeline
 from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
@@ -124,7 +125,7 @@ class SharedClock(LoneClock):
         self._times = times  # the routed arrivals' times, in order, then infinity
         self._pos = 0  # the next arrival to route
         self._n = num_replicas
-        self.wake: list[float] = []  # when each replica's process resumes (infinity: when woken)
+        self.wake = vec[float](capacity=num_replicas)  # when each replica's process resumes (infinity: when woken)
         self._procs: list[Any] = []
 
     def event(self) -> float:
@@ -133,7 +134,7 @@ class SharedClock(LoneClock):
     def add(self, proc: Any) -> int:
         """A replica's process, started now; its slot."""
         self._procs.append(proc)
-        self.wake.append(self.now)
+        self.wake = append(self.wake, self.now)
         return len(self._procs) - 1
 
     def resume_at(self, slot: int, at: float) -> None:
@@ -150,10 +151,11 @@ class SharedClock(LoneClock):
 
     def run(self, engines: list[Engine], order: list[int], cands: list[tuple[int, ...]] | None,
             whole: tuple[int, ...], route: Callable[[int, tuple[int, ...]], int], prompts: list[int],
-            outputs: list[int], assigned: list[int]) -> None:
+            outputs: list[int], assigned: list[int], loads: list[int] | None = None) -> None:
         """Serve requests ``order`` (rows of the table, arriving at ``times``), each routed at its arrival by
         ``route(row, candidates)`` (``cands[pos]``, or ``whole`` for all) and pushed to that replica;
-        ``assigned[row]``: the replica."""
+        ``assigned[row]``: the replica. ``loads``: the replicas' outstanding requests, for a least-outstanding
+        router, whose choice among all replicas is ``least_loaded(loads)``, taken here without the call."""
         for e in engines:
             e.join(self)
         if not order:
@@ -176,7 +178,8 @@ class SharedClock(LoneClock):
                 pos = self._pos
                 while times[pos] <= t:
                     i = order[pos]
-                    r = route(i, whole if cands is None else cands[pos])
+                    c = whole if cands is None else cands[pos]
+                    r = least_loaded(loads) if loads is not None and c is whole else route(i, c)
                     assigned[i] = r
                     pos += 1
                     self._pos = pos
@@ -190,6 +193,17 @@ class SharedClock(LoneClock):
         self.closed = True
         for e in engines:
             e.wake(None)
+
+
+def least_loaded(loads: list[int]) -> int:
+    """The replica with the fewest outstanding requests, the lowest index among ties: least-outstanding
+    routing over every replica (``sim.cluster.router``)."""
+    k, best = 0, loads[0]
+    for j in range(1, len(loads)):
+        x = loads[j]
+        if x < best:
+            k, best = j, x
+    return k
 
 
 def _step_ends(now: float, times: list[float]) -> list[float]:

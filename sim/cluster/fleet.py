@@ -29,7 +29,7 @@ from sim.kv import MEMORY_CLASSES
 from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
 from sim.outputs import Columns
 from sim.policy import rejection_reasons, resolve_policy
-from sim.cluster.router import Replicas, make_router
+from sim.cluster.router import LeastOutstanding, Replicas, make_router
 
 
 def fleet_runs(scenario: Scenario) -> list[tuple[PolicyConfig, str]]:
@@ -109,7 +109,8 @@ class Fleet:
         clock = SharedClock(r.arrival_s[order].tolist() + [math.inf], len(self.engines))
         with paced_gc():
             clock.run(self.engines, order.tolist(), per, whole, self.router.route, r.prompt_tokens.tolist(),
-                      r.output_tokens.tolist(), assigned)
+                      r.output_tokens.tolist(), assigned,
+                      self.router.replicas.loads() if isinstance(self.router, LeastOutstanding) else None)
         self.assigned = np.array(assigned, dtype=np.int16)
         return self._results()
 

@@ -18,6 +18,7 @@ import random
 import numpy as np
 
 from sim.config import ScenarioError
+from sim.engine import least_loaded
 
 
 class Replicas:
@@ -52,8 +53,8 @@ class Replicas:
     def least_outstanding(self, cands, loads: list[int] | None = None) -> int:
         """The candidate with the fewest outstanding requests, the lowest index among ties."""
         loads = self._loads if loads is None else loads
-        if len(cands) == self.n:  # every replica (ids 0..n-1 in order): the first minimum, in C
-            return loads.index(min(loads))
+        if len(cands) == self.n:  # every replica (ids 0..n-1 in order)
+            return least_loaded(loads)
         return min(cands, key=loads.__getitem__)
 
 
