@@ -105,7 +105,8 @@ def test_routing_ahead_equals_routing_at_each_arrival(router, monkeypatch):
     """A router that reads no replica state routes every request ahead and each replica runs alone; the
     same fleet with the requests pushed at their arrivals on the shared clock is the same simulation up to
     rounding: here every request's times to the bit. (Pushed, a replica prices a decode span only up to the
-    N-th next fleet arrival, so it may take one span as two: the same steps, their sums rounded otherwise.)"""
+    4N-th next fleet arrival (engine.AHEAD), so it may take one span as two: the same steps, their sums
+    rounded otherwise.)"""
     from sim.cluster import router as routers
 
     sc = scenario(rate=6, n=200, cluster={"replicas": 3, "router": router}, horizon_s=60.0,

@@ -48,7 +48,7 @@ from simpy.events import URGENT
 
 from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
-from sim.engine import Engine, PolicyResult, paced_gc
+from sim.engine import AHEAD, Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
 from sim.metrics import FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog
 from sim.policy import rejection_reasons, resolve_policy
@@ -110,10 +110,10 @@ class _Feed:
         self.fleet, self.n, self.closed = fleet, n, False
 
     def expected_next_s(self) -> float:
-        """When a replica of the pool may next get a request: the fleet's arrival as many ahead as the pool
-        has replicas (for the decode pool an estimate: only how far a decode span is priced ahead)."""
+        """How far a replica of the pool prices a decode span ahead: the fleet's arrival ``AHEAD`` times as
+        many ahead as the pool has replicas (as ``SharedClock.expected_next_s``)."""
         f = self.fleet
-        return f._times[min(f._pos + self.n - 1, len(f._times) - 1)]
+        return f._times[min(f._pos + AHEAD * self.n - 1, len(f._times) - 1)]
 
 
 class DisaggFleet:
