@@ -128,9 +128,11 @@ class BlockPool:
 
     Why a stack: the blocks reused first are the ones just touched, so the bookkeeping stays in the CPU's
     cache; a queue hands out the block freed longest ago (in a fleet of replicas advanced together, each
-    one cold). Freed ids are ``_stack`` (the next to go last, a table pushed tail first), then
+    one cold). Freed ids are ``_stack[:_top]`` (the next to go last, a table pushed tail first), then
     ``[_fresh, num_blocks)``: memory follows the blocks ever used, not the pool's size (an H200 holds tens
-    of millions of blocks of a small model)."""
+    of millions of blocks of a small model). Above ``_top`` the list keeps ids already handed out again,
+    overwritten as blocks are freed: so it never shrinks and regrows (a copy of it, each time it cannot
+    grow in place), and a freed table is one slice assignment."""
 
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
@@ -138,42 +140,45 @@ class BlockPool:
         self.watermark_blocks = watermark_blocks
         self._fresh = 0  # blocks [_fresh, num_blocks) were never allocated: the bottom of the stack
         self._stack: list[int] = []
+        self._top = 0
 
     @property
     def num_free(self) -> int:
-        return self.num_blocks - self._fresh + len(self._stack)
+        return self.num_blocks - self._fresh + self._top
 
     @property
     def free_blocks(self) -> list[int]:
         """The free block ids, next to be allocated first (materialises them: tests and small pools)."""
-        return self._stack[::-1] + list(range(self._fresh, self.num_blocks))
+        return self._stack[:self._top][::-1] + list(range(self._fresh, self.num_blocks))
 
     def free_state(self) -> tuple[list[int], int]:
         """The free blocks compactly: (freed ids, first never-allocated id); ids from the latter to
         ``num_blocks`` are free too."""
-        return self._stack[:], self._fresh
+        return self._stack[:self._top], self._fresh
 
     def can_allocate(self, n: int, admission: bool = False) -> bool:
-        return n <= self.num_blocks - self._fresh + len(self._stack) - (
+        return n <= self.num_blocks - self._fresh + self._top - (
             self.watermark_blocks if admission else 0)
 
     def allocate(self, n: int) -> list[int]:
-        st, f = self._stack, self._fresh
-        rest = n - len(st)  # blocks the stack cannot give: never-allocated ones
+        f, top = self._fresh, self._top
+        rest = n - top  # blocks the stack cannot give: never-allocated ones
         if rest > self.num_blocks - f:
-            raise RuntimeError(f"allocate({n}) with {len(st) + self.num_blocks - f} free blocks")
-        top = max(0, -rest)
-        out = st[top:]
-        del st[top:]
+            raise RuntimeError(f"allocate({n}) with {top + self.num_blocks - f} free blocks")
+        lo = top - n if rest <= 0 else 0
+        out = self._stack[lo:top]
         out.reverse()
+        self._top = lo
         if rest > 0:
             self._fresh = f + rest
             out.extend(block_ids(f, f + rest))
         return out
 
     def free(self, block_ids: list[int]) -> None:
-        self._stack.extend(reversed(block_ids))
-        assert len(self._stack) <= self._fresh, "more blocks free than ever lent: one freed twice"
+        top = self._top
+        self._top = top + len(block_ids)
+        self._stack[top:self._top] = block_ids[::-1]
+        assert self._top <= self._fresh, "more blocks free than ever lent: one freed twice"
 
 
 class FifoBlockPool(BlockPool):
