@@ -124,6 +124,29 @@ def test_routing_ahead_equals_routing_at_each_arrival(router, monkeypatch):
         assert (a.replicas.num_routed == b.replicas.num_routed).all()
 
 
+def test_a_pushed_replica_drops_the_requests_it_has_admitted(monkeypatch):
+    """A replica fed at each arrival keeps the requests pushed to it only until it admits them (lists
+    that grew for the whole run fragmented the fleet's heap): every routed request is admitted or still
+    pending at the horizon, and what it holds stays under ``TRIM`` plus the pending ones."""
+    from sim.cluster import fleet as F
+    from sim.engine import TRIM
+
+    held = []
+    results = F.Fleet._results
+
+    def spy(self):
+        held.append([(e._dropped, len(e._ids), len(e._ids) - e._next) for e in self.engines])
+        return results(self)
+
+    monkeypatch.setattr(F.Fleet, "_results", spy)
+    res = run(scenario(rate=6, n=400, cluster={"replicas": 2, "router": "least-outstanding"}, horizon_s=50.0))
+    req = res.policies["vllm"].requests
+    (engines,) = held
+    for k, (dropped, kept, pending) in enumerate(engines):
+        assert dropped > 0 and kept < TRIM + pending
+        assert dropped + kept == (req.replica == k).sum()
+
+
 def test_least_outstanding_beats_round_robin_on_a_bursty_workload():
     """Gamma arrivals with cv 3 near saturation: routing to the replica with the fewest outstanding
     requests lowers mean and p99 end-to-end latency against blind round-robin (two seeds)."""
