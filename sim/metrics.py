@@ -190,9 +190,9 @@ class ItlHistogram:
     def flush(self) -> None:
         if len(self._values) == 0:
             return
-        runs = np.frombuffer(memoryview(self._runs), dtype=np.float64).astype(np.int64)
+        runs = np.frombuffer(memoryview(self._runs), dtype=np.float64)
         v = np.frombuffer(memoryview(self._values), dtype=np.float64)
-        w = np.repeat(runs[1::2].astype(np.float64), runs[0::2])
+        w = np.repeat(runs[1::2], runs[0::2].astype(np.int64))
         with np.errstate(divide="ignore"):
             i = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.PER_DECADE)
         i = np.clip(i, 0, len(self.counts) - 1).astype(np.int64)
