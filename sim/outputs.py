@@ -73,6 +73,10 @@ class Columns:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.data[name]
 
+    def take(self, rows: np.ndarray) -> "Columns":
+        """Rows ``rows`` of the table (numpy indexing: a fleet's replica's requests)."""
+        return Columns({k: v[rows] for k, v in self.data.items()}, self.categories)
+
     def codes(self, name: str, category: str) -> int:
         """The code of ``category`` in categorical column ``name``."""
         return self.categories[name].index(category)
