@@ -90,6 +90,19 @@ def instructions(case: str, simulate: bool) -> int:
     return int(m.group(1).replace(",", ""))
 
 
+def needs_valgrind_and_trace(name: str) -> None:
+    """Exit 2, saying which, when valgrind or the Azure conversation trace is missing (benchmark ``name``)."""
+    if shutil.which("valgrind") is None:
+        print(f"{name}: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+        sys.exit(2)
+    sys.path.insert(0, str(ROOT))
+    from sim.trace_paths import find_trace, searched
+
+    if find_trace("azure_2023/AzureLLMInferenceTrace_conv.csv") is None:
+        print(f"{name}: azure_2023/AzureLLMInferenceTrace_conv.csv not found (searched {searched()})", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3] == "run")
@@ -101,16 +114,7 @@ def main() -> None:
     unknown = [c for c in a.cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case {', '.join(unknown)}; expected some of: {', '.join(CASES)}")
-    if shutil.which("valgrind") is None:
-        print("bench_instructions: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
-        sys.exit(2)
-    sys.path.insert(0, str(ROOT))
-    from sim.trace_paths import find_trace, searched
-
-    if find_trace("azure_2023/AzureLLMInferenceTrace_conv.csv") is None:
-        print(f"bench_instructions: azure_2023/AzureLLMInferenceTrace_conv.csv not found (searched {searched()})",
-              file=sys.stderr)
-        sys.exit(2)
+    needs_valgrind_and_trace("bench_instructions")
     from sim import native
 
     print(native.describe())

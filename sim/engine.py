@@ -314,6 +314,15 @@ class Engine:
         """Serve requests ``ids`` (rows of the table, in arrival order), knowing their arrivals ahead, on
         this server's own clock. A fleet whose router reads no replica state gives each replica its
         requests this way (``sim.cluster.fleet``): the replica is then exactly a lone server."""
+        clock = LoneClock()
+        with paced_gc():
+            for delay in self.waits(ids, clock):  # each wait the process yields, taken in turn
+                clock.now = clock.now + delay
+        self._end_s = clock.now
+
+    def waits(self, ids: np.ndarray, clock: LoneClock):
+        """``serve``'s process: a generator of its waits, which the caller takes on ``clock`` (``clock.now
+        + delay``) one at a time (benchmarks/bench_interleave.py advances several lone servers together)."""
         r = self.requests
         self._loads = None  # no router reads a server that knows its requests ahead
         self._ids = ids.tolist()
@@ -323,11 +332,7 @@ class Engine:
         self._outputs = r.output_tokens[self._ids].tolist()
         self._hashes = r.prefix_hashes if self.kv.caching else None
         self._next = self._dropped = 0
-        clock = LoneClock()
-        with paced_gc():
-            for delay in self._serve(clock):  # each wait the process yields, taken in turn
-                clock.now = clock.now + delay
-        self._end_s = clock.now
+        return self._serve(clock)
 
     def results(self, requests: Any = None) -> PolicyResult:
         """The finished run's result; ``requests``: this server's rows of a log shared by a fleet."""
