@@ -131,8 +131,9 @@ class Fleet:
         for e in engines:
             e._close_unfinished()
         # NOTE: numpy columns (sim.outputs.Columns), not DataFrames: pandas sliced the whole log once per
-        # replica and built every replica's timeline and steps as frames. bench_fleet.py, the whole hour
-        # (this method was 3.5 % of least-outstanding's run): 0.45 -> 0.28 s under cProfile
+        # replica and built every replica's timeline and steps as frames. bench_fleet.py's hour, where this
+        # was 3.5 % of least-outstanding's run: 0.28-0.38 -> 0.26-0.28 s of CPU (3 runs each); instructions
+        # of its first 4 minutes, simulation and results (bench_instructions.py fleet-lo): 3,581 -> 3,411 M
         log = self.log.columns()
         per = [e.results(log.take(np.flatnonzero(self.assigned == k))) for k, e in enumerate(engines)]
         first, end, summary, tl = fleet_summary(log, engines, r)
