@@ -1,6 +1,6 @@
 """What interleaving alone costs: lone servers advanced together on one clock, against one after another.
 
-    python benchmarks/bench_interleave.py                  # blocks of 1 and 4 events (10 minutes on 2 cores)
+    python benchmarks/bench_interleave.py                  # blocks of 1 and 4 events (about 5 minutes on 2 cores)
     python benchmarks/bench_interleave.py --blocks 1 16 64
 
 A fleet whose router reads live replica state (least-outstanding) must have every replica current at
