@@ -168,6 +168,12 @@ class Scheduler:
                     budget = self._schedule_swapped(budget)
                     if self.prefill != "separate" and not self.swapped:
                         self._admit_waiting(budget, chunked=self.prefill == "chunked")
+                elif not self._entries and not self._tick:
+                    # every running sequence was preempted (a group goes as a unit, and it may be all that
+                    # ran): rather than an empty step, the next one's swap-ins and admissions run now
+                    budget = self._schedule_swapped(self.max_num_batched_tokens)
+                    if not self.swapped:
+                        self._admit_waiting(budget, chunked=self.prefill == "chunked")
         if not self._entries and not self._tick:
             return None
         plan = self._plan()

@@ -170,6 +170,19 @@ def test_sharing_keeps_every_requests_tokens_and_accounting(make_scenario, sampl
         assert r.policies["orca-oracle"].summary["memory_saved_by_sharing"] == 0.0
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_group_preempting_all_that_ran_admits_in_the_same_step(make_scenario, preemption):
+    # two requests of 48 samples each: the first group's decodes outgrow the pool, and preempting it (a
+    # group goes as a unit) leaves nothing running. That step used to plan nothing, which the engine
+    # took for a stalled scheduler (a RuntimeError); now it admits what the next step would.
+    s = make_scenario(model="llama-2-7b", gpu="a100-40gb", sampling={"kind": "parallel", "n": 48},
+                      workload={"arrival": {"kind": "poisson", "rate": 5.0}, "prompt": {"kind": "fixed", "tokens": 1000},
+                                "output": {"kind": "fixed", "tokens": 500}, "num_requests": 2, "seed": 0},
+                      policies=[{"preset": "vllm", "preemption": preemption}])
+    m = run(s).policies["vllm"].summary
+    assert m["num_finished"] == 2 and m["num_preemptions"] > 0
+
+
 @pytest.mark.parametrize("sampling", [None, {"kind": "parallel", "n": 4}, {"kind": "beam", "width": 4}])
 def test_spans_match_stepping_with_sharing(make_scenario, sampling):
     from test_engine import assert_same_requests
