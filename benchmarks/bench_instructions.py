@@ -90,9 +90,10 @@ def instructions(case: str, simulate: bool) -> int:
     return int(m.group(1).replace(",", ""))
 
 
-def needs_valgrind_and_trace(name: str) -> None:
-    """Exit 2, saying which, when valgrind or the Azure conversation trace is missing (benchmark ``name``)."""
-    if shutil.which("valgrind") is None:
+def needs_valgrind_and_trace(name: str, valgrind: bool = True) -> None:
+    """Exit 2, saying which, when valgrind (unless not ``valgrind``) or the Azure conversation trace is
+    missing (benchmark ``name``)."""
+    if valgrind and shutil.which("valgrind") is None:
         print(f"{name}: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         sys.exit(2)
     sys.path.insert(0, str(ROOT))
