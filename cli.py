@@ -254,12 +254,16 @@ def trace_fetch(
 
 # ---------------------------------------------------------------------------------------------- GPU backend
 
+STEPTIME_TOKENS = "1,16,256,4096"
+
+
 @app.command()
 def steptime(
     model: str = typer.Argument(..., help="catalog model name or path to a Hugging Face config.json"),
     gpu: str = typer.Option(..., "--gpu", help="catalog GPU name"),
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree"),
-    tokens: str = typer.Option("1,16,256,4096", "--tokens", help="comma-separated token counts of a prefill step"),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="comma-separated token counts of a prefill step "
+                                         f"(default: those of {STEPTIME_TOKENS} that fit the model's context)"),
     context: int = typer.Option(0, "--context", min=0, help="cached tokens the prefill attends to"),
     step_time: Optional[Path] = typer.Option(None, "--step-time", help="a scenario (or YAML step_time block) or a "
                                              "calibration profile JSON (default: the roofline's defaults)"),
@@ -269,19 +273,29 @@ def steptime(
     """What the step-time model predicts: ms per layer by part, and the whole step, per token count."""
     from sim.catalog import CatalogError, resolve_gpu, resolve_model
     from sim.config import ScenarioError
+    from sim.kv import CapacityError, check_tensor_parallel
     from sim.steptime import STEPTIME_COLUMNS, load_step_time, steptime_rows
 
     with user_errors():
         try:
-            counts = [int(t) for t in tokens.split(",") if t.strip()]
+            counts = [int(t) for t in (tokens or STEPTIME_TOKENS).split(",")]
         except ValueError:
             raise ScenarioError(f"--tokens: expected comma-separated whole numbers, got {tokens!r}") from None
         if not counts or min(counts) < 1 or max(counts) > 1 << 20:
             raise ScenarioError(f"--tokens: expected counts from 1 to {1 << 20:,}, got {tokens!r}")
         try:
             m, g = resolve_model(model), resolve_gpu(gpu)
-        except CatalogError as e:
-            raise ScenarioError(str(e)) from None
+            check_tensor_parallel(m, tp)
+        except (CatalogError, CapacityError) as e:
+            raise ScenarioError(f"--tp: {e}" if isinstance(e, CapacityError) else str(e)) from None
+        if context >= m.max_model_len:
+            raise ScenarioError(f"--context: {context:,} cached tokens leave no room in {m.name}'s "
+                                f"{m.max_model_len:,}-token context")
+        if tokens is None:  # the default counts: those that fit the model's context
+            counts = [c for c in counts if c + context <= m.max_model_len] or [m.max_model_len - context]
+        elif max(counts) + context > m.max_model_len:
+            raise ScenarioError(f"--tokens: {max(counts):,} tokens after {context:,} cached exceed {m.name}'s "
+                                f"{m.max_model_len:,}-token context")
         cfg = load_step_time(step_time) if step_time is not None else None
         rows = steptime_rows(m, g, tp, counts, context, cfg, block_size)
     if csv:

@@ -67,15 +67,20 @@ def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: i
     return num_tokens * per_token + logits
 
 
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """Raise :class:`CapacityError` when ``model``'s attention heads do not split over ``tp`` GPUs."""
+    if model.num_heads % tp:
+        raise CapacityError(f"{model.name}: {model.num_heads} attention heads do not split over tensor_parallel={tp}")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise CapacityError(f"{model.name}: {model.num_kv_heads} KV heads do not split over tensor_parallel={tp}")
+
+
 def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: float, block_size: int,
             runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048,
             slot_bytes: int | None = None) -> KvPool:
     """Size the KV pool as vLLM does: budget - weights - peak activations, in whole blocks. ``slot_bytes``:
     the bytes of one token slot when the layout is not the classic one (``sim/layouts.py``)."""
-    if model.num_heads % tp:
-        raise CapacityError(f"{model.name}: {model.num_heads} attention heads do not split over tensor_parallel={tp}")
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        raise CapacityError(f"{model.name}: {model.num_kv_heads} KV heads do not split over tensor_parallel={tp}")
+    check_tensor_parallel(model, tp)
     budget = int(gpu.memory_bytes * gpu_memory_utilization - runtime_overhead_gib * GIB)
     weights = int(model.weights_bytes_total) // tp if model.modern else model.num_params * model.dtype_bytes // tp
     act = activation_bytes(model, tp, activation_tokens)

@@ -563,7 +563,8 @@ STEPTIME_COLUMNS = ("tokens", "linear_ms", "elementwise_ms", "attention_ms", "al
 
 def load_step_time(path: str | Path):
     """A ``step_time`` block from a file: a calibration profile (JSON), or YAML holding a scenario's
-    ``step_time`` block (a whole scenario, or the block alone)."""
+    ``step_time`` block (a whole scenario, or the block alone); None for a scenario without one (the
+    roofline's defaults)."""
     from pydantic import ValidationError
 
     from sim.config import ProfileConfig, StepTimeAdapter, read_yaml
@@ -574,6 +575,8 @@ def load_step_time(path: str | Path):
     doc, _ = read_yaml(path, "step_time")
     if isinstance(doc, dict) and "step_time" in doc:
         doc = doc["step_time"]
+    elif isinstance(doc, dict) and {"model", "workload", "policies"} & doc.keys():
+        return None  # a whole scenario without a step_time block: the roofline's defaults, as its runs use
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path}: expected a step_time block (kind: roofline | profile, ...)")
     doc.setdefault("kind", "roofline")

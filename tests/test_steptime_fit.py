@@ -201,13 +201,13 @@ def test_paged_block_cost_follows_block_size():
 
 
 def test_steptime_csv_columns_and_sums():
-    r = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "a100-80gb", "--tokens", "1,16,256,4096",
+    r = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "a100-80gb", "--tokens", "1,16,256,3996",
                                  "--context", "100", "--csv"])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(__import__("io").StringIO(r.stdout))
     assert list(df.columns) == ["tokens", "linear_ms", "elementwise_ms", "attention_ms", "allreduce_ms", "layer_ms",
                                 "gpu_ms", "host_ms", "step_ms"]
-    assert list(df.tokens) == [1, 16, 256, 4096]
+    assert list(df.tokens) == [1, 16, 256, 3996]
     parts = df.linear_ms + df.elementwise_ms + df.attention_ms + df.allreduce_ms
     assert np.allclose(parts, df.layer_ms, rtol=1e-4)
     assert (df.allreduce_ms == 0).all() and (df.step_ms > df.layer_ms * 32).all()
@@ -233,6 +233,10 @@ def test_steptime_takes_a_scenario_step_time_block(tmp_path):
     assert r.exit_code == 0, r.output
     row = pd.read_csv(__import__("io").StringIO(r.stdout)).iloc[0]
     assert row.host_ms == 0 and row.step_ms == pytest.approx(row.gpu_ms, rel=1e-4)
+    whole = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--tokens", "8", "--csv",
+                                     "--step-time", "scenarios/quickstart.yaml"])  # a scenario without step_time
+    default = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--tokens", "8", "--csv"])
+    assert whole.exit_code == 0 and whole.stdout == default.stdout, whole.output
     f.write_text("step_time: {kind: roofline, engin: none}\n")
     bad = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--step-time", str(f)])
     assert bad.exit_code == 2 and "engin" in bad.output
@@ -243,6 +247,12 @@ def test_steptime_takes_a_scenario_step_time_block(tmp_path):
     (["llama-2-7b", "--gpu", "h10"], "did you mean 'h100'"),
     (["llama-2-7b", "--gpu", "h100", "--tokens", "1,x"], "--tokens"),
     (["llama-2-7b", "--gpu", "h100", "--tokens", "0"], "--tokens"),
+    (["llama-2-7b", "--gpu", "h100", "--tokens", "1,,2"], "--tokens"),
+    (["llama-2-7b", "--gpu", "h100", "--tp", "3"], "--tp: llama-2-7b: 32 attention heads do not split over "
+                                                   "tensor_parallel=3"),
+    (["llama-2-7b", "--gpu", "h100", "--tokens", "5000"], "--tokens: 5,000 tokens after 0 cached exceed "
+                                                          "llama-2-7b's 4,096-token context"),
+    (["llama-2-7b", "--gpu", "h100", "--context", "4096"], "--context: 4,096 cached tokens leave no room"),
 ])
 def test_steptime_bad_input(args, message):
     r = CliRunner().invoke(app, ["steptime", *args])
@@ -347,3 +357,10 @@ def test_profiles_validate_writes_its_tables_and_report(tmp_path):
     assert (tmp_path / "out" / "report.html").stat().st_size > 100_000
     r = CliRunner().invoke(app, ["profiles", "fit", str(root)])
     assert r.exit_code == 0 and "OperatorFit(" in r.output
+
+
+def test_steptime_default_counts_keep_to_the_models_context():
+    """OPT's context is 2,048 tokens: the default 4,096-token row would be a prefill no server runs."""
+    r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "a100-40gb", "--csv"])
+    assert r.exit_code == 0, r.output
+    assert list(pd.read_csv(__import__("io").StringIO(r.stdout)).tokens) == [1, 16, 256]
