@@ -13,6 +13,7 @@ A scenario is one model on one GPU type serving one workload under several polic
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -48,6 +49,7 @@ def _number(v: Any) -> Any:
 MAX_TOKENS = 2**31
 MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
+MAX_REPLICAS = 1024  # a fleet's replicas: every one's state is held, and stepped, on one core
 Int = Annotated[int, BeforeValidator(_number)]
 Real = Annotated[float, BeforeValidator(_number)]
 PosInt = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_COUNT)]
@@ -58,6 +60,7 @@ Rate = Annotated[float, BeforeValidator(_number), Field(ge=1e-9, le=1e9, descrip
 Cv = Annotated[float, BeforeValidator(_number), Field(ge=1e-6, le=100)]
 Seed = Annotated[int, BeforeValidator(_number), Field(ge=0, le=2**63 - 1)]
 Gib = Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)]
+Replicas = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_REPLICAS)]
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -502,7 +505,7 @@ class ReplicaGroup(Strict):
 
     gpu: Annotated[str | GpuConfig | None, BeforeValidator(_known_gpu_name)] = None
     tensor_parallel: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1024)] | None = None
-    count: PosInt = 1
+    count: Replicas = 1
 
 
 class RouterOptions(Strict):
@@ -513,7 +516,7 @@ class RouterOptions(Strict):
 
 def _replicas(v: Any) -> Any:
     if isinstance(v, int) and not isinstance(v, bool) and v < 1:
-        raise ValueError(f"a fleet needs at least one replica (got {v})")
+        raise ValueError("a fleet needs at least one replica")
     if isinstance(v, list) and not v:
         raise ValueError("a fleet needs at least one replica group (got an empty list)")
     return v
@@ -539,7 +542,7 @@ class PoolConfig(Strict):
     """One pool of a disaggregated fleet (``cluster.prefill`` / ``cluster.decode``): ``replicas`` identical
     replicas; GPU and tensor parallelism default to the scenario's."""
 
-    replicas: Annotated[PosInt, BeforeValidator(_pool_replicas)]
+    replicas: Annotated[Replicas, BeforeValidator(_pool_replicas)]
     gpu: Annotated[str | GpuConfig | None, BeforeValidator(_known_gpu_name)] = None
     tensor_parallel: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1024)] | None = None
 
@@ -567,7 +570,7 @@ class ClusterConfig(Strict):
 
     # None: not given (one replica, or the pools of a disaggregated fleet); a default of 1 would be written
     # out by a dump (sweeps, summary.json) and read back as given
-    replicas: Annotated[PosInt | list[ReplicaGroup], BeforeValidator(_replicas)] | None = None
+    replicas: Annotated[Replicas | list[ReplicaGroup], BeforeValidator(_replicas)] | None = None
     router: Annotated[str | list[str], BeforeValidator(_routers)] = "round-robin"
     router_options: RouterOptions = RouterOptions()
     prefill: PoolConfig | None = None
@@ -576,6 +579,11 @@ class ClusterConfig(Strict):
 
     @model_validator(mode="after")
     def _split(self) -> "ClusterConfig":
+        total = (self.prefill.replicas + self.decode.replicas if self.prefill is not None and self.decode is not None
+                 else sum(g.count for g in self.groups))
+        if total > MAX_REPLICAS:
+            raise ValueError(f"{total} replicas in all: at most {MAX_REPLICAS} (the simulator holds and steps every "
+                             f"replica on one core)")
         if self.prefill is None and self.decode is None:
             if self.kv_transfer is not None:
                 raise ValueError("kv_transfer is the link between a prefill and a decode pool: give cluster.prefill "
@@ -747,8 +755,22 @@ _UNION_TAGS = {"synthetic", "table", "parallel", "beam", "trace", "poisson", "ga
 
 
 def _key_path(loc: tuple) -> tuple:
-    # pydantic puts a union's tag (or branch type) into the location; the user's file has no such key.
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith("function-"))))
+    # pydantic puts a union's tag (or branch type: "list[ReplicaGroup]") into the location; the user's file
+    # has no such key.
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith("function-")
+                                                                  or (p.endswith("]") and "[" in p)
+                                                                  or p in _model_names())))
+
+
+@functools.cache
+def _model_names() -> frozenset[str]:
+    """The class names of every model here (a union of models puts the branch's name into a location)."""
+    out, todo = set(), [BaseModel]
+    while todo:
+        for c in todo.pop().__subclasses__():
+            out.add(c.__name__)
+            todo.append(c)
+    return frozenset(out)
 
 
 def _fmt_path(path: tuple) -> str:
@@ -781,8 +803,18 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
     """One line per mistake: ``file:line: key.path: what is wrong (got ...)``; with ``model`` (what was
     validated), an unknown key names the closest known one (did you mean ...?)."""
     msgs = []
-    for err in e.errors():
-        path = _key_path(err["loc"])
+    errors = e.errors()
+    paths = [_key_path(err["loc"]) for err in errors]
+    mismatch = [err["type"].endswith(("_type", "_parsing", "_from_float")) for err in errors]
+    for k, (err, path) in enumerate(zip(errors, paths)):
+        if mismatch[k] and any((len(q) > len(path) and q[:len(path)] == path) or (q == path and not mismatch[j])
+                               for j, q in enumerate(paths)):
+            continue  # a union's branch the value is not (a list, for an int): the branch it is says what is wrong
+        same = [errors[j]["msg"] for j, q in enumerate(paths) if q == path and mismatch[j]] if mismatch[k] else []
+        if len(same) > 1:  # no branch of a union takes the value: one line, every branch's expectation
+            if err["msg"] != same[0]:
+                continue
+            err = {**err, "msg": "Input should be " + " or ".join(m.removeprefix("Input should be ") for m in same)}
         line = None
         if lines:
             for n in range(len(path), -1, -1):

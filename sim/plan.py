@@ -47,8 +47,10 @@ import pandas as pd
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
-from sim.config import (KvTransferConfig, Scenario, ScenarioError, Strict, _known_link, format_validation_error,
-                        parse_scenario, read_yaml, validate_mapping)
+from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Real, Scenario, ScenarioError, Strict, _known_link,
+                        _number, format_validation_error, parse_scenario, read_yaml, validate_mapping)
+from sim.cluster.router import check_routers
+from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter
 from sim.schema import plan_label
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
@@ -56,14 +58,15 @@ from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, k
                              read_base)
 from sim.sweep.tables import _metric_row
 from sim.sweep.tasks import make_task
-from sim.workload import TraceReader
+from sim.workload import TraceReader, load_requests
 
 PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", "plan.json"
 
 
 class ReplicaRange(Strict):
-    min: int = Field(1, description="fewest replicas tried")
-    max: int = Field(description="most replicas tried")
+    min: Int = Field(1, description="fewest replicas tried")
+    max: Annotated[int, BeforeValidator(_number), Field(le=MAX_REPLICAS)] = Field(
+        description=f"most replicas tried (at most {MAX_REPLICAS})")
 
     @model_validator(mode="after")
     def _range(self) -> "ReplicaRange":
@@ -80,18 +83,18 @@ class PlanFile(Strict):
     name: str | None = Field(None, min_length=1, description="default: the file's name without .yaml")
     description: str = ""
     base: Union[str, dict[str, Any]] = Field(description="scenario file (relative to the plan) or mapping")
-    rates: list[float] | None = Field(None, min_length=1, description="workload.arrival.rate values (req/s)")
-    rate_scales: list[float] | None = Field(None, min_length=1, description="workload.rate_scale values (traces)")
+    rates: list[Real] | None = Field(None, min_length=1, description="workload.arrival.rate values (req/s)")
+    rate_scales: list[Real] | None = Field(None, min_length=1, description="workload.rate_scale values (traces)")
     slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
     gpus: list[str] = Field(min_length=1, description="catalog GPU names")
-    prices: dict[str, float] = Field(default_factory=dict, validate_default=True,
-                                     description="$/GPU-hour, over the catalog's")
-    tensor_parallel: list[int] = Field([1], min_length=1)
+    prices: dict[str, Annotated[float, BeforeValidator(_number), Field(le=1e6)]] = Field(
+        default_factory=dict, validate_default=True, description="$/GPU-hour, over the catalog's")
+    tensor_parallel: list[Int] = Field([1], min_length=1)
     replicas: ReplicaRange
     router: str = "least-outstanding"
     policies: list[Union[str, dict[str, Any]]] = Field(["vllm"], min_length=1)
-    max_num_seqs: list[int] | None = Field(None, min_length=1)
-    block_size: list[int] | None = Field(None, min_length=1)
+    max_num_seqs: list[Int] | None = Field(None, min_length=1)
+    block_size: list[Int] | None = Field(None, min_length=1)
     split: Annotated[list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = Field(
         ["colocated"], min_length=1, description="colocated (prefill and decode on the same replicas) and/or "
                                                  "disaggregated (prefill and decode pools)")
@@ -298,6 +301,14 @@ def load_plan(path: str | Path) -> Plan:
             if hasattr(e, "errors"):
                 raise ScenarioError(format_validation_error(_Under("base", e), source, lines)) from None
             raise
+    workload = base.get("workload")
+    recorded = isinstance(workload, dict) and workload.get("kind") in ("trace", "table")  # its own arrival times
+    if spec.rates is not None and recorded:
+        raise ScenarioError(f"{source}{_line_of(lines, 'rates')}: rates: the base workload is a trace, with its own "
+                            f"arrival times: give rate_scales (multiples of its rate) instead")
+    if spec.rate_scales is not None and not recorded:
+        raise ScenarioError(f"{source}{_line_of(lines, 'rate_scales')}: rate_scales: the base workload is generated: "
+                            f"give rates (requests per second) instead")
     rate_path = "workload.arrival.rate" if spec.rates is not None else "workload.rate_scale"
     axes = [Axis("rate" if spec.rates is not None else "rate_scale", axis_target(rate_path)[0], (),
                  "rates" if spec.rates is not None else "rate_scales")]
@@ -332,6 +343,18 @@ def load_plan(path: str | Path) -> Plan:
                         shape = Shape(gpu, tp, policy, "", knobs, split)
                         scenario = plan.scenario(first, shape, shape.counts(spec)[0])
                         shapes.append(Shape(gpu, tp, policy, scenario.policies[0].name, knobs, split))
+    probe_scenario = plan.scenario(first, shapes[0], shapes[0].counts(spec)[0])
+    model = probe_scenario.model_spec()
+    for tp in spec.tensor_parallel:
+        try:
+            check_tensor_parallel(model, tp)
+        except CapacityError as e:
+            raise ScenarioError(f"{source}{_line_of(lines, 'tensor_parallel')}: tensor_parallel: {e}") from None
+    if spec.router in ("prefix-affinity", "session-affinity"):  # routers that need what a workload may lack
+        try:
+            check_routers([spec.router], load_requests(probe_scenario))
+        except ScenarioError as e:
+            raise ScenarioError(f"{source}{_line_of(lines, 'router')}: {e}") from None
     names = {}
     for s in shapes:
         key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name, s.pd)

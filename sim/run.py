@@ -141,7 +141,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     runs = [(p, None) for p in scenario.policies]
     if scenario.cluster is not None:  # a fleet: replicas behind a router (sim.cluster)
         from sim.cluster import fleet_runs, run_fleet
+        from sim.cluster.router import check_routers
 
+        check_routers(scenario.cluster.routers, requests)
         runs = fleet_runs(scenario)
 
     def one(policy: PolicyConfig, record_steps: bool, router: str | None = None) -> PolicyResult:
@@ -299,6 +301,13 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
         if any(counts.values()):
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    if scenario.cluster is not None:
+        from sim.cluster.router import check_routers
+
+        try:
+            check_routers(scenario.cluster.routers, requests)
+        except ScenarioError as e:
+            raise ScenarioError(f"{scenario_path}: {e}") from None
     if scenario.cluster is None:
         resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
         for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)

@@ -262,10 +262,52 @@ def test_every_request_is_accounted_for_once(n_rep, router, rate, seed, exact):
                                                      "'least-outstanding'"),
     ({"replicas": [{"gpu": "h10", "count": 2}]}, "unknown gpu 'h10'; did you mean 'h100'"),
     ({"replicas": 2, "router_options": {"load_cap": 0.5}}, "load_cap: Input should be greater than or equal to 1"),
+    ({"replicas": 10**9}, "cluster.replicas: Input should be less than or equal to 1024 (got 1000000000)"),
+    ({"replicas": True}, "cluster.replicas: expected a number, not true"),
+    ({"replicas": [{"count": 600}, {"gpu": "h100", "count": 600}]}, "cluster: 1200 replicas in all: at most 1024"),
+    ({"prefill": {"replicas": 1000}, "decode": {"replicas": 100}, "kv_transfer": "nvlink"},
+     "cluster: 1100 replicas in all: at most 1024"),
+    ({"replicas": [{"count": 0}]}, "cluster.replicas[0].count: Input should be greater than 0 (got 0)"),
 ])
 def test_bad_cluster_input_is_a_clear_error(cluster, message):
-    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+                       .replace("]", r"\]")) as e:
         scenario(cluster=cluster)
+    assert len(str(e.value).splitlines()) == 1  # one line: not also the union's branches the value is not
+    assert str(e.value).count("(got ") <= 1
+
+
+def test_affinity_routers_lacking_their_data_fail_in_check_and_before_any_run(tmp_path, monkeypatch):
+    import yaml
+
+    import sim.cluster.fleet as fleet
+    from sim.run import check_scenario
+
+    cluster = {"replicas": 2, "router": ["round-robin", "prefix-affinity"]}
+    s = scenario(n=10, cluster=cluster)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "model": "opt-13b", "gpu": "a100-40gb", "policies": ["vllm"],
+                                    "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "sharegpt",
+                                                 "num_requests": 10}, "cluster": cluster}))
+    with pytest.raises(ScenarioError, match=f"{path}: cluster.router: prefix-affinity needs prompt prefix hashes"):
+        check_scenario(path)
+    monkeypatch.setattr(fleet, "run_fleet", lambda *a, **k: pytest.fail("a router ran"))
+    with pytest.raises(ScenarioError, match="prefix-affinity needs prompt prefix hashes"):
+        run(s)
+
+
+def test_a_group_past_the_64th_gets_the_requests_only_it_can_serve():
+    """Each request's candidates are the groups that can serve it, however many groups there are (they were
+    bits of a 64-bit mask: from the 65th group on, none)."""
+    gpu = {"name": "small", "memory_gib": 28.0, "hbm_gb_per_s": 2000, "tflops": 300}
+    lone = run(scenario(n=120, rate=5, gpu=gpu)).policies["vllm"]
+    only_big = int(lone.summary["num_rejected"])
+    assert only_big > 0  # some requests only the A100 (the 65th group) can hold
+    s = scenario(n=120, rate=5, cluster={"replicas": [{"gpu": gpu}] * 64 + [{"gpu": "a100-80gb"}],
+                                         "router": "least-outstanding"})
+    res = run(s).policies["vllm"]
+    assert res.summary["num_rejected"] == 0 and res.summary["num_finished"] == 120
+    assert (res.requests.replica == 64).sum() >= only_big
 
 
 def test_affinity_without_what_it_needs_is_a_clear_error():

@@ -159,6 +159,14 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"policies: [vllm]": "kv_transfer: nvlink"}, "kv_transfer and prefill_decode apply to split: disaggregated"),
     ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
     ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),
+    ({"prices: {h100: 9.5}": "prices: {h100: true}"}, "prices.h100: expected a number, not true"),
+    ({"prices: {h100: 9.5}": "prices: {h100: 1.0e+308}"}, "prices.h100: Input should be less than or equal to"),
+    ({"{min: 1, max: 4}": "{min: 1, max: 1000000000}"}, "replicas.max: Input should be less than or equal to 1024"),
+    ({"{min: 1, max: 4}": "{min: true, max: 4}"}, "replicas.min: expected a number, not true"),
+    ({"policies: [vllm]": "tensor_parallel: [1, 3]"},
+     "tensor_parallel: opt-13b: 40 attention heads do not split over tensor_parallel=3"),
+    ({"policies: [vllm]": "router: session-affinity"}, "session-affinity needs the trace's session ids"),
+    ({"rates: [4, 16]": "rate_scales: [1, 2]"}, "rate_scales: the base workload is generated: give rates"),
 ])
 def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
     path = plan_file(tmp_path, **replace)

@@ -83,10 +83,8 @@ class Fleet:
         r, n = self.requests, len(self.requests)
         groups = [self.engines[[k[0] for k in self.kinds].index(g)] for g in sorted({k[0] for k in self.kinds})]
         reasons = [rejection_reasons(e.resolved, e.kv, r.prompt_tokens, r.output_tokens) for e in groups]
-        ok = np.zeros(n, dtype=np.int64)  # bit g: group g can serve the request
-        for g, reason in enumerate(reasons):
-            ok |= (reason == 0).astype(np.int64) << g
-        rejected = ok == 0
+        oks = np.stack([reason == 0 for reason in reasons])  # oks[g, i]: group g can serve request i
+        rejected = ~oks.any(axis=0)
         self.log.status[rejected] = REJECTED
         self.log.reason[rejected] = reasons[0][rejected]
         horizon = math.inf if self.scenario.horizon_s is None else self.scenario.horizon_s
@@ -95,13 +93,13 @@ class Fleet:
         self.log.status[late] = UNFINISHED
         self.log.reason[late] = HORIZON
         order = np.flatnonzero(routable)
-        every = (1 << len(groups)) - 1
-        cands = {every: tuple(range(len(self.engines)))}
-        for mask in np.unique(ok[routable]).tolist():
-            cands.setdefault(mask, tuple(i for i, k in enumerate(self.kinds) if mask >> k[0] & 1))
-        whole = cands[every]
-        # each routed request's candidates (None: any replica can serve any request)
-        per = None if len(cands) == 1 else [cands[m] for m in ok[order].tolist()]
+        whole = tuple(range(len(self.engines)))
+        per = None  # each routed request's candidate replicas (None: any replica can serve any request)
+        if not oks[:, order].all():
+            masks, inverse = np.unique(oks[:, order].T, axis=0, return_inverse=True)
+            sets = [tuple(i for i, k in enumerate(self.kinds) if m[k[0]]) for m in masks]
+            sets = [whole if len(c) == len(whole) else c for c in sets]  # (the clock's fast path: ``c is whole``)
+            per = [sets[j] for j in inverse.ravel().tolist()]
         if not self.router.live:  # routing reads no replica state: route every request now, and each replica
             self._preassign(order.tolist(), per, whole)  # serves its own like a lone server (its spans priced
             return self._results()  # up to its own next arrival)

@@ -135,9 +135,6 @@ class PrefixAffinity(Router):
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
-        if self.requests.prefix_hashes is None:
-            raise ScenarioError("cluster.router: prefix-affinity needs prompt prefix hashes: a trace with hash ids "
-                                "(Mooncake) or a synthetic workload with shared_prefixes")
         self.hashes = self.requests.prefix_hashes
         self.owners: dict[int, int] = {}  # block hash id -> bit mask of the replicas it was sent to
         self.num_capped = 0  # requests whose affinity choice was over the load cap
@@ -179,9 +176,6 @@ class SessionAffinity(Router):
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
-        if self.requests.session_id is None:
-            raise ScenarioError("cluster.router: session-affinity needs the trace's session ids (a session_id "
-                                "column); this workload has none")
         self.sessions = np.asarray(self.requests.session_id)
         self.home: dict = {}
 
@@ -198,7 +192,20 @@ ROUTER_CLASSES = {c.name: c for c in (RoundRobin, Random, LeastOutstanding, Leas
                                       SessionAffinity)}
 
 
+def check_routers(names: list[str], requests) -> None:
+    """Raise :class:`ScenarioError` when a router of ``names`` needs what the workload's requests lack (checked
+    before any run, so that ``sim check`` says so and a list of routers fails before the first one runs)."""
+    for name in names:
+        if name == "prefix-affinity" and requests.prefix_hashes is None:
+            raise ScenarioError("cluster.router: prefix-affinity needs prompt prefix hashes: a trace with hash ids "
+                                "(Mooncake) or a synthetic workload with shared_prefixes")
+        if name == "session-affinity" and requests.session_id is None:
+            raise ScenarioError("cluster.router: session-affinity needs the trace's session ids (a session_id "
+                                "column); this workload has none")
+
+
 def make_router(name: str, replicas: Replicas, requests, options) -> Router:
+    check_routers([name], requests)
     router = ROUTER_CLASSES[name](replicas, requests, options)
     if router.reads_kv:
         replicas.exact_kv()
