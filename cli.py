@@ -76,7 +76,7 @@ def run(
         summary, paths = run_to_dir(scenario, out_dir, exact=exact, report=not no_report, console=err)
     from reports.console import print_summary
 
-    print_summary(summary, title=summary["scenario"]["name"], console=out)
+    print_summary(summary, title=summary["scenario"]["name"], console=out, report=not no_report)
     for key, p in paths.items():
         out.print(f"{key:>8}: {p}", highlight=False)
 
@@ -203,7 +203,7 @@ WorkloadKeys = Annotated[Optional[List[str]], typer.Option(
     "--workload", "-w", metavar="KEY=VALUE", help="a key of a scenario's trace workload (repeatable): format=azure, "
     "window.start_s=600, window.end_s=1200, sample=0.5, rate_scale=2, 'arrival={kind: poisson, rate: 5}', "
     "num_requests=1000, duration_s=600, cap_lengths=truncate, bad_rows=drop, models=[ChatGPT], seed=1")]
-MaxModelLen = Annotated[Optional[int], typer.Option(min=1, max=2**31,
+MaxModelLen = Annotated[Optional[int], typer.Option(min=2, max=2**31,
                                                     help="the model's max length, for cap_lengths=truncate")]
 
 

@@ -98,12 +98,13 @@ def _wrapped(line: str, width: int, indent: str = "      ") -> list[str]:
     return out
 
 
-def print_summary(summary: dict, title: str = "", console: Console | None = None) -> None:
+def print_summary(summary: dict, title: str = "", console: Console | None = None, report: bool = True) -> None:
+    """The table and its notes (``report`` false: no report.html was written, so the notes do not point to one)."""
     console = console or Console()
     width = console.width
     console.print(summary_table(summary, title, width=width))
     for line in SUMMARY_NOTE:
-        console.print(line, highlight=False, markup=False)
+        console.print(line if report else line.removesuffix("; figures: report.html"), highlight=False, markup=False)
     if summary.get("decomposition"):
         for line in decomposition_lines(summary["decomposition"]):
             for part in _wrapped(line, width):

@@ -462,6 +462,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     kv_heads = need("num_key_value_heads") if "num_key_value_heads" in cfg else heads
     if heads % kv_heads:
         raise CatalogError(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    max_len = need("max_position_embeddings")
+    if max_len < 2:  # a prompt token and an output token at least (truncation keeps max_len - 1 of a prompt)
+        raise CatalogError(f"{path}: 'max_position_embeddings' must be at least 2, got {max_len}")
     layout = _hf_layout(path, cfg, need, hidden)
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or path.parent.name or path.stem),
@@ -471,7 +474,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         num_kv_heads=kv_heads,
         ffn_size=need("ffn_dim", "intermediate_size"),
         vocab_size=need("vocab_size"),
-        max_model_len=need("max_position_embeddings"),
+        max_model_len=max_len,
         gated_mlp=not is_opt,  # Llama-family configs use a gated (SwiGLU-style) MLP; OPT a plain one
         tie_embeddings=bool(cfg.get("tie_word_embeddings", is_opt)),
         learned_positions=is_opt,

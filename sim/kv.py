@@ -88,6 +88,12 @@ def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: 
     num_blocks = (budget - weights - act) // (block_size * per_token)
     if num_blocks <= 0:
         need = weights + act + block_size * per_token
+        left = budget - weights - act
+        if left > 0:  # room for KV, but not for one block of this size
+            raise CapacityError(
+                f"{model.name} on {gpu.name} x{tp}: one KV block of block_size={block_size} tokens takes "
+                f"{_size(block_size * per_token)}, more than the {_size(left)} left for KV cache after weights and "
+                f"activations: lower block_size")
         raise CapacityError(
             f"{model.name} does not fit on {gpu.name} x{tp}: weights {_size(weights)} + activations "
             f"{_size(act)} per GPU leave no room for KV cache in {_size(budget)} "

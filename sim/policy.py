@@ -66,7 +66,7 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
         if width > 1:
             raise ScenarioError(f"{where}: parallel sampling and beam search are not simulated with several KV "
                                 f"groups yet ({model.name} has {len(layout.groups)}); set hybrid_allocator: false "
-                                f"or drop workload.sampling")
+                                f"or drop sampling")
         if policy.prefix_caching and any(g.kind == "mamba" for g in layout.groups):
             raise ScenarioError(f"{where}: prefix_caching: {model.name} has Mamba layers, whose state is not cached "
                                 f"by prefix (only its attention groups could be); set prefix_caching: false")

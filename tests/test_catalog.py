@@ -52,6 +52,12 @@ def test_a_tiny_device_that_does_not_fit_says_its_sizes_in_mib():
                 runtime_overhead_gib=0)
 
 
+def test_one_block_bigger_than_the_room_for_kv_names_block_size():
+    with pytest.raises(CapacityError, match=r"one KV block of block_size=65536 tokens takes 32\.00 GiB, more than the "
+                                            r".* left for KV cache .*: lower block_size"):
+        kv_pool(MODELS["llama-2-7b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=65536)
+
+
 def test_hf_config_llama_and_opt(tmp_path):
     llama = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
@@ -68,7 +74,9 @@ def test_hf_config_llama_and_opt(tmp_path):
 
 @pytest.mark.parametrize("text,msg", [("{", "not valid JSON"), ("[1]", "expected a JSON object"),
                                       ('{"hidden_size": 8}', "missing 'num_attention_heads'"),
-                                      ('{"num_attention_heads": 0}', "must be a positive integer")])
+                                      ('{"num_attention_heads": 0}', "must be a positive integer"),
+                                      ('{"num_attention_heads": 2, "hidden_size": 8, "max_position_embeddings": 1}',
+                                       "'max_position_embeddings' must be at least 2, got 1")])
 def test_bad_hf_config(tmp_path, text, msg):
     p = tmp_path / "config.json"
     p.write_text(text)

@@ -48,7 +48,9 @@ def test_run_out_not_writable(tmp_path, scenario):
 
 
 def test_report_out_is_a_folder(tmp_path, scenario):
-    assert invoke("run", scenario, "--out", tmp_path / "run", "--no-report").exit_code == 0
+    r = invoke("run", scenario, "--out", tmp_path / "run", "--no-report")
+    assert r.exit_code == 0 and "report.html" not in r.output  # none written, none named
+    assert "every metric: summary.json" in r.output
     r = invoke("report", tmp_path / "run", "--out", tmp_path)
     assert r.exit_code == 2 and "is a folder" in r.output
 

@@ -269,7 +269,7 @@ def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message
 
 
 def test_unreadable_files(tmp_path):
-    for name, data, message in [("bin.csv", bytes(range(128, 256)), "cannot read (UnicodeDecodeError"),
+    for name, data, message in [("bin.csv", bytes(range(128, 256)), "bin.csv:1: not UTF-8 text (byte 0x80 at column 1)"),
                                 ("t.csv.gz", b"\x1f\x8b\x08broken", "cannot read"),
                                 ("t.parquet", b"PAR1 not really", "cannot read as parquet")]:
         p = tmp_path / name
@@ -293,6 +293,17 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_line_or_dropped_and_counted(tmp_path):
+    good = "".join(f"{TS},5,3\n" for _ in range(3000))
+    p = tmp_path / "b.csv"
+    p.write_bytes((HEAD + good).encode() + f"{TS},3".encode() + b"\xe94,16\n" + good.encode())
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:3003: not UTF-8 text (byte 0xe9 at column ")) as e:
+        load(p)
+    assert "bad_rows: drop" in str(e.value)
+    t = load(p, "bad_rows=drop")
+    assert len(t) == 1 + 6000 and t.dropped == {"not_a_number": 1}
 
 
 def test_workload_keys_on_the_command_line_are_checked(tmp_path):

@@ -167,6 +167,18 @@ class TraceFile:
         return f"{self.path}: row {line}" if self.container == "parquet" else f"{self.path}:{line}"
 
 
+def not_utf8(path: Path) -> str:
+    """Where a text trace stops being UTF-8: ``path:line: ...`` with the first such line and byte (a
+    decoder's own message names a position in its buffer, not in the file)."""
+    with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"{path}:{line_no}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+    return f"{path}: not UTF-8 text"
+
+
 def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = None) -> TraceFile:
     """The file's format (named, detected from the header, or a generic mapping) and container; raises
     :class:`ScenarioError` naming the missing columns when the header does not fit."""
@@ -176,7 +188,9 @@ def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = No
         names = header(path, container)
     except ScenarioError:
         raise
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+    except UnicodeDecodeError:
+        raise ScenarioError(not_utf8(path)) from None
+    except (OSError, EOFError) as e:
         raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
     except Exception as e:  # pyarrow raises its own types for a damaged parquet file
         raise ScenarioError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None

@@ -27,7 +27,7 @@ import pandas as pd
 
 from sim.config import ScenarioError
 from sim.workload import PrefixHashes, RequestTable
-from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, open_text
+from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
 
 CHUNK_ROWS = 1 << 20
 BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical table
@@ -49,18 +49,24 @@ class Chunk:
 # ---------------------------------------------------------------------------------------------- chunks
 
 
-def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator[Chunk]:
+def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chunk_rows: int,
+                drop: bool = False) -> Iterator[Chunk]:
+    """``drop``: bytes that are not UTF-8 read as U+FFFD, so that their row fails its checks and is dropped
+    and counted (else: an error naming the line)."""
     # NOTE: skip_blank_lines=False keeps one row per line, so a row's line is its index + 2 (header first).
     try:
         with pd.read_csv(tf.path, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
                          skip_blank_lines=False, keep_default_na=False, na_values=[""], index_col=False,
-                         compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8-sig") as reader:
+                         compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8-sig",
+                         encoding_errors="replace" if drop else "strict") as reader:
             for frame in reader:  # NOTE: every column is read, so that pandas checks each row's field count
                 yield Chunk(frame[columns], frame.index.to_numpy() + 2)
     except pd.errors.ParserError as e:  # "Expected 3 fields in line 7, saw 4": pandas names the line
         why = str(e).strip().removeprefix("Error tokenizing data. C error: ")
         raise ScenarioError(f"{tf.path}: not a valid CSV ({why})") from None
-    except (UnicodeDecodeError, OSError, EOFError) as e:
+    except UnicodeDecodeError:
+        raise ScenarioError(not_utf8(tf.path) + BAD_ROWS_HINT) from None
+    except (OSError, EOFError) as e:
         raise ScenarioError(f"{tf.path}: cannot read ({e.__class__.__name__}: {e})") from None
 
 
@@ -86,7 +92,9 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                 if len(records) == chunk_rows:
                     yield Chunk(pd.DataFrame.from_records(records, columns=columns), np.array(lines))
                     records, lines = [], []
-    except (UnicodeDecodeError, OSError, EOFError) as e:
+    except UnicodeDecodeError:
+        raise ScenarioError(not_utf8(tf.path) + BAD_ROWS_HINT) from None
+    except (OSError, EOFError) as e:
         raise ScenarioError(f"{tf.path}: cannot read ({e.__class__.__name__}: {e})") from None
     if records:
         yield Chunk(pd.DataFrame.from_records(records, columns=columns), np.array(lines))
@@ -361,7 +369,7 @@ def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
         text = [c for c in (fmt.session_id, *(fmt.filters[k] for k in filters)) if c in columns]
         if fmt.arrival_unit == "datetime":
             text.append(fmt.arrival)
-        chunks = _csv_chunks(tf, columns, text, chunk_rows)
+        chunks = _csv_chunks(tf, columns, text, chunk_rows, drop=bad_rows == "drop")
     elif tf.container == "jsonl":
         chunks = _jsonl_chunks(tf, columns, chunk_rows, rows)
     else:
