@@ -103,6 +103,19 @@ def test_one_prefill_and_one_decode_replica_finish_every_request_consistently():
     assert np.allclose(exact.first_token_s, req.first_token_s, rtol=0, atol=1e-9)
 
 
+def test_only_transfers_begun_before_the_horizon_are_counted():
+    """A slow link queues transfers past a 5 s horizon: those never begin in the run, so neither the
+    request table nor the fleet's kv_transfer figures count them."""
+    res = run(scenario(pools(link={"gb_per_s": 0.05}), n=60, rate=5.0, horizon_s=5)).policies["vllm"]
+    req, moved = res.requests, res.requests[res.requests.transfer_ms.notna()]
+    start = req.prefill_end_s + (req.decode_wait_ms + req.transfer_queue_ms) / 1e3
+    assert len(moved) > 0 and (start[moved.index] < 5).all()
+    assert req.decode_wait_ms.notna().sum() > len(moved)  # admitted by the decode pool, link busy past 5 s
+    assert res.fleet["kv_transfer"]["num_transfers"] == len(moved)
+    assert res.fleet["kv_transfer"]["bytes"] == moved.transfer_bytes.sum()
+    assert (req.transfer_bytes[req.transfer_ms.isna()] == 0).all()
+
+
 def test_a_one_token_request_ends_on_its_prefill_replica():
     w = {"arrival": {"kind": "poisson", "rate": 4}, "prompt": {"kind": "uniform", "low": 10, "high": 500},
          "output": {"kind": "fixed", "tokens": 1}, "num_requests": 30}

@@ -154,7 +154,7 @@ class DisaggFleet:
         dec = rejection_reasons(de.resolved, de.kv, r.prompt_tokens, r.output_tokens)
         reason = np.where(pre > 0, pre, dec)
         rejected = reason > 0
-        horizon = math.inf if self.scenario.horizon_s is None else self.scenario.horizon_s
+        horizon = self._horizon = math.inf if self.scenario.horizon_s is None else self.scenario.horizon_s
         routable = ~rejected & (r.arrival_s < horizon)
         late = ~rejected & ~routable
         for log in self.logs.values():
@@ -238,6 +238,9 @@ class DisaggFleet:
             pe, pseq = self._source.pop(i)
             p = int(self.prefill_of[i])
             start = max(now, self._link_free[p])
+            if start >= self._horizon:  # its link is busy past the horizon: this transfer never starts in the run
+                self.times["admit_s"][i] = now
+                continue
             end = start + seq.prompt_tokens * self.bytes_per_token / link.bytes_per_s + link.latency_s
             self._link_free[p] = end
             self.times["admit_s"][i], self.times["start_s"][i], self.times["end_s"][i] = now, start, end
