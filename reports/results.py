@@ -59,7 +59,9 @@ def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
-        raise ResultsError(f"{path}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        why = first.split(". ")[0].rstrip(".") if len(first) > 120 else first  # a whole sentence, never cut
+        raise ResultsError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {why[:200]})") from None
 
 
 def _read_summary(path: Path) -> dict:
@@ -111,7 +113,8 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     """Read one result folder. With ``label``, policies are labelled ``<label> / <policy>``."""
     d = Path(path)
     if not d.is_dir():
-        raise ResultsError(f"{d}: no such result folder")
+        raise ResultsError(f"{d}: not a folder (give the result folder that `sim run` wrote)" if d.exists() else
+                           f"{d}: no such result folder")
     has_run = (d / "summary.json").exists()
     sweep = _read_parquet(d / SWEEP_FILE) if (d / SWEEP_FILE).exists() else None
     capacity = _read_parquet(d / CAPACITY_FILE) if (d / CAPACITY_FILE).exists() else None

@@ -131,12 +131,13 @@ def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
     (broken / "requests.parquet").write_bytes(b"not parquet")
     cases = {str(tmp_path / "missing"): "no such result folder", str(tmp_path): "not a result folder",
              str(incomplete): "missing requests.parquet, timeline.parquet",
-             str(broken): "requests.parquet: cannot read"}
+             str(broken): "requests.parquet: cannot read as parquet", str(small_run / "summary.json"): "not a folder"}
     for path, message in cases.items():
         r = runner.invoke(app, ["report", path])
         assert r.exit_code == 2, (path, r.output)
         lines = r.output.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
+        assert not lines[0].endswith(("Either", "Either)")), r.output  # a sentence is never cut
 
 
 def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
