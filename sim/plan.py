@@ -49,7 +49,7 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Real, Scenario, ScenarioError, Strict, _known_link,
                         _number, format_validation_error, parse_scenario, read_yaml, validate_mapping)
-from sim.cluster.router import check_routers
+from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter
 from sim.schema import plan_label
@@ -350,11 +350,11 @@ def load_plan(path: str | Path) -> Plan:
             check_tensor_parallel(model, tp)
         except CapacityError as e:
             raise ScenarioError(f"{source}{_line_of(lines, 'tensor_parallel')}: tensor_parallel: {e}") from None
-    if spec.router in ("prefix-affinity", "session-affinity"):  # routers that need what a workload may lack
+    if spec.router in ROUTER_NEEDS:  # (the requests are made only for a router that reads them)
         try:
             check_routers([spec.router], load_requests(probe_scenario))
         except ScenarioError as e:
-            raise ScenarioError(f"{source}{_line_of(lines, 'router')}: {e}") from None
+            raise ScenarioError(f"{source}{_line_of(lines, 'router')}: {str(e).removeprefix('cluster.')}") from None
     names = {}
     for s in shapes:
         key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name, s.pd)

@@ -192,16 +192,19 @@ ROUTER_CLASSES = {c.name: c for c in (RoundRobin, Random, LeastOutstanding, Leas
                                       SessionAffinity)}
 
 
+# What a router needs of the workload's requests: the attribute that must be set, and why
+NEEDS = {"prefix-affinity": ("prefix_hashes", "prefix-affinity needs prompt prefix hashes: a trace with hash ids "
+                                              "(Mooncake) or a synthetic workload with shared_prefixes"),
+         "session-affinity": ("session_id", "session-affinity needs the trace's session ids (a session_id column); "
+                                            "this workload has none")}
+
+
 def check_routers(names: list[str], requests) -> None:
     """Raise :class:`ScenarioError` when a router of ``names`` needs what the workload's requests lack (checked
     before any run, so that ``sim check`` says so and a list of routers fails before the first one runs)."""
     for name in names:
-        if name == "prefix-affinity" and requests.prefix_hashes is None:
-            raise ScenarioError("cluster.router: prefix-affinity needs prompt prefix hashes: a trace with hash ids "
-                                "(Mooncake) or a synthetic workload with shared_prefixes")
-        if name == "session-affinity" and requests.session_id is None:
-            raise ScenarioError("cluster.router: session-affinity needs the trace's session ids (a session_id "
-                                "column); this workload has none")
+        if name in NEEDS and getattr(requests, NEEDS[name][0]) is None:
+            raise ScenarioError(f"cluster.router: {NEEDS[name][1]}")
 
 
 def make_router(name: str, replicas: Replicas, requests, options) -> Router:
