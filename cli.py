@@ -278,7 +278,7 @@ def steptime(
 
     with user_errors():
         try:
-            counts = [int(t) for t in (tokens or STEPTIME_TOKENS).split(",")]
+            counts = [int(t) for t in (STEPTIME_TOKENS if tokens is None else tokens).split(",")]
         except ValueError:
             raise ScenarioError(f"--tokens: expected comma-separated whole numbers, got {tokens!r}") from None
         if not counts or min(counts) < 1 or max(counts) > 1 << 20:
