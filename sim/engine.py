@@ -654,7 +654,9 @@ class Engine:
         self.log.flush()
         for seq in (running + list(s.waiting) + list(s.swapped) + [b for b in s.batch if b not in running]
                     + list(s.pulling)):
-            if self.log.status[seq.seq_id] != FINISHED:
+            if seq.group is not None:  # a sample or beam (ids past the requests'): its request is the leader's
+                seq = seq.group.members[0]
+            if self.log.status[seq.request_id] != FINISHED:
                 self.log.unfinished(seq, HORIZON)
         for i in self._ids[self._next:]:  # arrived after the horizon
             self.log.status[i] = UNFINISHED

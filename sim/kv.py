@@ -713,10 +713,16 @@ class ContiguousKv:
     def free(self, seq: Sequence) -> None:
         if seq.slab_start is None:
             return
-        self.alloc -= seq.slab_tokens
-        self.capped -= min(seq.slab_tokens, seq.max_kv_tokens)
-        self.rounding -= seq.slab_rounded - seq.slab_tokens
-        self.allocator.free(seq.slab_start)
+        starts = [seq.slab_start]
+        g = seq.group
+        if g is not None and g.reserved:  # a leader done at its first token never forked: its samples' slabs too
+            starts += g.reserved
+            g.reserved = []
+        for start in starts:
+            self.alloc -= seq.slab_tokens
+            self.capped -= min(seq.slab_tokens, seq.max_kv_tokens)
+            self.rounding -= seq.slab_rounded - seq.slab_tokens
+            self.allocator.free(start)
         seq.slab_start = None
         self._check()
 

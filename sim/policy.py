@@ -61,6 +61,9 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
     layout = policy_layout(scenario.name, model, gpu, policy, scenario.tensor_parallel)
     sampling = scenario.sampling
     width = 1 if sampling is None else (sampling.n if sampling.kind == "parallel" else sampling.width)
+    if width > policy.max_num_seqs:  # a group runs as a unit: it could never be admitted
+        raise ScenarioError(f"{scenario.name}: policy {policy.name}: max_num_seqs={policy.max_num_seqs} is below the "
+                            f"{width} sequences a request runs as (sampling); raise max_num_seqs to at least {width}")
     if layout is not None and not layout.single:
         where = f"{scenario.name}: policy {policy.name}"
         if width > 1:

@@ -477,6 +477,7 @@ class Scheduler:
             child.num_computed_tokens = leader.num_computed_tokens
             child.num_output_tokens = leader.num_output_tokens
             child.first_token_s = child.last_token_s = end_s
+            child.prefix_hit_tokens = 0  # not a request's first admission, should it be readmitted (its leader's)
             child.state = RUNNING
             copy = self.kv.fork(leader, child)
             if copy is not None:
