@@ -354,7 +354,7 @@ def _sweep_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[S
     if sweep is not None:
         axes = figures.sweep_axes(sweep)
         block = _block_size_axis(sweep)
-        if "workload.arrival.rate" in axes or block is None:
+        if "workload.arrival.rate" in axes or (block is None and axes):  # (no varying axis: nothing to draw against)
             sections.append(Section(
                 "Sweep: latency vs request rate",
                 "Mean normalized latency at each sweep point, one line per policy: the shape of the PagedAttention "

@@ -79,6 +79,43 @@ def test_policies_axis_chooses_which_policies_run(tmp_path):
     assert "policies" not in run_sweep(s, tmp_path / "out", SerialExecutor()).table.columns  # `policy` names them
 
 
+def test_a_sweep_of_policies_alone_writes_its_report(tmp_path):
+    """No axis varies but the policies: the latency-vs-rate figure has nothing to draw against (it raised
+    KeyError 'workload.arrival.rate' in the report, after the tables were written)."""
+    path = sweep_file(tmp_path, """\
+        axes:
+          policies: [vllm, [orca-max]]
+        """)
+    r = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "-j", "1"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "report.html").exists() and "Traceback" not in r.output
+
+
+def test_a_sweep_too_large_to_run_is_refused_before_its_points_are_built(tmp_path):
+    from sim.config import ScenarioError
+
+    rates = ", ".join(str(r) for r in range(1, 101))
+    path = sweep_file(tmp_path, f"""\
+        axes:
+          workload.arrival.rate: [{rates}]
+          seed: [{rates}]
+          block_size: [8, 16]
+        """)
+    with pytest.raises(ScenarioError, match="20,000 points .*: at most 10,000 in one sweep"):
+        load_sweep(path)
+
+
+def test_a_capacity_search_is_over_a_rate(tmp_path):
+    from sim.config import ScenarioError
+
+    path = sweep_file(tmp_path, """\
+        axes: {seed: [0]}
+        capacity: {axis: workload.seed, slo: {p99_ttft_ms: 5}, min: 1, max: 100, relative_tolerance: 0.1}
+        """)
+    with pytest.raises(ScenarioError, match="capacity.axis: workload.seed is not a request rate"):
+        load_sweep(path)
+
+
 def test_inline_base_or_a_scenario_file_give_the_same_points(tmp_path):
     (tmp_path / "base.yaml").write_text("".join(line[2:] + "\n" for line in BASE.splitlines()[1:]))
     a = load_sweep(sweep_file(tmp_path, "axes: {seed: [0, 1]}\n", name="a.yaml"))

@@ -19,6 +19,8 @@ from sim.config import (PolicyConfig, Scenario, ScenarioError, Strict, format_va
 from sim.metrics import METRICS
 
 RATE_AXIS = "workload.arrival.rate"
+RATE_AXES = (RATE_AXIS, "workload.rate_scale")  # what a capacity search may search: generated, or a trace's
+MAX_POINTS = 10_000  # a sweep's points, each a simulation (and each built and checked when the sweep loads)
 SEED_PATH = "workload.seed"
 
 # ---------------------------------------------------------------------------------------------- the file
@@ -388,6 +390,9 @@ def load_sweep(path: str | Path) -> Sweep:
         if problem or target[0] == "policies":
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: "
                                 f"{problem or 'a rate is a workload field, not a policy field'}")
+        if cap.axis not in RATE_AXES:  # the search assumes more of it is harder to serve
+            raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is not a "
+                                f"request rate; the search is over {' or '.join(RATE_AXES)}")
         zipped = [a for g in groups if len(g) > 1 for a in g if a.target == target]
         if zipped:
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is zipped "
@@ -396,6 +401,10 @@ def load_sweep(path: str | Path) -> Sweep:
     sweep = Sweep(name=spec.name or path.name.removesuffix(".yaml").removesuffix(".sweep"),
                   description=spec.description, source=source, axes=axes, groups=groups, points=[],
                   capacity=cap, base=base, base_dir=base_dir, base_source=base_source)
+    n = math.prod(len(g[0].values) for g in groups)
+    if n > MAX_POINTS:
+        raise ScenarioError(f"{source}: {n:,} points (the product of the axes' values): at most {MAX_POINTS:,} in "
+                            "one sweep; sweep fewer values, or split it")
     sweep.points = [Point(i, values, sweep.point_scenario(values)) for i, values in enumerate(_grid(groups))]
     if cap is not None:  # every probe must be a valid scenario too: try the search's ends
         for values in _search_combos(sweep)[:1]:
