@@ -409,6 +409,10 @@ def profiles_validate(
     for r in layer.itertuples():
         out.print(f"{r.gpu}: layer MAPE {r.fitted:.1f} % (worst token count {r.fitted_worst_tokens:.1f} %); "
                   f"datasheet roofline {r.roofline:.1f} %", highlight=False)
+    alone = paths.pop("single_model_gpus")
+    if alone:
+        out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
+                  highlight=False)
     paths["report"] = write_profiles_report(out_dir)
     for key, p in paths.items():
         out.print(f"{key:>10}: {p}", highlight=False)

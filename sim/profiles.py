@@ -301,9 +301,13 @@ def leave_one_model_out(ps: ProfileSet, gpu_specs: dict[str, GpuSpec]) -> pd.Dat
     One row per (gpu, left-out model, tp, num_tokens, op) with the measured and predicted ms, for the
     fitted model ("fitted") and the datasheet roofline ("roofline"); op ``layer`` is the layer's sum."""
     rows = []
+    alone = []  # GPUs with one model measured: nothing to fit on when it is left out
     for g in ps.gpus():
         spec = gpu_specs[g]
         profs = ps.for_gpu(g)
+        if len(profs) < 2:
+            alone.append(g)
+            continue
         for left in profs:
             fit = fit_gpu([p for p in profs if p is not left], spec)
             model = profile_model(left.table, left.model)
@@ -316,8 +320,12 @@ def leave_one_model_out(ps: ProfileSet, gpu_specs: dict[str, GpuSpec]) -> pd.Dat
                         q = layer_ms(pred, tuple(meas)) if op == "layer" else pred[op]
                         rows.append(pd.DataFrame({"gpu": g, "model": left.model, "tp": int(tp), "num_tokens": tokens,
                                                   "op": op, "kind": kind, "measured_ms": m, "predicted_ms": q}))
+    if not rows:
+        raise ProfileError(f"leave-one-model-out needs at least two models measured on a GPU; "
+                           f"{', '.join(alone)} {'has' if len(alone) == 1 else 'have'} one each")
     df = pd.concat(rows, ignore_index=True)
     df["ape"] = _ape(df.predicted_ms.to_numpy(), df.measured_ms.to_numpy())
+    df.attrs["single_model_gpus"] = alone
     return df
 
 
@@ -458,7 +466,7 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
     commit = profile_commit(root)
     fits = fit_catalog_literals(ps, specs, commit)
     loo = leave_one_model_out(ps, specs)
-    paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
+    paths: dict = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
              "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
     loo.to_parquet(paths["loo"])
     mape_table(loo).to_csv(paths["mape"], index=False)
@@ -469,4 +477,5 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
                                          "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
                                          "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
                                                        for t, f in nets.items()}}, indent=1))
+    paths["single_model_gpus"] = loo.attrs["single_model_gpus"]  # left out of the validation (not a path)
     return paths

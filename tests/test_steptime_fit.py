@@ -64,6 +64,21 @@ def test_reader_reads_vidur_layout(tmp_path):
     assert p.model.startswith("org/")
 
 
+def test_leave_one_model_out_skips_a_gpu_with_one_model_and_says_so(tmp_path):
+    from sim.profiles import PROFILE_GPUS, ProfileError, leave_one_model_out
+
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"])
+    write_profile(tmp_path, "h100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["h100"])
+    ps = read_profiles(tmp_path)
+    loo = leave_one_model_out(ps, {g: GPUS[PROFILE_GPUS[g]] for g in ps.gpus()})
+    assert set(loo.gpu) == {"a100"} and loo.attrs["single_model_gpus"] == ["h100"]
+    alone = tmp_path / "alone"
+    write_profile(alone, "h100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["h100"])
+    with pytest.raises(ProfileError, match="needs at least two models measured on a GPU; h100 has one each"):
+        leave_one_model_out(read_profiles(alone), {"h100": GPUS["h100"]})
+
+
 def test_reader_averages_repeated_measurements(tmp_path):
     path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
     df = pd.read_csv(path)
