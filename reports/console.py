@@ -114,7 +114,8 @@ def print_summary(summary: dict, title: str = "", console: Console | None = None
 def capacity_table(capacity, axes: list[str]) -> Table:
     """One row per capacity search: the other axes' values, the policy, its sustainable rate and how it was found."""
     t = Table(caption="sustainable: the highest rate whose run met the SLO (bisected to the tolerance); "
-              "none: even the lowest rate tried failed; above max: the highest rate tried passed")
+              "none: even the lowest rate tried failed; above max: the highest rate tried passed; not monotone: a "
+              "rate passed above one that failed (see capacity_runs.parquet)")
     cols = [a for a in axes if a in capacity.columns and capacity[a].nunique(dropna=False) > 1]
     for c in cols + ["policy"]:
         t.add_column(c, no_wrap=True)

@@ -253,6 +253,25 @@ def test_search_ends_at_the_range_ends():
     assert next_probe(grid, c) == 1.25
 
 
+def test_a_search_whose_runs_pass_above_a_failure_is_flagged_not_monotone(tmp_path):
+    """A throughput floor is met more easily at higher rates: the search (which assumes the opposite) said
+    'none' while its own runs at 10 and 40 req/s passed."""
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          workload.arrival.rate: [1.0, 10.0, 40.0]
+        capacity:
+          slo: {request_throughput: {min: 5}}
+          min: 1
+          max: 40
+          relative_tolerance: 0.1
+        """, base=base_yaml("[vllm]", "alpaca", 60, seed=3)))
+    res = run_sweep(s, tmp_path / "out", SerialExecutor())
+    row = res.capacity.iloc[0]
+    runs = res.capacity_runs
+    assert not runs[runs.value == 1.0].met.any() and runs[runs.value == 40.0].met.all()
+    assert row.status == "not monotone"
+
+
 def test_capacity_search_on_real_runs_reuses_the_grid(tmp_path):
     s = load_sweep(sweep_file(tmp_path, """\
         axes:

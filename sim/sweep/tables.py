@@ -52,6 +52,11 @@ def capacity_tables(sweep: Sweep, searches: list[Search], outcomes: dict[str, Ou
         values = {c: _display(v) for c, v in s.values.items() if c != "policies"}
         lo, hi = bracket(s.tried)
         status = ("error" if s.error else "none" if lo is None else "above max" if hi is None else "found")
+        failed = [v for v, met in s.tried.items() if not met]
+        if not s.error and failed and any(met and v > min(failed) for v, met in s.tried.items()):
+            # a rate passed above one that failed: the SLO is not harder to meet at higher rates (a minimum
+            # bound, such as on throughput), which the search assumes; its answer is not to be trusted
+            status = "not monotone"
         rate = None
         if lo is not None and not s.error:
             rate = lo if cap.axis == RATE_AXIS else (outcomes[s.keys[lo]].workload or {}).get("mean_request_rate")
