@@ -515,9 +515,11 @@ class Scheduler:
 
         Holds while nobody finishes (the span may end with a finish), every block a decode needs is
         free, and no arrival comes (the engine cuts the span at the first step ending after one).
-        Admission cannot open up meanwhile: free memory only shrinks and the batch is unchanged."""
+        Admission cannot open up meanwhile: free memory only shrinks and the batch is unchanged -- except
+        where pages leave a window while decoding (``kv.slides``): there, with requests waiting or
+        swapped out, a step may free what admits one, so the steps are taken one at a time."""
         if (self._entries or not self._tick or self.explicit or self._num_preempted or self._swap_in
-                or self._swap_out):
+                or self._swap_out or (self.kv.slides and (self.waiting or self.swapped))):
             return 1
         return self.clock.span(self.kv.pool.num_free if self.paged else 0)
 
