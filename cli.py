@@ -401,7 +401,7 @@ def profiles_validate(
     with profile_errors():
         from sim.outputs import out_dir as checked_dir
 
-        paths = validate_to_dir(root, checked_dir(out_dir))
+        paths, alone = validate_to_dir(root, checked_dir(out_dir))
     import pandas as pd
 
     mape = pd.read_csv(paths["mape"])
@@ -409,7 +409,6 @@ def profiles_validate(
     for r in layer.itertuples():
         out.print(f"{r.gpu}: layer MAPE {r.fitted:.1f} % (worst token count {r.fitted_worst_tokens:.1f} %); "
                   f"datasheet roofline {r.roofline:.1f} %", highlight=False)
-    alone = paths.pop("single_model_gpus")
     if alone:
         out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
                   highlight=False)

@@ -453,10 +453,11 @@ def step_vs_tp() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
+def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
     """``sim profiles validate``: leave-one-model-out on every GPU of ``root``; writes ``loo.parquet``
     (every prediction), ``mape.csv`` (per GPU and op), ``allreduce.parquet``, ``step_vs_tp.csv`` and
-    ``fits.json`` (each GPU fitted on all its models)."""
+    ``fits.json`` (each GPU fitted on all its models). Returns the paths and the GPUs left out of the
+    validation (one model measured: nothing to fit on when it is left out)."""
     import json
 
     ps = read_profiles(root)
@@ -466,7 +467,7 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
     commit = profile_commit(root)
     fits = fit_catalog_literals(ps, specs, commit)
     loo = leave_one_model_out(ps, specs)
-    paths: dict = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
+    paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
              "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
     loo.to_parquet(paths["loo"])
     mape_table(loo).to_csv(paths["mape"], index=False)
@@ -477,5 +478,4 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> dict[str, Path]:
                                          "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
                                          "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
                                                        for t, f in nets.items()}}, indent=1))
-    paths["single_model_gpus"] = loo.attrs["single_model_gpus"]  # left out of the validation (not a path)
-    return paths
+    return paths, loo.attrs["single_model_gpus"]
