@@ -304,6 +304,11 @@ def test_a_byte_that_is_not_utf8_is_named_by_line_or_dropped_and_counted(tmp_pat
     assert "bad_rows: drop" in str(e.value)
     t = load(p, "bad_rows=drop")
     assert len(t) == 1 + 6000 and t.dropped == {"not_a_number": 1}
+    jl = tmp_path / "b.jsonl"  # JSONL: named by line too, with no hint that dropping would skip it
+    jl.write_bytes(b'{"timestamp": 0, "input_length": 5, "output_length": 1}\n' * 3 + b'{"timestamp": 1, "input_length": 5\xe9}\n')
+    with pytest.raises(ScenarioError, match=re.escape(f"{jl}:4: not UTF-8 text (byte 0xe9 at column 35)")) as e:
+        load(jl)
+    assert "bad_rows" not in str(e.value)
 
 
 def test_workload_keys_on_the_command_line_are_checked(tmp_path):

@@ -92,8 +92,8 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                 if len(records) == chunk_rows:
                     yield Chunk(pd.DataFrame.from_records(records, columns=columns), np.array(lines))
                     records, lines = [], []
-    except UnicodeDecodeError:
-        raise ScenarioError(not_utf8(tf.path) + BAD_ROWS_HINT) from None
+    except UnicodeDecodeError:  # (bad_rows: drop cannot skip it: the line cannot be read as text at all)
+        raise ScenarioError(not_utf8(tf.path)) from None
     except (OSError, EOFError) as e:
         raise ScenarioError(f"{tf.path}: cannot read ({e.__class__.__name__}: {e})") from None
     if records:
