@@ -343,3 +343,10 @@ def test_parquet_timestamps_are_not_seconds(tmp_path):
     df.to_parquet(p)
     with pytest.raises(ScenarioError, match="holds date-times.*arrival_unit: datetime"):
         load(p)
+
+
+def test_a_max_model_len_below_two_is_refused(tmp_path):
+    """Truncation keeps max_model_len - 1 prompt tokens: at 1 it made empty prompts that 'finished'."""
+    p = write(tmp_path, "a.csv", HEAD)
+    r = runner.invoke(app, ["trace", "info", str(p), "-w", "cap_lengths=truncate", "--max-model-len", "1"])
+    assert r.exit_code == 2 and "--max-model-len" in r.output and "Traceback" not in r.output
