@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sim.schema import METRICS, TABLE_COLUMNS
+from sim.schema import METRICS, TABLE_COLUMNS, varying_axes
 
 # The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
 # (summary key, format); the head (short label, unit) comes from METRICS. A column that does not fit the
@@ -116,7 +116,8 @@ def capacity_table(capacity, axes: list[str]) -> Table:
     t = Table(caption="sustainable: the highest rate whose run met the SLO (bisected to the tolerance); "
               "none: even the lowest rate tried failed; above max: the highest rate tried passed; not monotone: a "
               "rate passed above one that failed (see capacity_runs.parquet)")
-    cols = [a for a in axes if a in capacity.columns and capacity[a].nunique(dropna=False) > 1]
+    varying = varying_axes(capacity)
+    cols = [a for a in axes if a in varying]
     for c in cols + ["policy"]:
         t.add_column(c, no_wrap=True)
     sustainable = TABLE_COLUMNS["sustainable_request_rate"]

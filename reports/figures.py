@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.paper import PAPER_CITATION, PublishedBreakdown
-from sim.schema import MEMORY_CLASSES, METRICS, TABLE_COLUMNS, is_result_column
+from sim.schema import MEMORY_CLASSES, METRICS, TABLE_COLUMNS, varying_axes
 from sim.schema import title as _axis_title  # a metric or a known column with its unit; others by their name
 
 MEMORY_LABELS = {
@@ -564,9 +564,8 @@ def latency_cdfs(requests: pd.DataFrame, colors: Mapping[str, str], max_points: 
 
 def sweep_axes(sweep: pd.DataFrame) -> list[str]:
     """The columns of a sweep or capacity table that are swept scenario fields (e.g.
-    ``workload.arrival.rate``, ``block_size``) or the seed, and vary: every column but the results
-    (declared in sim.schema)."""
-    return [c for c in sweep.columns if not is_result_column(str(c)) and sweep[c].nunique(dropna=False) > 1]
+    ``workload.arrival.rate``, ``block_size``) or the seed, and vary (sim.schema.varying_axes)."""
+    return varying_axes(sweep)
 
 
 def _is_seed(col: str) -> bool:

@@ -141,6 +141,18 @@ def is_result_column(name: str) -> bool:
     return name in METRICS or name in SWEEP_RESULT_COLUMNS or name in CAPACITY_RESULT_COLUMNS
 
 
+def varying_axes(table) -> list[str]:
+    """The columns of a sweep or capacity table (pandas) that are swept scenario fields or the seed, and
+    vary. A ``policies`` axis (which policies run) counts only where it tells apart rows of the same
+    ``policy`` (e.g. ``vllm`` at two block sizes): when each policy runs under one value of it, the
+    ``policy`` column already says it."""
+    cols = [c for c in table.columns if not is_result_column(str(c)) and table[c].nunique(dropna=False) > 1]
+    if "policies" in cols and "policy" in table.columns and (
+            table.groupby("policy", dropna=False)["policies"].nunique(dropna=False) <= 1).all():
+        cols.remove("policies")
+    return cols
+
+
 def plan_label(row) -> str:
     """A configuration of a plan table (plan.parquet, best.csv; a row as a mapping) in words:
     ``2 x h100 tp1 vllm``, or ``1+3 x h100 tp1 vllm`` for 1 prefill and 3 decode replicas."""

@@ -17,6 +17,7 @@ from kvsim import sweep_to_dir
 from sim import run
 from sim.config import parse_scenario
 from sim.executors import SerialExecutor
+from sim.schema import varying_axes
 from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
 
 runner = CliRunner()
@@ -76,7 +77,26 @@ def test_policies_axis_chooses_which_policies_run(tmp_path):
           policies: [[vllm, orca-max]]
         """))  # the policies are chosen first, then the policy field applies to them
     assert [(p.name, p.block_size) for p in s.points[0].scenario.policies] == [("vllm", 8), ("orca-max", 8)]
-    assert "policies" not in run_sweep(s, tmp_path / "out", SerialExecutor()).table.columns  # `policy` names them
+    t = run_sweep(s, tmp_path / "out", SerialExecutor()).table
+    assert list(t["policies"]) == ['["vllm", "orca-max"]'] * 2
+    assert varying_axes(t) == []  # one value: not an axis that varies
+
+
+def test_a_policies_axis_is_a_column_that_tells_apart_policies_of_one_name(tmp_path):
+    """The same preset under two values of a policies axis: both rows are policy `vllm`; the `policies`
+    column says which is which (it had no column: the two rows read as one policy run twice), and the
+    report's axes keep it only where `policy` alone does not tell the rows apart."""
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          policies: [vllm, {preset: vllm, block_size: 32}]
+        """))
+    t = run_sweep(s, tmp_path / "out", SerialExecutor()).table
+    assert list(t["policy"]) == ["vllm", "vllm"]
+    assert list(t["policies"]) == ["vllm", '{"block_size": 32, "preset": "vllm"}']
+    assert t["mean_normalized_latency_s"].nunique() == 2
+    assert varying_axes(t) == ["policies"]
+    named = t.assign(policy=["vllm", "v32"])  # each policy under one value: `policy` says it all
+    assert varying_axes(named) == []
 
 
 def test_a_sweep_of_policies_alone_writes_its_report(tmp_path):

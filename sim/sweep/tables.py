@@ -34,7 +34,7 @@ def sweep_table(sweep: Sweep, tasks: dict[int, list[Task]], outcomes: dict[str, 
     ``error`` (None when the run succeeded)."""
     rows = []
     for point in sweep.points:
-        values = {c: _display(v) for c, v in point.values.items() if c != "policies"}
+        values = {c: _display(v) for c, v in point.values.items()}
         for task in tasks[point.index]:
             out = outcomes.get(task.key)
             rows.append({**values, "seed": point.scenario.workload.seed, "policy": task.policy,
@@ -49,7 +49,7 @@ def capacity_tables(sweep: Sweep, searches: list[Search], outcomes: dict[str, Ou
     cap = sweep.capacity
     rows, runs = [], []
     for s in searches:
-        values = {c: _display(v) for c, v in s.values.items() if c != "policies"}
+        values = {c: _display(v) for c, v in s.values.items()}
         lo, hi = bracket(s.tried)
         status = ("error" if s.error else "none" if lo is None else "above max" if hi is None else "found")
         failed = [v for v, met in s.tried.items() if not met]
