@@ -16,7 +16,8 @@ from cli import app
 from conftest import shared_trace
 from sim.config import ScenarioError, TraceWorkload
 from traces.commands import trace_stats, workload_from_options
-from traces.formats import FORMATS
+from traces.formats import FORMATS, open_trace
+from traces.read import read_trace
 from traces.workload import load_trace
 
 runner = CliRunner()
@@ -293,6 +294,27 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):
+    """A line with more fields than the header, the first data line included (pandas would read that one
+    as an index column): an error naming the line, or with bad_rows: drop a counted row (it was an error
+    even then); lines after the skipped ones are still named right."""
+    t0 = "2023-11-16 18:15:4{}.0"
+    lines = [HEAD.splitlines()[0], t0.format(5) + ",5,3,9", t0.format(6) + ",6,3", t0.format(7) + ",7,3,1", "",
+             t0.format(8) + ",8,3,1", t0.format(9) + ",9,3"]
+    p = write(tmp_path, "extra.csv", "\n".join(lines) + "\n")
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:2: 4 fields, expected 3 as in the header (or set bad_rows: drop")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert list(t.prompt_tokens) == [6, 9] and t.num_rows_read == len(lines) - 1
+    assert t.dropped == {"too_many_fields": 3, "blank_line": 1}
+    q = write(tmp_path, "later.csv", "\n".join(lines[:1] + lines[2:] + [t0.format(1) + ",1,3"]) + "\n")
+    with pytest.raises(ScenarioError, match=re.escape("not a valid CSV (Expected 3 fields in line 3, saw 4) (or set bad_rows")):
+        load(q)
+    for chunk_rows in (1, 2, 100):  # the out-of-order row is line 7, past two skipped lines, in any chunking
+        with pytest.raises(ScenarioError, match=re.escape(f"{q}:7: TIMESTAMP = '{t0.format(1)}' is 8 s before")):
+            read_trace(open_trace(q), bad_rows="drop", chunk_rows=chunk_rows)
 
 
 def test_a_byte_that_is_not_utf8_is_named_by_line_or_dropped_and_counted(tmp_path):

@@ -10,13 +10,18 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 - a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, invalid JSON,
   malformed hash ids) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
+- a CSV line with more fields than the header stops with an error naming the line, or with
+  ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
 - always dropped and counted: blank lines, rows that a filter (``models``, ``log_types``) leaves out,
   rows with 0 prompt tokens or 0 output tokens (BurstGPT's failed requests).
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,21 +54,56 @@ class Chunk:
 # ---------------------------------------------------------------------------------------------- chunks
 
 
+def _first_rows(tf: TraceFile) -> tuple[int, list[str]]:
+    """(the header's line, the fields of the first data line): a CSV may start with blank lines."""
+    with open_text(tf.path) as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                return line_no, next(csv.reader([next(f, "")]), [])
+    return 1, []
+
+
 def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chunk_rows: int,
-                drop: bool = False) -> Iterator[Chunk]:
-    """``drop``: bytes that are not UTF-8 read as U+FFFD, so that their row fails its checks and is dropped
-    and counted (else: an error naming the line)."""
-    # NOTE: skip_blank_lines=False keeps one row per line, so a row's line is its index + 2 (header first).
+                rows: "_Collector") -> Iterator[Chunk]:
+    """With ``bad_rows: drop``, a line with more fields than the header is dropped and counted
+    (``too_many_fields``), and bytes that are not UTF-8 read as U+FFFD, so that their row fails its checks
+    and is dropped and counted; else each is an error naming the line."""
+    drop = rows.bad_rows == "drop"
+    head, first = _first_rows(tf)
+    skipped: list[int] = []  # lines with too many fields, in file order
+    if len(first) > len(tf.names):
+        # NOTE: pandas reads a first data row with more fields than the header as an index column, or with
+        # index_col=False silently cuts it; every later such line it reports
+        rows.bad_line(f"{tf.path}:{head + 1}", "too_many_fields",
+                      f"{len(first)} fields, expected {len(tf.names)} as in the header")
+        skipped.append(head + 1)
+    # NOTE: skip_blank_lines=False keeps one row per line: a row's line is its index + head + 1, plus the
+    # lines skipped before it
     try:
         with pd.read_csv(tf.path, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
                          skip_blank_lines=False, keep_default_na=False, na_values=[""], index_col=False,
+                         skiprows=[head] if skipped else None,
+                         on_bad_lines="warn" if drop else "error",
                          compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8-sig",
                          encoding_errors="replace" if drop else "strict") as reader:
-            for frame in reader:  # NOTE: every column is read, so that pandas checks each row's field count
-                yield Chunk(frame[columns], frame.index.to_numpy() + 2)
+            while True:
+                with warnings.catch_warnings(record=True) as caught:  # "Skipping line 7: expected 3 fields, saw 4"
+                    warnings.simplefilter("always", pd.errors.ParserWarning)
+                    frame = next(reader, None)  # NOTE: every column is read, so that pandas checks each row's field count
+                for w in caught:
+                    for m in re.finditer(r"Skipping line (\d+)", str(w.message)):
+                        skipped.append(int(m.group(1)))
+                        rows.count("too_many_fields")
+                if frame is None:
+                    break
+                ids = frame.index.to_numpy() + head + 1
+                if skipped:  # the k-th skipped line s has s - 1 - k lines that are rows or the header before it
+                    gaps = np.array(skipped) - np.arange(len(skipped))
+                    ids = ids + np.searchsorted(gaps, ids, side="right")
+                yield Chunk(frame[columns], ids)
     except pd.errors.ParserError as e:  # "Expected 3 fields in line 7, saw 4": pandas names the line
         why = str(e).strip().removeprefix("Error tokenizing data. C error: ")
-        raise ScenarioError(f"{tf.path}: not a valid CSV ({why})") from None
+        raise ScenarioError(f"{tf.path}: not a valid CSV ({why}){BAD_ROWS_HINT}") from None
     except UnicodeDecodeError:
         raise ScenarioError(not_utf8(tf.path) + BAD_ROWS_HINT) from None
     except (OSError, EOFError) as e:
@@ -276,7 +316,7 @@ class _Collector:
         drop[ok & (prompt == 0)] = "zero_prompt_tokens"
         drop[(drop == 0) & (output == 0)] = fmt.zero_output_reason
         for reason, k in zip(*np.unique(drop[drop != 0].astype(str), return_counts=True)):
-            self.dropped[reason] = self.dropped.get(reason, 0) + int(k)
+            self.dropped[str(reason)] = self.dropped.get(str(reason), 0) + int(k)
         keep = np.flatnonzero(drop == 0)
         self._check_order(chunk, arrival, keep)
         self.parts["arrival"].append(arrival[keep])
@@ -369,7 +409,7 @@ def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
         text = [c for c in (fmt.session_id, *(fmt.filters[k] for k in filters)) if c in columns]
         if fmt.arrival_unit == "datetime":
             text.append(fmt.arrival)
-        chunks = _csv_chunks(tf, columns, text, chunk_rows, drop=bad_rows == "drop")
+        chunks = _csv_chunks(tf, columns, text, chunk_rows, rows)
     elif tf.container == "jsonl":
         chunks = _jsonl_chunks(tf, columns, chunk_rows, rows)
     else:
