@@ -260,6 +260,7 @@ class Engine:
         self.executor = executor
         self.horizon_s = horizon_s
         self._horizon = math.inf if horizon_s is None else horizon_s
+        self._t0 = float(requests.arrival_s[0]) if len(requests) else 0.0  # the run starts at its first arrival
         self.startup_s = startup_s  # no step runs before this (a server's warm-up); requests still arrive
         self.exact = exact
         self.progress = progress
@@ -333,6 +334,25 @@ class Engine:
         self._hashes = r.prefix_hashes if self.kv.caching else None
         self._next = self._dropped = 0
         return self._serve(clock)
+
+    def record_idle(self, now: float, until: float) -> None:
+        """Nothing runs from ``now`` to ``until``: the memory and queues as they are. Time before the first
+        request of the table arrives is not the run's (its duration, and so its memory shares, start there)."""
+        if now < self._t0:
+            now = self._t0
+        if until > now:
+            sched, kv = self.scheduler, self.kv
+            self.rec.idle(now, until - now, sched.memory(), num_waiting=len(sched.waiting),
+                          num_running=sched.num_running, num_swapped=len(sched.swapped),
+                          shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0,
+                          holding=sched.num_requests_holding_kv())
+
+    def idle_until(self, end_s: float) -> None:
+        """A fleet's replica that ended before the fleet: idle, as it left off, until the fleet's end (its
+        memory shares, busy fraction and per-replica rows are then over the fleet's whole run)."""
+        if end_s > self._end_s:
+            self.record_idle(self._end_s, end_s)
+            self._end_s = end_s
 
     def results(self, requests: Any = None) -> PolicyResult:
         """The finished run's result; ``requests``: this server's rows of a log shared by a fleet."""
@@ -428,10 +448,7 @@ class Engine:
                 if math.isinf(t):
                     self._end_s = now
                     return
-                kv = self.kv
-                self.rec.idle(now, t - now, sched.memory(), num_waiting=len(sched.waiting),
-                              num_running=sched.num_running, num_swapped=len(sched.swapped),
-                              shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0)
+                self.record_idle(now, t)
                 self.num_events += 1
                 if self.feed is None:
                     yield env.timeout(t - now)

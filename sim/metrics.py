@@ -209,12 +209,18 @@ class ItlHistogram:
         return self.total / self.count if self.count else math.nan
 
     def quantile(self, q: float) -> float:
-        """Value at quantile q (0..1): the geometric centre of the bin holding it."""
+        """Value at quantile q (0..1) by numpy's default rule (linear between the values of ranks
+        floor and ceil of q (n - 1)), each value the geometric centre of the bin holding it."""
         self.flush()
         if not self.count:
             return math.nan
-        i = int(np.searchsorted(np.cumsum(self.counts), q * self.count, side="left"))
-        return self.LO * 10 ** ((min(i, len(self.counts) - 1) + 0.5) / self.PER_DECADE)
+        cum = np.cumsum(self.counts)
+        rank = q * (self.count - 1)
+        lo, hi = math.floor(rank), math.ceil(rank)
+        # the k-th smallest value (from 0) is in the first bin whose cumulative count exceeds k
+        i, j = (min(int(np.searchsorted(cum, k + 1, side="left")), len(cum) - 1) for k in (lo, hi))
+        a = self.LO * 10 ** ((i + 0.5) / self.PER_DECADE)
+        return a if i == j else a + (rank - lo) * (self.LO * 10 ** ((j + 0.5) / self.PER_DECADE) - a)
 
 
 # One row per record: a single step, a run of `num_steps` decode steps taken as one span (token counts
@@ -296,6 +302,8 @@ def summarize(requests: Columns, itl: ItlHistogram, mem_slot_seconds: np.ndarray
     ``decode_seq_steps``: decoding sequences summed over steps; ``running_request_s``: requests holding
     KV, integrated over time (request-seconds); ``sharing``: block sharing's counts, when the run shares
     (or copies) blocks, with ``shared_slot_s``: the slot-seconds sharing saved."""
+    # nothing served (every request rejected, or arriving past the horizon): no time elapsed
+    duration_s = max(duration_s, 0.0)
     status = requests["status"]
     finished = status == requests.codes("status", "finished")
     num_finished = int(finished.sum())
@@ -651,14 +659,17 @@ class Recorder:
         self.groups: Any = None  # several KV groups: a hybrid.GroupTimeline the engine sets (kv_groups.parquet)
 
     def idle(self, start_s: float, duration_s: float, mem, *, num_waiting: int, num_running: int,
-             num_swapped: int, shared_slots: int) -> None:
-        """An idle gap: nothing runs; ``mem``: the five memory classes (token slots)."""
+             num_swapped: int, shared_slots: int, holding: int = 0) -> None:
+        """An idle gap: nothing runs; ``mem``: the five memory classes (token slots); ``holding``: requests
+        holding KV all the same (a disaggregated replica's, waiting for their transfer)."""
         slot_s = [m * duration_s for m in mem]
         waiting_s = num_waiting * duration_s
         if self.groups is not None:
             self.groups.add(start_s, duration_s)
+        self.running_request_s += holding * duration_s
         row = dict.fromkeys(TIMELINE_COLUMNS, 0.0)
         row.update({"waiting_s": waiting_s, "shared_slot_s": shared_slots * duration_s,
+                    "running_request_s": holding * duration_s,
                     **{f"mem_{c}_slot_s": v for c, v in zip(MEMORY_CLASSES, slot_s)}})
         self.timeline.add(start_s, [duration_s], list(row.values()))
         if self.record_steps:

@@ -448,3 +448,24 @@ def test_a_fleet_adds_up_its_replicas_cpu_tier_and_kv_groups():
     assert one.groups is not None and two.groups is not None
     assert set(two.groups.group) == set(one.groups.group)
     assert len(two.groups) and (two.groups.slots >= 0).all()
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-outstanding"])
+def test_every_replica_row_and_the_fleet_share_one_window(router):
+    """Every replica is counted from the fleet's first arrival to its end, idle as it left off once its
+    work is done: the replicas' rows add up to the fleet (finished requests over the fleet's duration), and
+    the fleet's memory shares are the means of theirs. (Each replica's row ran to its own last event, so
+    a replica idle for most of the run showed a busy fraction near 1 and throughputs summing past the
+    fleet's; the fleet's memory shares depended on where replicas happened to stop.)"""
+    res = run(scenario(rate=3.0, n=60, cluster={"replicas": 3, "router": router})).policies["vllm"]
+    reps, s = res.replicas, res.summary
+    assert (reps.duration_s == s["duration_s"]).all()
+    assert reps.request_throughput.sum() == pytest.approx(s["request_throughput"], rel=1e-12)
+    assert reps.busy_fraction.mean() == pytest.approx(s["busy_fraction"], rel=1e-12)
+    for c in ("token_states", "free"):
+        assert reps[f"memory.{c}"].mean() == pytest.approx(s[f"memory.{c}"], rel=1e-9)
+    steps = res.steps
+    for k in range(3):  # each replica's records tile the window exactly
+        mine = steps[steps.replica == k]
+        assert mine.start_s.min() == pytest.approx(res.requests.arrival_s.min())
+        assert (mine.start_s + mine.duration_s).max() == pytest.approx(res.requests.arrival_s.min() + s["duration_s"])

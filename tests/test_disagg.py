@@ -38,6 +38,12 @@ def test_a_single_transfer_takes_bytes_over_bandwidth_plus_latency():
     assert r.first_token_s == pytest.approx(r.prefill_end_s + r.transfer_ms / 1e3, rel=1e-12)
     assert r.ttft_ms == pytest.approx((r.first_token_s - r.arrival_s) * 1e3)
     assert res.fleet["kv_transfer"]["bytes"] == 819_200_000
+    # requests holding KV, over time: the prefill replica holds it from its prefill until the transfer ends,
+    # the decode replica from the transfer's start (its reservation) to the finish; the idle time while it
+    # moves counts on both (it counted zero: neither replica runs a step)
+    prefill_s, transfer_s = r.prefill_end_s - r.arrival_s, r.transfer_ms / 1e3
+    held = prefill_s + transfer_s + (r.finish_s - r.first_token_s + transfer_s)
+    assert res.summary["mean_running_requests"] * res.summary["duration_s"] == pytest.approx(held, rel=1e-9)
     # fp8 KV halves the bytes: Llama-3-8B, 32 layers x 8 KV heads x 128, one byte each
     fp8 = run(scenario(pools(link="infiniband-400g"), policies=[{"preset": "vllm", "kv_cache_dtype": "fp8"}],
                        model="llama-3-8b", gpu="h100", workload=one_request(512, 4))).policies["vllm"].requests.iloc[0]

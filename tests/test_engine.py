@@ -289,3 +289,27 @@ def test_a_run_paces_the_garbage_collector_and_gives_it_back_as_it_was():
             assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > 0
             1 / 0  # a run that fails still restores the collector
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_run_starts_at_its_first_arrival_and_never_lasts_less_than_nothing(make_scenario, tmp_path):
+    """The same requests later by 100 s: every metric the same (time before the first arrival was
+    recorded as idle, which diluted the memory shares); and a run that serves nothing (every request too
+    long, or arriving past the horizon) lasts 0 s, not (end - first arrival) < 0."""
+    table = tmp_path / "r.csv"
+
+    def result(offset, prompt=200, **over):
+        table.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                         + "".join(f"{offset + 0.3 * i},{prompt + 37 * i},{20 + 11 * i}\n" for i in range(8)))
+        s = make_scenario(workload={"kind": "trace", "path": str(table), "format": "canonical"},
+                          policies=["vllm", "orca-max"], decompose=False, **over)
+        return run(s).policies
+
+    base, later = result(0.0), result(100.0)
+    for name in base:
+        a, b = base[name].summary, later[name].summary
+        for k, v in a.items():
+            assert b[k] == pytest.approx(v, rel=1e-9, abs=1e-12) if isinstance(v, float) else b[k] == v, (name, k)
+    gone = result(100.0, horizon_s=50.0)["vllm"].summary
+    assert gone["num_unfinished"] == 8 and gone["duration_s"] == 0.0 and gone["request_throughput"] is None
+    too_long = result(5.0, prompt=3000)["vllm"].summary  # past OPT-13B's 2,048 positions
+    assert too_long["num_rejected"] == 8 and too_long["duration_s"] == 0.0

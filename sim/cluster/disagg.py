@@ -272,8 +272,10 @@ class DisaggFleet:
     def _results(self) -> PolicyResult:
         r = self.requests
         engines = self.prefill + self.decode
+        end = max(e._end_s for e in engines)
         for e in engines:
             e._close_unfinished()
+            e.idle_until(end)
         prefill_frame = self.logs["prefill"].frame()
         frame = self._merged_log().frame()
         t = self.times
