@@ -84,10 +84,16 @@ class RequestLog:
             self._scheduled = vec[float](capacity=self.FLUSH_ROWS * 2)
 
     def _common(self, seq: Sequence) -> tuple[int, int, int]:
-        """Per request: preemptions, generated tokens (a group's: all its samples' or beams'), prefix hits."""
+        """Per request: preemptions, generated tokens (a group's: all its samples' or beams'; one done at its
+        first token never forked, but sampled that token for each of them), prefix hits."""
         g = seq.group
-        return (seq.num_preemptions, sum(m.num_output_tokens for m in g.members) if g else seq.num_output_tokens,
-                seq.prefix_hit_tokens or 0)
+        if g is None:
+            gen = seq.num_output_tokens
+        elif len(g.members) == 1:
+            gen = g.width * seq.num_output_tokens
+        else:
+            gen = sum(m.num_output_tokens for m in g.members)
+        return seq.num_preemptions, gen, seq.prefix_hit_tokens or 0
 
     def scheduled(self, request_id: int, start_s: float) -> None:
         """The step starting at ``start_s`` is the first to schedule request ``request_id``."""

@@ -269,10 +269,13 @@ def test_a_group_wider_than_max_num_seqs_is_a_clear_error(make_scenario):
 def test_a_contiguous_group_done_at_its_first_token_frees_its_samples_slabs(make_scenario):
     # the slabs reserved for samples that never forked leaked: a quarter of the pool after 4 tiny requests, and
     # a stalled scheduler after 8
-    s = _one_shape(make_scenario, 8, 1, ["orca-max", "fastertransformer", "orca-oracle"], {"kind": "parallel", "n": 2})
+    s = _one_shape(make_scenario, 8, 1, ["orca-max", "fastertransformer", "orca-oracle", "vllm"],
+                   {"kind": "parallel", "n": 2})
     for name, res in run(s).policies.items():
         assert res.summary["num_finished"] == 8, name
         assert res.summary["memory.free"] > 0.95, name
+        # each sample sampled its one token (the group never forked: it counted 1 token, not 2)
+        assert (res.requests.generated_tokens == 2).all(), name
 
 
 def test_a_readmitted_sample_does_not_move_its_requests_first_scheduling(make_scenario):
