@@ -335,17 +335,28 @@ class Engine:
         self._next = self._dropped = 0
         return self._serve(clock)
 
-    def record_idle(self, now: float, until: float) -> None:
-        """Nothing runs from ``now`` to ``until``: the memory and queues as they are. Time before the first
-        request of the table arrives is not the run's (its duration, and so its memory shares, start there)."""
+    def record_idle(self, now: float, until: float, num_waiting: int = -1) -> None:
+        """Nothing runs from ``now`` to ``until``: the memory and queues as they are (``num_waiting``: the
+        queue, if not the scheduler's). Time before the first request of the table arrives is not the
+        run's (its duration, and so its memory shares, start there)."""
         if now < self._t0:
             now = self._t0
         if until > now:
             sched, kv = self.scheduler, self.kv
-            self.rec.idle(now, until - now, sched.memory(), num_waiting=len(sched.waiting),
+            waiting = len(sched.waiting) if num_waiting < 0 else num_waiting
+            self.rec.idle(now, until - now, sched.memory(), num_waiting=waiting,
                           num_running=sched.num_running, num_swapped=len(sched.swapped),
                           shared_slots=kv.shared_blocks * kv.block_size if kv.kind == "paged" else 0,
                           holding=sched.num_requests_holding_kv())
+
+    def _record_startup(self, end_s: float) -> None:
+        """The warm-up (``startup_s``) was idle: record it, the requests arriving meanwhile waiting, one
+        more from each arrival on (they join the scheduler when it ends, at ``end_s``)."""
+        arrivals, i, t, waiting = self._arrivals, self._next, 0.0, 0
+        while arrivals[i] < end_s:
+            self.record_idle(t, arrivals[i], waiting)
+            t, i, waiting = arrivals[i], i + 1, waiting + 1
+        self.record_idle(t, end_s, waiting)
 
     def idle_until(self, end_s: float) -> None:
         """A fleet's replica that ended before the fleet: idle, as it left off, until the fleet's end (its
@@ -414,6 +425,7 @@ class Engine:
         sched, executor, log, arrivals = self.scheduler, self.executor, self.log, self._arrivals
         if self.startup_s > 0:
             yield env.timeout(min(self.startup_s, self._horizon))
+            self._record_startup(env.now)
         while True:
             now = env.now
             if now >= self._horizon:

@@ -75,13 +75,12 @@ class HybridPagedKv:
     span_shared_filled = None  # (slabs only: HybridContiguousKv's)
 
     def __init__(self, layout: KvLayout, pool: FifoBlockPool | SharedBlockPool, caching: bool = False,
-                 prefill_cap: int | None = None, recompute: bool = True) -> None:
+                 prefill_cap: int | None = None) -> None:
         """``prefill_cap``: the most tokens one step prefills for a sequence (a chunked policy's token
-        budget; None: its whole prompt at once); ``recompute``: a preempted sequence prefills its prompt
-        and generated tokens again (else it is swapped and keeps its tables). ``never_fits`` needs both."""
+        budget; None: its whole prompt at once): ``never_fits`` needs it."""
         self.layout = layout
         self.blocks = pool
-        self._prefill_cap, self._recompute = prefill_cap, recompute
+        self._prefill_cap = prefill_cap
         self.block_size = B = pool.block_size
         self.capacity = pool.num_blocks * B
         classes: dict[tuple[str, int], int] = {}  # groups of one kind and window move alike: one table each
@@ -153,13 +152,13 @@ class HybridPagedKv:
         of up to total - 1 tokens (the last token's KV is never written). A step that writes ``n`` tokens
         from ``c`` keeps, in a window (or local chunk) group of ``W``, the blocks from the one holding
         c + 1 - W (the chunk's start) to the one holding c + n - 1: at most (n + W - 2) // B + 2. ``n`` is
-        1 for a decode and, for a prefill, the prompt or, after a recompute preemption, the prompt and the
-        tokens generated so far -- up to total - 1 -- capped by a chunked policy's token budget."""
+        1 for a decode and, for a prefill, up to total - 1: after a recompute preemption the prompt and the
+        tokens generated so far -- capped by a chunked policy's token budget. (Under swap preemption too: a
+        full swap space falls back to recompute. Sized for the prompt alone, a request admitted under swap
+        could never be readmitted after such a fallback, and the scheduler stalled.)"""
         B = self.block_size
-        p = np.asarray(prompt_tokens)
-        last = p + np.asarray(output_tokens) - 1
+        n = last = np.asarray(prompt_tokens) + np.asarray(output_tokens) - 1
         total = blocks_for(last, B)
-        n = last if self._recompute else p
         if self._prefill_cap is not None:
             n = np.minimum(n, self._prefill_cap)
         need = self.state_pages + sum(k * (total if not g.window else np.minimum(total, (n + g.window - 2) // B + 2))

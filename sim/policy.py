@@ -120,8 +120,7 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
             caching = r.policy.prefix_caching  # reference-counted pages with a prefix cache (sim/sharing.py)
             blocks = (SharedBlockPool if caching else FifoBlockPool)(pool.num_blocks, pool.block_size, r.watermark_blocks)
             return HybridPagedKv(r.layout, blocks, caching,
-                                 r.max_num_batched_tokens if r.policy.prefill == "chunked" else None,
-                                 r.policy.preemption == "recompute")
+                                 r.max_num_batched_tokens if r.policy.prefill == "chunked" else None)
         alloc = BuddyAllocator(pool.num_slots) if a.placement == "buddy" else FirstFitAllocator(pool.num_slots)
         return HybridContiguousKv(r.layout, alloc, Reservation(a.reserve, r.max_model_len))
     if a.kind == "paged":

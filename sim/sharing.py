@@ -28,6 +28,20 @@ from sim.kv import BlockPool, PagedKv, block_ids, blocks_for
 from sim.offload import HostTier
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading entries ``a`` and ``b`` share (bisection over slices: C-speed comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, prompt_tokens: int) -> list[tuple]:
     """Identities of a prompt's full blocks that the hash ids cover, in order (see the module doc)."""
     out = []
@@ -426,17 +440,46 @@ class SharedPagedKv(PagedKv):
         before any move). All the new references are taken before any old table is let go, so no block
         passes through the free queue. Nothing is copied now: a shared block is copied when written."""
         before = {id(s): list(s.block_table) for _, s in moves}
-        old = [(t, t.block_table) for t, _ in moves]
+        old = []
         for target, source in moves:
-            self._share_table(target, before[id(source)])  # same length as its own: beams move in lockstep
-        for target, table in old:
-            self._release(target, table)
+            table, mine = before[id(source)], target.block_table  # the same length: beams move in lockstep
+            # NOTE: beams' histories coalesce, so the two share a long prefix, which the target keeps as it
+            # is (taking and letting go of each of its blocks again changes nothing but the time: at
+            # block_size 1 that was most of a beam search's run)
+            k = _common_prefix(mine, table)
+            target.block_table = new = mine[:k]
+            for i in range(k, len(table)):
+                b = table[i]
+                new.append(b)
+                self._hold(target, b, i)
+            old.append((target, mine[k:]))
+        for target, blocks in old:
+            self._release(target, blocks)
         self._sync_alloc()
         return []
 
     def can_swap_in_group(self, members: list) -> bool:
+        """Room for the group's blocks and a new block for each member, as vLLM v0 asks (``_can_swap``:
+        "conservatively ... every sequence will allocate at least one free block right after the swap-in").
+        Where that is more than the pool can ever give (up-front admission lets a group fill the pool;
+        vLLM drops such a group), what its next step needs: a new block for each member whose token starts
+        one, and a copy for each but one holder of a shared, partly filled last block. (Asking for the
+        former, such a group never came back and the scheduler stalled.)"""
         unique = len({b for m in members for b in m.cpu_blocks})
-        return self.pool.can_allocate(unique + len(members), admission=True)  # + a new block each, at most
+        pool = self.pool
+        if unique + len(members) <= pool.num_blocks - pool.watermark_blocks:
+            return pool.can_allocate(unique + len(members), admission=True)
+        B = self.block_size
+        need = 0
+        last: dict[int, int] = {}
+        for m in members:
+            if m.num_computed_tokens % B == 0:
+                need += 1
+            else:
+                b = m.cpu_blocks[-1]
+                last[b] = last.get(b, 0) + 1
+        need += sum(n - 1 for n in last.values())
+        return pool.can_allocate(unique + need, admission=True)
 
     def swap_in_group(self, members: list, swap_pool: BlockPool) -> list[tuple[int, int]]:
         """Bring a swapped group back, its sharing intact; returns the (CPU, GPU) copies."""

@@ -313,3 +313,23 @@ def test_a_run_starts_at_its_first_arrival_and_never_lasts_less_than_nothing(mak
     assert gone["num_unfinished"] == 8 and gone["duration_s"] == 0.0 and gone["request_throughput"] is None
     too_long = result(5.0, prompt=3000)["vllm"].summary  # past OPT-13B's 2,048 positions
     assert too_long["num_rejected"] == 8 and too_long["duration_s"] == 0.0
+
+
+def test_the_warm_up_is_idle_time_with_the_arrivals_waiting(make_scenario):
+    """startup_s: no step runs, requests queue. It counted in the duration but was never recorded, so the
+    memory shares ignored it (the same for a 1 s and a 1,000 s warm-up) and no one waited in the timeline."""
+    def result(startup):
+        s = make_scenario(workload={"arrival": {"kind": "poisson", "rate": 100}, "num_requests": 5, "seed": 0,
+                                    "prompt": {"kind": "fixed", "tokens": 100}, "output": {"kind": "fixed", "tokens": 20}},
+                          policies=["vllm"], startup_s=startup, decompose=False)
+        return run(s).policies["vllm"]
+
+    short, long = result(1.0), result(1000.0)
+    assert long.summary["memory.free"] > 0.9999 > short.summary["memory.free"]
+    arrivals = short.requests.arrival_s.to_numpy()
+    t0 = arrivals.min()
+    tl = short.timeline
+    assert tl.waiting_s.sum() >= (1.0 - arrivals).sum() - 1e-9  # each waits out the warm-up, at least
+    warm = short.steps[(short.steps.num_steps == 0) & (short.steps.start_s < 1.0)]
+    assert warm.start_s.min() == pytest.approx(t0) and (warm.start_s + warm.duration_s).max() == pytest.approx(1.0)
+    assert warm.num_waiting.tolist() == list(range(1, len(warm) + 1))  # one more from each arrival on

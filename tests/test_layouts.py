@@ -133,9 +133,10 @@ def _tiny_hybrid(memory_gib: float, policies: list, **workload):
 
 def test_never_fits_bounds_a_recomputed_prefill_by_hand():
     """A request of 10 + 118 tokens (its KV: 127 tokens, 32 pages per group): preempted by recompute, it
-    prefills all 127 at once and the window groups hold all 32 (3 x 32 = 96 > 73 pages); swapped, a
-    window group holds at most (10 + 8 - 2) // 4 + 2 = 6 of the prompt's (2 x 6 + 32 = 44); chunked at
-    16 tokens, (16 + 6) // 4 + 2 = 7 (46). 10 + 60 tokens: 18 pages per group, 54, fit either way."""
+    prefills all 127 at once and the window groups hold all 32 (3 x 32 = 96 > 73 pages); swapped too, since
+    a full swap space falls back to recompute (sized for swapping alone, a window group held at most
+    (10 + 8 - 2) // 4 + 2 = 6 of the prompt's pages, and a request that fell back stalled the scheduler);
+    chunked at 16 tokens, (16 + 6) // 4 + 2 = 7 (46). 10 + 60 tokens: 18 pages per group, 54, fit either way."""
     s = _tiny_hybrid(0.0029, [{"preset": "vllm", "block_size": 4},
                               {"preset": "vllm", "name": "swap", "preemption": "swap", "block_size": 4},
                               {"preset": "vllm-v1", "name": "v1", "block_size": 4, "max_num_batched_tokens": 16}],
@@ -148,17 +149,19 @@ def test_never_fits_bounds_a_recomputed_prefill_by_hand():
         kv = make_kv(resolve_policy(s, s.model_spec(), s.gpu_spec(), p))
         assert kv.blocks.num_blocks == 73 and [(g.window, n) for g, n in kv.classes] == [(8, 2), (0, 1)]
         fits[p.name] = kv.never_fits(prompt, output).tolist()
-    assert fits == {"vllm": [True, False], "swap": [False, False], "v1": [False, False]}
+    assert fits == {"vllm": [True, False], "swap": [True, False], "v1": [False, False]}
 
 
-@pytest.mark.parametrize("preset", ["vllm", "vllm-v1"])
-def test_a_request_whose_recompute_cannot_fit_is_rejected_up_front(preset):
+@pytest.mark.parametrize("policy", [{"preset": "vllm"}, {"preset": "vllm-v1"},
+                                    {"preset": "vllm", "preemption": "swap", "swap_space_gib": 0}])
+def test_a_request_whose_recompute_cannot_fit_is_rejected_up_front(policy):
     """Short prompts and long outputs on 73 pages: before, a preempted request whose re-prefill needed
     every group's pages for all its tokens waited forever ("scheduler stalled ... a bug"); now the requests
-    that could not come back are rejected up front and the rest finish."""
-    s = _tiny_hybrid(0.0029, [{"preset": preset, "block_size": 4}], prompt={"kind": "uniform", "low": 8, "high": 12},
+    that could not come back are rejected up front and the rest finish. Under swap too: with no room in
+    its swap space, a victim falls back to recompute."""
+    s = _tiny_hybrid(0.0029, [{**policy, "name": "p", "block_size": 4}], prompt={"kind": "uniform", "low": 8, "high": 12},
                      output={"kind": "uniform", "low": 100, "high": 300})
-    m = run(s).policies[preset].summary
+    m = run(s).policies["p"].summary
     assert m["num_rejected"] > 0 and m["num_finished"] + m["num_rejected"] == 40
 
 

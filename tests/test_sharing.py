@@ -288,3 +288,29 @@ def test_a_readmitted_sample_does_not_move_its_requests_first_scheduling(make_sc
     req = res.requests
     assert (req.first_scheduled_s <= req.first_token_s).all()
     assert res.summary["mean_scheduling_delay_ms"] < res.summary["mean_ttft_ms"]
+
+
+@pytest.mark.parametrize("sampling", [{"kind": "beam", "width": 4, "keep_probability": 0.8, "seed": 1},
+                                      {"kind": "parallel", "n": 4}])
+def test_a_group_that_fills_the_pool_comes_back_after_a_swap(tmp_path, sampling):
+    """Five blocks of 32 and two requests of 45 + 3 tokens in groups of 4: each alone needs all five (one
+    shared prompt block, a block per member), so up-front admission takes them. The second is swapped out;
+    swapping it back asked for a new block per member on top of its blocks, six, which never came: the
+    scheduler stalled. Now it asks for what its next step needs."""
+    import json
+
+    from sim.config import parse_scenario
+
+    cfg = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024, "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = parse_scenario({
+        "name": "t", "model": str(tmp_path / "config.json"), "runtime_overhead_gib": 0,
+        "activation_reserve_tokens": 64, "decompose": False,
+        "gpu": {"name": "tiny", "memory_gib": 0.0024062, "hbm_gb_per_s": 100, "tflops": 10},
+        "workload": {"arrival": {"kind": "poisson", "rate": 1000}, "num_requests": 2, "seed": 2,
+                     "prompt": {"kind": "fixed", "tokens": 45}, "output": {"kind": "fixed", "tokens": 3}},
+        "policies": [{"preset": "vllm", "name": "p", "block_size": 32}], "sampling": sampling})
+    res = run(s).policies["p"]
+    assert res.summary["kv_capacity_tokens"] == 5 * 32
+    assert res.summary["num_finished"] == 2 and res.summary["num_preemptions"] > 0
