@@ -717,9 +717,12 @@ def test_prefix_caching_refusals_name_the_key(tmp_path):
     groups: each refused up front, naming the key."""
     cases = [("mamba", {"preset": "vllm", "prefix_caching": True}, {}, "prefix_caching: .* Mamba layers"),
              ("window", {"preset": "vllm", "prefix_caching": True, "kv_offload": {"cpu_gib": 1}}, {},
-              "kv_offload .* several KV groups"),
+              r"kv_offload .* sliding-window, chunked or Mamba KV groups yet \(.* has \d+ KV groups \(full, sliding\)\)"),
              ("window", {"preset": "vllm"}, {"sampling": {"kind": "parallel", "n": 2}},
-              "parallel sampling and beam search .* or drop sampling$")]
+              "parallel sampling and beam search .* or drop sampling$"),
+             # one group, sliding: not "several groups ... has 1", as it read
+             ("sliding_only", {"preset": "vllm"}, {"sampling": {"kind": "beam", "width": 2}},
+              r"beam search .* yet \(.*'s one KV group is sliding\)")]
     for kind, pol, over, match in cases:
         s = _scenario(_tiny(tmp_path, **TINY[kind]), kind, policies=[pol], **over)
         with pytest.raises(ScenarioError, match=match):
