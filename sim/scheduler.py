@@ -44,6 +44,27 @@ if TYPE_CHECKING:  # (typed for the compiled build's direct calls)
     from sim.metrics import Recorder
 
 
+def before_copies(pairs: list[tuple[int, int]], copies: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Swap-out ``pairs`` (GPU block, CPU block) as the executor runs them: before the step's block copies
+    (``StepPlan``). A block that a copy made earlier in this step fills (copy-on-write) still holds its old
+    content then: swap out the copy's source instead (following earlier copies into that), and drop the
+    copy, whose destination the swap-out frees. ``copies`` (source, destination) changes in place.
+    (Swapped out as it was, the block brought a sample stale keys and values back: found by the GPU
+    replay, whose sequences then generated other tokens than the plain run's.)"""
+    src_of = dict((d, s) for s, d in copies)
+    out = []
+    gone = set()
+    for b, c in pairs:
+        s, seen = b, 0
+        while s in src_of and seen < len(copies):
+            s, seen = src_of[s], seen + 1
+        out.append((s, c))
+        gone.add(b)
+    if not gone.isdisjoint(src_of):
+        copies[:] = [(s, d) for s, d in copies if d not in gone]
+    return out
+
+
 class Scheduler:
     def __init__(self, r: ResolvedPolicy, kv: KvManager, rec: Recorder) -> None:
         policy = r.policy
@@ -380,7 +401,8 @@ class Scheduler:
         self.blocked = True
         pairs = self.preemption.swap_out(self.kv, live, group)
         if pairs is not None:
-            self._swap_out.extend(pairs)
+            copies = self.kv.copies
+            self._swap_out.extend(before_copies(pairs, copies) if copies else pairs)
             for m in live:
                 m.state = SWAPPED
             if group:

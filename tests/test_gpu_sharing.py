@@ -83,3 +83,20 @@ def test_samples_and_beams_keep_their_caches_right(sampling):
         for i in range(6):
             for t in toks[i]:
                 assert t == ref.executors["vllm"].generated(i), (name, i)
+
+
+def test_a_block_copied_and_swapped_out_in_one_step_leaves_with_its_copy():
+    """Chunked prefill, swap and parallel samples on a tight pool: a step copies a shared block for a
+    sample (copy-on-write) and then swaps that sample's group out. Swap-outs run before the step's copies,
+    so the copy's destination left with its old content, and two samples generated other tokens than the
+    plain run's; now the copy's source leaves in its place."""
+    wl = {"arrival": {"kind": "poisson", "rate": 1e6}, "prompt": {"kind": "uniform", "low": 20, "high": 50},
+          "output": {"kind": "uniform", "low": 8, "high": 20}, "num_requests": 6, "seed": 5,
+          "shared_prefixes": {"lengths": [24, 40], "popularity": [2, 1]}}
+    pol = {"preset": "vllm-v1", "name": "p", "preemption": "swap", "max_num_batched_tokens": 24, "block_size": 4}
+    _, ref = replay(tiny_scenario(900, ["vllm"], workload=wl), "cpu")
+    result, ex = replay(tiny_scenario(220, [pol], workload=wl, sampling={"kind": "parallel", "n": 3}), "cpu")
+    assert result.policies["p"].summary["num_preemptions"] > 0 and result.policies["p"].summary["num_cow_copies"] > 0
+    for i, toks in generated(result, ex, "p", 3).items():
+        for t in toks:
+            assert t == ref.executors["vllm"].generated(i), i
