@@ -32,6 +32,7 @@ closed form.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from itertools import accumulate
 from pathlib import Path
@@ -492,13 +493,32 @@ def load_profile(path: str | Path, model: ModelSpec | None = None) -> dict:
     prof = read_json(path, "step-time profile", ScenarioError, " (write one with sim calibrate)")
     if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
         raise ScenarioError(f"{path}: not a step-time profile (expected format {PROFILE_FORMAT!r})")
+
+    def number(v) -> bool:  # a finite number >= 0 (not true/false)
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    def mapping(v, key: str) -> dict:
+        if not isinstance(v, dict):
+            raise ScenarioError(f"{path}: {key}: expected a mapping, got {type(v).__name__}")
+        return v
+
+    layouts = mapping(prof.get("layouts"), "layouts")
     for layout in ("paged", "contiguous"):
-        coef = prof.get("layouts", {}).get(layout, {}).get("coefficients", {})
-        bad = [t for t in PROFILE_TERMS if not isinstance(coef.get(t), (int, float)) or coef[t] < 0]
+        coef = mapping(mapping(layouts.get(layout), f"layouts.{layout}").get("coefficients"),
+                       f"layouts.{layout}.coefficients")
+        bad = [t for t in PROFILE_TERMS if not number(coef.get(t))]
         if bad:
-            raise ScenarioError(f"{path}: layouts.{layout}.coefficients: missing or negative {', '.join(bad)}")
+            raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(bad)}: expected a finite number "
+                                f">= 0 of seconds (got {', '.join(repr(coef.get(t)) for t in bad)})")
+    for key, what in (("swap_block_s", "a finite number >= 0 of seconds"),
+                      ("paged_block_cost_tokens", "a finite number >= 0 of tokens")):
+        if key in prof and not number(prof[key]):
+            raise ScenarioError(f"{path}: {key}: expected {what} (got {prof[key]!r})")
+    b = prof.get("block_size")
+    if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+        raise ScenarioError(f"{path}: block_size: expected a whole number of tokens >= 1 (got {b!r})")
     if model is not None:
-        want, got = profile_model(model), prof.get("model", {})
+        want, got = profile_model(model), mapping(prof.get("model", {}), "model")
         diff = [k for k in PROFILE_MODEL_KEYS if got.get(k) != want[k]]
         if diff:
             shown = ", ".join(f"{k} {got.get(k)} vs {want[k]}" for k in diff)

@@ -77,9 +77,35 @@ def test_profile_errors_name_the_problem(tmp_path):
     with pytest.raises(ScenarioError, match="is not the scenario's"):
         load_profile(write_profile(tmp_path / "m.json", model="llama-3-8b"), spec)
     neg = {"paged": {"coefficients": {**COEF, "decode_s": -1.0}}, "contiguous": {"coefficients": COEF}}
-    with pytest.raises(ScenarioError, match="negative decode_s"):
+    with pytest.raises(ScenarioError, match=r"coefficients: decode_s: expected a finite number >= 0 of seconds \(got -1.0\)"):
         load_profile(write_profile(tmp_path / "n.json", layouts=neg), spec)
     assert set(PROFILE_TERMS) == set(COEF)
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"layouts": []}, "layouts: expected a mapping, got list"),
+    ({"layouts": {"paged": "x", "contiguous": {"coefficients": COEF}}}, "layouts.paged: expected a mapping, got str"),
+    ({"layouts": {"paged": {"coefficients": [1]}, "contiguous": {"coefficients": COEF}}},
+     "layouts.paged.coefficients: expected a mapping, got list"),
+    ({"layouts": {"paged": {"coefficients": {**COEF, "decode_s": float("nan")}}, "contiguous": {"coefficients": COEF}}},
+     "coefficients: decode_s: expected a finite number >= 0 of seconds (got nan)"),
+    ({"layouts": {"paged": {"coefficients": {**COEF, "prefill_s": True}}, "contiguous": {"coefficients": COEF}}},
+     "coefficients: prefill_s: expected a finite number >= 0 of seconds (got True)"),
+    ({"model": "opt-13b"}, "model: expected a mapping, got str"),
+    ({"swap_block_s": "abc"}, "swap_block_s: expected a finite number >= 0 of seconds (got 'abc')"),
+    ({"swap_block_s": -1e-5}, "swap_block_s: expected a finite number >= 0 of seconds (got -1e-05)"),
+    ({"paged_block_cost_tokens": float("inf")}, "paged_block_cost_tokens: expected a finite number >= 0 of tokens"),
+    ({"block_size": 0}, "block_size: expected a whole number of tokens >= 1 (got 0)"),
+    ({"block_size": "16"}, "block_size: expected a whole number of tokens >= 1 (got '16')"),
+])
+def test_a_malformed_profile_is_one_error_naming_the_key(tmp_path, over, message):
+    """Each was a traceback (AttributeError, TypeError, ZeroDivisionError) or, for NaN, a nan step time."""
+    import re
+
+    path = write_profile(tmp_path / "p.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), **over}))
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        load_profile(path, MODELS["opt-13b"])
 
 
 def test_profile_kind_in_scenario_files(tmp_path, make_scenario):
