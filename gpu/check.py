@@ -511,9 +511,11 @@ class Check:
             self.fig[name] = RUNNERS[name](self)
             rec["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - recorded with its traceback; the next section runs
-            rec.update(status="error", error=f"{e.__class__.__name__}: {e.args[0] if e.args else ''}",
-                       traceback=traceback.format_exc())
             partial = e.args[1] if len(e.args) > 1 and isinstance(e.args[1], dict) else None
+            # (a section's error carries its partial results after its message; any other, str: an
+            # OSError's args[0] is its errno, "IsADirectoryError: 21", without the path)
+            rec.update(status="error", error=f"{e.__class__.__name__}: {e.args[0] if partial is not None else e}",
+                       traceback=traceback.format_exc())
             self.fig[name] = partial
             if self.device.type == "cuda":
                 import torch
@@ -574,7 +576,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpu.device import configure_cpu, provenance, resolve_device
 
-    device = resolve_device(a.device)
+    try:
+        device = resolve_device(a.device)
+    except Exception as e:  # no CUDA device, or a bad --device: said, and written down, never a traceback
+        fig["error"] = str(e)
+        write_json(out, fig)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if kind == "cpu":
         configure_cpu(1)
     s = dict(SETTINGS[kind])

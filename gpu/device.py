@@ -18,9 +18,12 @@ GIB = 1 << 30
 
 def _user_error(msg: str) -> Exception:
     """The simulator's ScenarioError (the CLI prints it plainly), imported only when raised: the kernels
-    and this module run without the simulator's dependencies (pydantic)."""
-    from sim.config import ScenarioError
-
+    and this module run without the simulator's dependencies (pydantic): without them, a ValueError with
+    the same message (not the missing package's ImportError in its place)."""
+    try:
+        from sim.config import ScenarioError
+    except ImportError:
+        return ValueError(msg)
     return ScenarioError(msg)
 
 
@@ -29,7 +32,10 @@ def resolve_device(name: str | torch.device) -> torch.device:
     name = str(name)
     if name != "cpu" and not name.startswith("cuda"):
         raise _user_error(f"--device {name!r}: expected cuda or cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # "cuda:x"
+        raise _user_error(f"--device {name!r}: expected cpu, cuda or cuda:N (N a device index)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise _user_error(f"--device {name}: torch {torch.__version__} sees no CUDA device (use --device cpu)")
     return device

@@ -666,6 +666,10 @@ class ReplayExecutors:
         if policy.policy.kv_offload is not None:
             raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
                                 "is simulator-only; the replay would read blocks it never loaded")
+        if policy.policy.kv_cache_dtype != "auto":
+            raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_cache_dtype: {policy.policy.kv_cache_dtype} "
+                                "is simulator-only: the kernels read keys and values in the model's dtype, so the "
+                                "replay's pool would hold twice the bytes the simulator sized (use kv_cache_dtype: auto)")
         if self._current is not None:
             self._current.release()
             if self.device.type == "cuda":

@@ -247,3 +247,19 @@ def test_a_failed_or_unfinished_kernel_check_sends_the_gpu_to_the_torch_path(tmp
         assert ctx.attention == backend and ctx.fig["attention"]["fallback"] == (backend == "torch")
         if reason:
             assert reason in ctx.fig["attention"]["reason"] and "PyTorch attention" in ctx.fig["attention"]["reason"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA device")
+def test_no_cuda_device_is_one_error_and_a_json_saying_so(tmp_path, monkeypatch):
+    """`--device cuda` where torch sees no CUDA device: exit 2, one line, and the JSON written with the
+    error (it was a traceback and no JSON; without pydantic the ImportError stood in for the cause)."""
+    from gpu import check
+    import gpu.device
+
+    out = tmp_path / "check.json"
+    assert check.main(["--device", "cuda", "--out", str(out)]) == 2
+    assert "sees no CUDA device" in json.loads(out.read_text())["error"]
+    assert check.main(["--device", "cuda:x", "--out", str(out)]) == 2
+    assert "expected cpu, cuda or cuda:N" in json.loads(out.read_text())["error"]
+    monkeypatch.setitem(sys.modules, "sim.config", None)  # as on the device image before its wheels: no pydantic
+    assert "sees no CUDA device" in str(gpu.device._user_error("--device cuda: torch sees no CUDA device"))

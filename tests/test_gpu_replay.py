@@ -327,3 +327,18 @@ def test_the_shipped_hybrid_scenario_replays():
     assert hybrid.summary["kv_capacity_tokens"] == 2.5 * full.summary["kv_capacity_tokens"]
     for i in range(10):
         assert ex.executors["paged-hybrid"].generated(i) == ex.executors["paged-full"].generated(i), i
+
+
+def test_the_replay_refuses_an_fp8_kv_cache():
+    """The kernels read K and V in the model's dtype: an fp8 policy's pool would hold twice the bytes the
+    simulator sized, and nothing said so."""
+    from gpu.executor import ReplayExecutors
+    from sim.config import ScenarioError
+    from sim.policy import resolve_policy
+
+    s = parse_scenario({"name": "t", "model": "llama-3-8b", "gpu": "h100", "decompose": False,
+                        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "sharegpt", "num_requests": 5},
+                        "policies": [{"preset": "vllm", "kv_cache_dtype": "fp8"}]})
+    policy = resolve_policy(s, s.model_spec(), s.gpu_spec(), s.policies[0])
+    with pytest.raises(ScenarioError, match="kv_cache_dtype: fp8 is simulator-only"):
+        ReplayExecutors("cpu", warmup=False)(s, s.model_spec(), s.gpu_spec(), policy, None)
