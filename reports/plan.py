@@ -31,11 +31,6 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(front)
 
 
-def _label(r: pd.Series) -> str:
-    knobs = " ".join(f"{c}={r[c]}" for c in ("max_num_seqs", "block_size") if c in r.index and pd.notna(r[c]))
-    return f"{plan_label(r)} {knobs}".strip()
-
-
 def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:
     ran = t[t["ran"] & t["error"].isna()].copy()
     fig = go.Figure()
@@ -43,7 +38,7 @@ def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:
         part = ran[ran["passed"] == passed]
         fig.add_trace(go.Scatter(x=part["usd_per_hour"], y=part["request_throughput"], mode="markers", name=name,
                                  marker={"color": color, "size": 8},
-                                 text=[_label(r) for _, r in part.iterrows()],
+                                 text=[plan_label(r) for _, r in part.iterrows()],
                                  hovertemplate="%{text}<br>$%{x:.2f}/h<br>%{y:.3f} req/s<extra></extra>"))
     front = pareto_front(ran[ran["passed"] == True])  # noqa: E712
     if len(front):
@@ -82,7 +77,7 @@ def render(folder: Path) -> str:
         w = best[best[rate_col] == rate]
         if len(w) and bool(w.iloc[0]["met"]):
             r = w.iloc[0]
-            parts.append(f"<p>Winner: <b>{esc(_label(r))}</b>, {int(r['num_gpus'])} GPUs, "
+            parts.append(f"<p>Winner: <b>{esc(plan_label(r))}</b>, {int(r['num_gpus'])} GPUs, "
                          f"${r['usd_per_hour']:.2f}/h, ${r['usd_per_million_tokens']:.3f} per million tokens.</p>")
         else:
             parts.append("<p>No configuration in the plan meets the SLO at this rate.</p>")

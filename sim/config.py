@@ -828,15 +828,30 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
             if model is not None and path and isinstance(path[-1], str):
                 import difflib
 
-                known = sorted({f for m in _models_at(model, path[:-1]) for f in m.model_fields})
-                hint = difflib.get_close_matches(path[-1], known, 1)
-                msg += f" (did you mean {hint[0]!r}?)" if hint else ""
+                models = _models_at(model, path[:-1])
+                owners = [m for m in models if path[-1] in m.model_fields]
+                if owners:  # a key of another kind of this mapping (a trace workload's, on a generated one)
+                    kinds = " or ".join(sorted({_kind_name(m) for m in owners}))
+                    msg += f" here: {path[-1]!r} is a key of {kinds}"
+                else:
+                    known = sorted({f for m in models for f in m.model_fields})
+                    hint = difflib.get_close_matches(path[-1], known, 1)
+                    msg += f" (did you mean {hint[0]!r}?)" if hint else ""
         elif err["type"] == "missing":
             msg = "required key is missing"
         got = err.get("input")
         tail = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, (dict, list)) else f" (got {got!r})"
         msgs.append(f"{where}: {_fmt_path(path)}: {msg}{tail}")
     return "\n".join(dict.fromkeys(msgs))
+
+
+def _kind_name(model: type[BaseModel]) -> str:
+    """How a union's member is chosen, in words: ``kind: trace`` (its first kind), else its class name."""
+    import typing
+
+    kind = model.model_fields.get("kind")
+    values = typing.get_args(kind.annotation) if kind is not None else ()
+    return f"kind: {values[0]}" if values and isinstance(values[0], str) else model.__name__
 
 
 def validate_mapping(model: type[BaseModel], data: Any, source: str, lines: dict | None = None,

@@ -106,7 +106,13 @@ class PlanFile(Strict):
     @field_validator("slo")
     @classmethod
     def _known_metrics(cls, slo: dict[str, Bound]) -> dict[str, Bound]:
-        return known_slo_metrics(slo)
+        slo = known_slo_metrics(slo)
+        for m, b in slo.items():
+            if b.min is not None:  # NOTE: the search infers a failure at a rate from a lower rate's failure
+                raise ValueError(f"{m}: min {b.min:g}: the plan's search assumes a configuration that fails at a "
+                                 "rate fails above it, which a minimum (such as on throughput, met more easily at "
+                                 "higher rates) breaks; bound a maximum (a latency) instead")
+        return slo
 
     @field_validator("split")
     @classmethod
@@ -167,6 +173,8 @@ class PlanFile(Strict):
     def _positive_ints(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and any(x < 1 for x in v):
             raise ValueError(f"every value must be at least 1 (got {v})")
+        if v is not None and len(set(v)) < len(v):
+            raise ValueError(f"a value is listed twice (got {v})")
         return v
 
     @model_validator(mode="after")
@@ -277,6 +285,9 @@ class Plan:
         return " and ".join(b.text(m) for m, b in self.spec.slo.items())
 
 
+MAX_CONFIGURATIONS = 100_000  # a plan's grid, before pruning (a sweep's points: sim.sweep.spec.MAX_POINTS)
+
+
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file, check it, and check one scenario of every shape; each problem raises
     :class:`ScenarioError` naming the file, the line and the key."""
@@ -292,6 +303,16 @@ def load_plan(path: str | Path) -> Plan:
     base.setdefault("gpu", spec.gpus[0])
     base.setdefault("policies", list(spec.policies))
     base["decompose"] = False  # a plan keeps each configuration's own metrics only
+    cluster = base.get("cluster")
+    for pool in ("prefill", "decode"):
+        got = cluster.get(pool) if isinstance(cluster, dict) else None
+        for key in ("gpu", "tensor_parallel"):
+            if isinstance(got, dict) and key in got:
+                # (kept, every run put that pool on it while the tables named and priced the plan's GPU)
+                at = "" if isinstance(spec.base, str) else "base."  # a base file, or the plan's own mapping
+                raise ScenarioError(f"{base_source}: {at}cluster.{pool}.{key}: "
+                                    "the plan puts every replica on its own gpus and tensor_parallel; remove it from "
+                                    "the base")
     if isinstance(spec.base, str):
         parse_scenario(base, base_source, base_lines, base_dir)
     else:
@@ -330,8 +351,9 @@ def load_plan(path: str | Path) -> Plan:
         probe = Shape("", 1, None, "", (), split)
         lo, hi = probe.counts(spec)
         if lo > hi:
-            raise ScenarioError(f"{source}{_line_of(lines, 'prefill_decode')}: prefill_decode: {split[0]}:{split[1]} "
-                                f"needs at least {sum(split)} replicas; replicas.max is {spec.replicas.max}")
+            raise ScenarioError(f"{source}{_line_of(lines, 'prefill_decode')}: prefill_decode: a {split[0]}:{split[1]} "
+                                f"unit is {sum(split)} replicas, and no whole number of units lies in replicas "
+                                f"{spec.replicas.min} to {spec.replicas.max}")
     for gpu in spec.gpus:
         for tp in spec.tensor_parallel:
             for policy in spec.policies:
@@ -355,6 +377,11 @@ def load_plan(path: str | Path) -> Plan:
             check_routers([spec.router], load_requests(probe_scenario))
         except ScenarioError as e:
             raise ScenarioError(f"{source}{_line_of(lines, 'router')}: {str(e).removeprefix('cluster.')}") from None
+    size = sum(hi - lo + 1 for lo, hi in (s.counts(spec) for s in shapes)) * len(plan.rate_values)
+    if size > MAX_CONFIGURATIONS:
+        raise ScenarioError(f"{source}: {size:,} configurations (shapes x replica counts x rates): at most "
+                            f"{MAX_CONFIGURATIONS:,}; narrow gpus, tensor_parallel, policies, the knobs, replicas "
+                            "or the rates")
     names = {}
     for s in shapes:
         key = (s.gpu, s.tensor_parallel, s.knobs, s.policy_name, s.pd)

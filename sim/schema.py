@@ -155,7 +155,10 @@ def varying_axes(table) -> list[str]:
 
 def plan_label(row) -> str:
     """A configuration of a plan table (plan.parquet, best.csv; a row as a mapping) in words:
-    ``2 x h100 tp1 vllm``, or ``1+3 x h100 tp1 vllm`` for 1 prefill and 3 decode replicas."""
+    ``2 x h100 tp1 vllm``, or ``1+3 x h100 tp1 vllm`` for 1 prefill and 3 decode replicas, then the plan's
+    knobs where it has them (``max_num_seqs=128``): two rows differing only in them read apart."""
     pre = row.get("prefill_replicas")
     count = f"{int(pre)}+{int(row['decode_replicas'])}" if pre is not None and pre == pre else f"{row['replicas']}"
-    return f"{count} x {row['gpu']} tp{row['tensor_parallel']} {row['policy']}"
+    knobs = "".join(f" {k}={int(v)}" for k in ("max_num_seqs", "block_size")
+                    if (v := row.get(k)) is not None and v == v)  # a plan's knobs, where it has them
+    return f"{count} x {row['gpu']} tp{row['tensor_parallel']} {row['policy']}{knobs}"

@@ -39,6 +39,9 @@ def test_valid_scenario_loads(tmp_path):
 
 @pytest.mark.parametrize("bad,expect", [
     (BASE + "colour: red\n", "s.yaml:9: colour: unknown key"),
+    # a trace workload's key on a generated one (the hint read: "did you mean 'rate_scale'?")
+    (BASE.replace("  num_requests: 10", "  num_requests: 10\n  rate_scale: 2"),
+     "workload.rate_scale: unknown key here: 'rate_scale' is a key of kind: trace"),
     (BASE.replace("rate: 2.0", "rate: -1"), "s.yaml:5: workload.arrival.rate: Input should be greater than or equal to 0.000000001 (got -1)"),
     (BASE.replace("rate: 2.0", "rate: fast"), "workload.arrival.rate: Input should be a valid number"),
     (BASE.replace("rate: 2.0", "rate: 0"), "workload.arrival.rate: Input should be greater than or equal to 0.000000001"),

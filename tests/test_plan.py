@@ -155,7 +155,17 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['1:0']"},
      "prefill_decode: '1:0': expected prefill:decode replicas per unit"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['2:3']"},
-     "prefill_decode: 2:3 needs at least 5 replicas; replicas.max is 4"),
+     "prefill_decode: a 2:3 unit is 5 replicas, and no whole number of units lies in replicas 1 to 4"),
+    ({"policies: [vllm]": "max_num_seqs: [64, 64]"}, "max_num_seqs: a value is listed twice"),  # (read: two policies named vllm)
+    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: 24.5, request_throughput: {min: 8}}"},
+     "slo: request_throughput: min 8: the plan's search assumes a configuration that fails at a rate fails above it"),
+    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: {min: 100, max: 10}}"}, "min 100 is above max 10"),
+    ({"    seed: 1": "    seed: 1\n  cluster: {prefill: {replicas: 1, gpu: l4}, decode: {replicas: 1},"
+                    " kv_transfer: nvlink}"},
+     "cluster.prefill.gpu: the plan puts every replica on its own gpus and tensor_parallel"),
+    ({"{min: 1, max: 4}": "{min: 1, max: 1024}", "gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h100]\n"
+      "max_num_seqs: [8, 16, 32, 64, 128, 256]\nblock_size: [8, 16, 32, 64, 128]"},
+     "122,880 configurations (shapes x replica counts x rates): at most 100,000"),
     ({"policies: [vllm]": "kv_transfer: nvlink"}, "kv_transfer and prefill_decode apply to split: disaggregated"),
     ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
     ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),

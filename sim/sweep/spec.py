@@ -64,6 +64,8 @@ class Bound(Strict):
     def _some(self) -> "Bound":
         if self.max is None and self.min is None:
             raise ValueError("give 'max' (at most) or 'min' (at least)")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}: no value meets it")
         return self
 
     def holds(self, value: float | None) -> bool:
