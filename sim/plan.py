@@ -47,8 +47,8 @@ import pandas as pd
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
-from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Real, Scenario, ScenarioError, Strict, _known_link,
-                        _number, format_validation_error, parse_scenario, read_yaml, validate_mapping)
+from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, Real, Scenario, ScenarioError, Strict,
+                        _known_link, _number, format_validation_error, parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter
@@ -285,6 +285,19 @@ class Plan:
         return " and ".join(b.text(m) for m, b in self.spec.slo.items())
 
 
+class _PlanPolicies(Strict):
+    policies: list[Policy]
+
+    @field_validator("policies")
+    @classmethod
+    def _names(cls, policies: list) -> list:
+        names = [p.name for p in policies]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
+        return policies
+
+
 MAX_CONFIGURATIONS = 100_000  # a plan's grid, before pruning (a sweep's points: sim.sweep.spec.MAX_POINTS)
 
 
@@ -296,6 +309,8 @@ def load_plan(path: str | Path) -> Plan:
     source = str(path)
     spec = validate_mapping(PlanFile, data, source, lines,
                             keys="plan keys (base, rates or rate_scales, slo, gpus, replicas, ...)")
+    # the plan's own policies, by its own lines (checked in the base they read as the base's mistakes)
+    validate_mapping(_PlanPolicies, {"policies": list(spec.policies)}, source, lines)
     base, base_lines, base_source, base_dir = read_base(path, spec.base, lines)
     if not isinstance(base, dict):
         raise ScenarioError(f"{base_source}: expected a mapping of scenario keys")
@@ -366,6 +381,12 @@ def load_plan(path: str | Path) -> Plan:
                         scenario = plan.scenario(first, shape, shape.counts(spec)[0])
                         shapes.append(Shape(gpu, tp, policy, scenario.policies[0].name, knobs, split))
     probe_scenario = plan.scenario(first, shapes[0], shapes[0].counts(spec)[0])
+    key = "rates" if spec.rates is not None else "rate_scales"
+    for r in plan.rate_values[1:]:  # every rate now, not when the search reaches it (after the lower ones ran)
+        try:
+            plan.scenario(r, shapes[0], shapes[0].counts(spec)[0])
+        except ScenarioError as e:
+            raise ScenarioError(f"{source}{_line_of(lines, key)}: {key}: {r:g}: {str(e).split(': ', 1)[-1]}") from None
     model = probe_scenario.model_spec()
     for tp in spec.tensor_parallel:
         try:

@@ -169,6 +169,10 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"policies: [vllm]": "kv_transfer: nvlink"}, "kv_transfer and prefill_decode apply to split: disaggregated"),
     ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
     ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),
+    # the plan's policies by the plan's lines and keys (they read "base.policies[0]", "base: policy names ...")
+    ({"policies: [vllm]": "policies: [{preset: vllm, blok_size: 32}]"},
+     "p.yaml:14: policies[0].blok_size: unknown key (did you mean 'block_size'?)"),
+    ({"policies: [vllm]": "policies: [vllm, vllm]"}, "policies: policy names must be unique"),
     ({"prices: {h100: 9.5}": "prices: {h100: true}"}, "prices.h100: expected a number, not true"),
     ({"prices: {h100: 9.5}": "prices: {h100: 1.0e+308}"}, "prices.h100: Input should be less than or equal to"),
     ({"{min: 1, max: 4}": "{min: 1, max: 1000000000}"}, "replicas.max: Input should be less than or equal to 1024"),
@@ -177,6 +181,8 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
      "tensor_parallel: opt-13b: 40 attention heads do not split over tensor_parallel=3"),
     ({"policies: [vllm]": "router: session-affinity"}, "session-affinity needs the trace's session ids"),
     ({"rates: [4, 16]": "rate_scales: [1, 2]"}, "rate_scales: the base workload is generated: give rates"),
+    # every rate checked at load (the lowest ran and was stored first, then the error came without its key)
+    ({"rates: [4, 16]": "rates: [4, 1.0e+13]"}, "rates: 1e+13: point rate="),
 ])
 def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
     path = plan_file(tmp_path, **replace)
