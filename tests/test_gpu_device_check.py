@@ -5,6 +5,7 @@ step that the CUDA graphs capture computes what the eager step computes."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,3 +264,20 @@ def test_no_cuda_device_is_one_error_and_a_json_saying_so(tmp_path, monkeypatch)
     assert "expected cpu, cuda or cuda:N" in json.loads(out.read_text())["error"]
     monkeypatch.setitem(sys.modules, "sim.config", None)  # as on the device image before its wheels: no pydantic
     assert "sees no CUDA device" in str(gpu.device._user_error("--device cuda: torch sees no CUDA device"))
+
+
+@pytest.mark.parametrize("text,message", [
+    ("TIMESTAMP,Ctx,GeneratedTokens\n2023-11-16 18:15:46.68,5,3\n", "missing column(s) ContextTokens"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,5,3\n2023-11-16 18:15:47.68,x,3\n",
+     "t.csv:3: ContextTokens = 'x', expected a whole number of tokens >= 0"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,5,-3\n",
+     "t.csv:2: GeneratedTokens = -3, expected a whole number"),  # (clipped to 1, silently)
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,3\n", "t.csv:2: TIMESTAMP = 'yesterday', expected a date"),
+])
+def test_the_device_checks_trace_reader_names_file_line_and_column(tmp_path, text, message):
+    """It raised KeyError: ContextTokens or a TypeError, naming no file."""
+    from gpu.azure import azure_requests
+
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        azure_requests(tmp_path / "t.csv", 10)
