@@ -448,7 +448,7 @@ class Check:
         if miss:
             return (f"needs {', '.join(miss)}, not installed here: install the bundle's wheels "
                     f"(python gpu/device_bundle.py, then the README's device command)")
-        if name in ("calibration", "replay") and self.trace is None:
+        if name in ("calibration", "replay", "validation") and self.trace is None:  # validation reads the replay
             return ("the Azure conv trace is in none of " + ", ".join(self.trace_places)
                     + ": give --trace, or carry .device (python gpu/device_bundle.py)")
         return None

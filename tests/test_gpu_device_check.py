@@ -225,6 +225,8 @@ def test_on_a_gpu_a_missing_trace_or_package_is_an_error_naming_it(tmp_path):
     ctx.section("calibration", ["calibration", "replay", "validation"])
     rec = ctx.fig["sections"]["calibration"]
     assert rec["status"] == "error" and "/nowhere/a.csv, /nowhere/b.csv" in rec["error"]
+    ctx.section("validation", ["validation"])  # it reads the replay of the trace: named the same way
+    assert "/nowhere/a.csv" in ctx.fig["sections"]["validation"]["error"]
     ctx = _gpu_check(tmp_path, trace=Path("t.csv"), missing=("simpy", "pynvml"))
     ctx.section("replay", ["replay", "validation"])
     rec = ctx.fig["sections"]["replay"]
