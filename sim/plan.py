@@ -319,15 +319,13 @@ def load_plan(path: str | Path) -> Plan:
     base.setdefault("policies", list(spec.policies))
     base["decompose"] = False  # a plan keeps each configuration's own metrics only
     cluster = base.get("cluster")
-    for pool in ("prefill", "decode"):
-        got = cluster.get(pool) if isinstance(cluster, dict) else None
-        for key in ("gpu", "tensor_parallel"):
-            if isinstance(got, dict) and key in got:
-                # (kept, every run put that pool on it while the tables named and priced the plan's GPU)
-                at = "" if isinstance(spec.base, str) else "base."  # a base file, or the plan's own mapping
-                raise ScenarioError(f"{base_source}: {at}cluster.{pool}.{key}: "
-                                    "the plan puts every replica on its own gpus and tensor_parallel; remove it from "
-                                    "the base")
+    at = "" if isinstance(spec.base, str) else "base."  # a base file, or the plan's own mapping
+    if isinstance(cluster, dict):  # the plan makes each configuration's replicas or pools itself (a base pool's
+        # gpu was kept: every run put that pool on it while the tables named and priced the plan's GPU)
+        for key in ("replicas", "prefill", "decode"):
+            if cluster.get(key) is not None:
+                raise ScenarioError(f"{base_source}: {at}cluster.{key}: the plan sets every configuration's replicas "
+                                    "and pools (replicas, split, prefill_decode); remove it from the base")
     if isinstance(spec.base, str):
         parse_scenario(base, base_source, base_lines, base_dir)
     else:

@@ -162,7 +162,7 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: {min: 100, max: 10}}"}, "min 100 is above max 10"),
     ({"    seed: 1": "    seed: 1\n  cluster: {prefill: {replicas: 1, gpu: l4}, decode: {replicas: 1},"
                     " kv_transfer: nvlink}"},
-     "cluster.prefill.gpu: the plan puts every replica on its own gpus and tensor_parallel"),
+     "base.cluster.prefill: the plan sets every configuration's replicas and pools"),
     ({"{min: 1, max: 4}": "{min: 1, max: 1024}", "gpus: [a100-40gb, h100]": "gpus: [a100-40gb, h100]\n"
       "max_num_seqs: [8, 16, 32, 64, 128, 256]\nblock_size: [8, 16, 32, 64, 128]"},
      "122,880 configurations (shapes x replica counts x rates): at most 100,000"),
