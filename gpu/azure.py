@@ -22,7 +22,7 @@ def azure_requests(path: str | Path, num_requests: int, *, max_prompt_tokens: in
     """The first ``num_requests`` requests; arrivals in seconds from the first, divided by ``time_scale``
     (> 1 replays the trace faster); lengths clipped to [1, max]."""
     path = Path(path)
-    df = pd.read_csv(path, nrows=num_requests)
+    df = pd.read_csv(path, nrows=num_requests, skip_blank_lines=False)  # a row per line: errors name the line
     missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)}: expected the Azure LLM inference trace's "

@@ -489,13 +489,17 @@ class Timeline:
         if len(f) >= self.flush_at:
             self.flush()
 
-    def columns(self, capacity: int, end_s: float) -> Columns:
-        """One row per bin: its start, width (the last one ends at ``end_s``) and sums; plus the
-        time-averaged running batch, waiting queue and memory shares."""
+    def columns(self, capacity: int, end_s: float, start_s: float = 0.0) -> Columns:
+        """One row per bin from the one holding ``start_s`` (the run's first arrival): its start, the
+        width of it the run covers (the first from ``start_s``, the last to ``end_s``) and sums; plus the
+        time-averaged running batch, waiting queue and memory shares over that width."""
         self.flush()
-        data = self.data[: self.n]
-        start = np.arange(self.n) * self.bin_s
+        first = min(int(start_s // self.bin_s), max(self.n - 1, 0)) if start_s > 0 else 0
+        data = self.data[first: self.n]
+        start = np.arange(first, self.n) * self.bin_s
         w = np.minimum(self.bin_s, np.maximum(end_s - start, 1e-12))
+        if len(w) and start_s > start[0]:  # the first bin from the first arrival on
+            w[0] = max(w[0] - (start_s - start[0]), 1e-12)
         c = {"bin_start_s": start, "bin_s": w,
              **{name: np.ascontiguousarray(data[:, j]) for j, name in enumerate(TIMELINE_COLUMNS)}}
         c["mean_running"] = c["seq_s"] / w  # sequences in the steps, time-weighted (the batch over time)
@@ -513,9 +517,9 @@ class Timeline:
         c["memory.used_without_sharing"] = (used + c["shared_slot_s"]) / (w * capacity)
         return Columns(c)
 
-    def frame(self, capacity: int, end_s: float):
+    def frame(self, capacity: int, end_s: float, start_s: float = 0.0):
         """``columns`` as a pandas DataFrame."""
-        return self.columns(capacity, end_s).frame()
+        return self.columns(capacity, end_s, start_s).frame()
 
 
 def _dot(times: list[float], x: list[int], j0: int, j1: int) -> float:
@@ -798,7 +802,7 @@ class Recorder:
         if lost:  # the accounting identity is a guarantee: never end a run without it
             raise RuntimeError(f"{lost} requests neither finished, rejected nor unfinished: a bug, please report it")
         req = self.log.columns() if requests is None else requests
-        timeline = self.timeline.columns(self.capacity, end_s)
+        timeline = self.timeline.columns(self.capacity, end_s, first_arrival_s)
         mem_slot_s = np.array([timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
         summary = summarize(Columns.of(req), self.itl, mem_slot_s, end_s - first_arrival_s, self.capacity,
                             float(timeline["busy_s"].sum()), self.num_steps, self.seq_steps,

@@ -47,19 +47,14 @@ if TYPE_CHECKING:  # (typed for the compiled build's direct calls)
 def before_copies(pairs: list[tuple[int, int]], copies: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Swap-out ``pairs`` (GPU block, CPU block) as the executor runs them: before the step's block copies
     (``StepPlan``). A block that a copy made earlier in this step fills (copy-on-write) still holds its old
-    content then: swap out the copy's source instead (following earlier copies into that), and drop the
-    copy, whose destination the swap-out frees. ``copies`` (source, destination) changes in place.
-    (Swapped out as it was, the block brought a sample stale keys and values back: found by the GPU
-    replay, whose sequences then generated other tokens than the plain run's.)"""
-    src_of = dict((d, s) for s, d in copies)
-    out = []
-    gone = set()
-    for b, c in pairs:
-        s, seen = b, 0
-        while s in src_of and seen < len(copies):
-            s, seen = src_of[s], seen + 1
-        out.append((s, c))
-        gone.add(b)
+    content then: swap out the copy's source instead, and drop the copy, whose destination the swap-out
+    frees. ``copies`` (source, destination) changes in place; a step's copies never chain (a destination is
+    no source: ``gpu/kv_cache.copy_blocks`` runs them at once). (Swapped out as it was, the block brought a
+    sample stale keys and values back: found by the GPU replay, whose sequences then generated other tokens
+    than the plain run's.)"""
+    src_of = {d: s for s, d in copies}
+    out = [(src_of.get(b, b), c) for b, c in pairs]
+    gone = {b for b, _ in pairs}
     if not gone.isdisjoint(src_of):
         copies[:] = [(s, d) for s, d in copies if d not in gone]
     return out

@@ -309,6 +309,11 @@ def test_a_run_starts_at_its_first_arrival_and_never_lasts_less_than_nothing(mak
         a, b = base[name].summary, later[name].summary
         for k, v in a.items():
             assert b[k] == pytest.approx(v, rel=1e-9, abs=1e-12) if isinstance(v, float) else b[k] == v, (name, k)
+    tl = later["vllm"].timeline  # the timeline starts at the bin holding the first arrival, covered from it
+    assert tl.bin_start_s.iloc[0] <= 100.0 < tl.bin_start_s.iloc[0] + 1.0
+    assert tl.bin_s.sum() == pytest.approx(later["vllm"].summary["duration_s"])
+    # (a step counts in the bin where it ends: a bin's shares sum to about 1, the first's too, not diluted)
+    assert np.allclose(sum(tl[f"memory.{c}"] for c in MEMORY_CLASSES), 1.0, atol=0.1)
     gone = result(100.0, horizon_s=50.0)["vllm"].summary
     assert gone["num_unfinished"] == 8 and gone["duration_s"] == 0.0 and gone["request_throughput"] is None
     too_long = result(5.0, prompt=3000)["vllm"].summary  # past OPT-13B's 2,048 positions

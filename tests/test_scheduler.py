@@ -200,8 +200,8 @@ def test_the_schedulers_plans_are_the_plans_their_fields_make():
 def test_a_swap_out_of_a_block_a_copy_fills_this_step_takes_the_copys_source():
     from sim.scheduler import before_copies
 
-    copies = [(5, 9), (2, 5), (7, 8)]  # 9 <- 5 <- 2 this step; 8 <- 7
-    assert before_copies([(9, 100), (3, 101)], copies) == [(2, 100), (3, 101)]
-    assert copies == [(2, 5), (7, 8)]  # the copy into the freed block is dropped, the others kept
+    copies = [(5, 9), (7, 8)]  # 9 <- 5 and 8 <- 7 this step
+    assert before_copies([(9, 100), (3, 101)], copies) == [(5, 100), (3, 101)]
+    assert copies == [(7, 8)]  # the copy into the freed block is dropped, the other kept
     copies = [(7, 8)]
     assert before_copies([(1, 100)], copies) == [(1, 100)] and copies == [(7, 8)]

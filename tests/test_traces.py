@@ -312,6 +312,12 @@ def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):
     q = write(tmp_path, "later.csv", "\n".join(lines[:1] + lines[2:] + [t0.format(1) + ",1,3"]) + "\n")
     with pytest.raises(ScenarioError, match=re.escape("not a valid CSV (Expected 3 fields in line 3, saw 4) (or set bad_rows")):
         load(q)
+    two = write(tmp_path, "two.csv", "arrival_s,prompt_tokens,output_tokens\n1,5,3,4\n2,6,3,9\n3,7,3\n")
+    t = read_trace(open_trace(two), bad_rows="drop")  # the second line, first once the first is skipped: cut, kept
+    assert list(t.prompt_tokens) == [7] and t.dropped == {"too_many_fields": 2}
+    blank = write(tmp_path, "blank.csv", "\n\narrival_s,prompt_tokens,output_tokens\n1,5,3\n2,x,3\n")
+    with pytest.raises(ScenarioError, match=re.escape(f"{blank}:5: prompt_tokens = 'x'")):  # (EmptyDataError)
+        read_trace(open_trace(blank))
     for chunk_rows in (1, 2, 100):  # the out-of-order row is line 7, past two skipped lines, in any chunking
         with pytest.raises(ScenarioError, match=re.escape(f"{q}:7: TIMESTAMP = '{t0.format(1)}' is 8 s before")):
             read_trace(open_trace(q), bad_rows="drop", chunk_rows=chunk_rows)

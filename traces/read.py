@@ -54,13 +54,22 @@ class Chunk:
 # ---------------------------------------------------------------------------------------------- chunks
 
 
-def _first_rows(tf: TraceFile) -> tuple[int, list[str]]:
-    """(the header's line, the fields of the first data line): a CSV may start with blank lines."""
+def _first_rows(tf: TraceFile) -> tuple[int, list[tuple[int, int]]]:
+    """(the header's line, (line, fields) of each data line right after it with more fields than the
+    header): a CSV may start with blank lines."""
     with open_text(tf.path) as f:
-        for line_no, line in enumerate(f, 1):
+        for head, line in enumerate(f, 1):
             if line.strip():
-                return line_no, next(csv.reader([next(f, "")]), [])
-    return 1, []
+                break
+        else:
+            return 1, []
+        long = []
+        for line_no, line in enumerate(f, head + 1):
+            n = len(next(csv.reader([line]), []))
+            if n <= len(tf.names):
+                break
+            long.append((line_no, n))
+    return head, long
 
 
 def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chunk_rows: int,
@@ -69,20 +78,19 @@ def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chun
     (``too_many_fields``), and bytes that are not UTF-8 read as U+FFFD, so that their row fails its checks
     and is dropped and counted; else each is an error naming the line."""
     drop = rows.bad_rows == "drop"
-    head, first = _first_rows(tf)
+    head, long = _first_rows(tf)
     skipped: list[int] = []  # lines with too many fields, in file order
-    if len(first) > len(tf.names):
-        # NOTE: pandas reads a first data row with more fields than the header as an index column, or with
-        # index_col=False silently cuts it; every later such line it reports
-        rows.bad_line(f"{tf.path}:{head + 1}", "too_many_fields",
-                      f"{len(first)} fields, expected {len(tf.names)} as in the header")
-        skipped.append(head + 1)
+    for line_no, n in long:
+        # NOTE: pandas reads the first data row with more fields than the header as an index column, or
+        # with index_col=False silently cuts it (and the next, once that one is skipped); later ones it reports
+        rows.bad_line(f"{tf.path}:{line_no}", "too_many_fields", f"{n} fields, expected {len(tf.names)} as in the header")
+        skipped.append(line_no)
     # NOTE: skip_blank_lines=False keeps one row per line: a row's line is its index + head + 1, plus the
     # lines skipped before it
     try:
         with pd.read_csv(tf.path, dtype={c: str for c in text_columns}, chunksize=chunk_rows,
                          skip_blank_lines=False, keep_default_na=False, na_values=[""], index_col=False,
-                         skiprows=[head] if skipped else None,
+                         header=head - 1, skiprows=[n - 1 for n in skipped] or None,
                          on_bad_lines="warn" if drop else "error",
                          compression="gzip" if is_gzip(tf.path) else None, encoding="utf-8-sig",
                          encoding_errors="replace" if drop else "strict") as reader:
@@ -91,9 +99,12 @@ def _csv_chunks(tf: TraceFile, columns: list[str], text_columns: list[str], chun
                     warnings.simplefilter("always", pd.errors.ParserWarning)
                     frame = next(reader, None)  # NOTE: every column is read, so that pandas checks each row's field count
                 for w in caught:
-                    for m in re.finditer(r"Skipping line (\d+)", str(w.message)):
-                        skipped.append(int(m.group(1)))
+                    found = re.findall(r"Skipping line (\d+)", str(w.message))
+                    for n in found:
+                        skipped.append(int(n))
                         rows.count("too_many_fields")
+                    if not found:  # any other warning, as it would have been shown
+                        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
                 if frame is None:
                     break
                 ids = frame.index.to_numpy() + head + 1

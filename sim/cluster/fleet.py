@@ -229,7 +229,7 @@ def fleet_summary(frame: Columns | pd.DataFrame, engines: list[Engine], requests
     first = float(requests.arrival_s[0]) if len(requests) else 0.0
     end = max(e._end_s for e in engines)
     capacity = sum(e.kv.capacity for e in engines)
-    tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end)
+    tl = merge_timelines([e.rec.timeline for e in engines]).frame(capacity, end, first)
     mem = np.array([tl[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES])
     recs = [e.rec for e in engines]
     summary = summarize(Columns.of(frame), merge_itl([x.itl for x in recs]), mem, end - first, capacity,
