@@ -408,6 +408,14 @@ def _expand_policy(entry: Any) -> Any:
 Policy = Annotated[PolicyConfig, BeforeValidator(_expand_policy)]
 
 
+def check_unique_names(policies: list[PolicyConfig]) -> None:
+    """A scenario's (or a plan's) policies: each name once (results are keyed by it)."""
+    names = [p.name for p in policies]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
+
+
 # ---------------------------------------------------------------------------------------------- hardware
 
 
@@ -652,10 +660,7 @@ class Scenario(Strict):
 
     @model_validator(mode="after")
     def _names(self) -> "Scenario":
-        names = [p.name for p in self.policies]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
+        check_unique_names(self.policies)
         return self
 
     @field_validator("gpu")

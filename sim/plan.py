@@ -48,7 +48,8 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, Real, Scenario, ScenarioError, Strict,
-                        _known_link, _number, format_validation_error, parse_scenario, read_yaml, validate_mapping)
+                        _known_link, _number, check_unique_names, format_validation_error, parse_scenario, read_yaml,
+                        validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter
@@ -291,10 +292,7 @@ class _PlanPolicies(Strict):
     @field_validator("policies")
     @classmethod
     def _names(cls, policies: list) -> list:
-        names = [p.name for p in policies]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"policy names must be unique; give each a 'name' ({', '.join(dup)} repeated)")
+        check_unique_names(policies)
         return policies
 
 
