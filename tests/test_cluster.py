@@ -1,6 +1,7 @@
 """Fleets (sim.cluster): replicas of the engine on one clock behind a router."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -180,15 +181,15 @@ def test_prefix_affinity_raises_the_hit_rate_and_its_load_cap_holds():
         r = run(prefix_scenario(router, cap))
         hit[key] = r.policies["cache"].summary["prefix_hit_rate_tokens"]
         fleet[key] = r.summary()["fleet"]["cache"]
-    assert hit["pa"] > hit["rr"] + 0.03, hit  # measured: 0.59 vs 0.53
-    assert hit["uncapped"] > hit["pa"] + 0.2, hit  # measured: 0.90
+    assert hit["pa"] > hit["rr"] + 0.2, hit  # measured: 0.80 vs 0.53
+    assert hit["uncapped"] > hit["pa"] + 0.05, hit  # measured: 0.90
     assert fleet["pa"]["num_prefix_affine"] > 0 and fleet["pa"]["num_load_capped"] > 0
     assert fleet["uncapped"]["num_load_capped"] == 0
 
 
 def test_the_prefix_affinity_cap_bounds_every_affine_choice():
     """Each request that follows its prefix goes to a replica whose outstanding requests, with it, are at
-    most load_cap x the mean; every other request goes to the least loaded replica."""
+    most ceil(load_cap x the mean); every other request goes to the least loaded replica."""
     from sim.cluster import router as routers
 
     decisions = []
@@ -210,9 +211,26 @@ def test_the_prefix_affinity_cap_bounds_every_affine_choice():
     assert len(decisions) == 400
     for before, r, affine, cap in decisions:
         if affine:
-            assert before[r] + 1 <= cap * (sum(before) + 1) / len(before) + 1e-9
+            assert before[r] + 1 <= math.ceil(cap * (sum(before) + 1) / len(before))
         else:
             assert before[r] == min(before)
+
+
+def test_prefix_affinity_follows_the_prefix_in_a_lightly_loaded_fleet():
+    """Requests far apart (each finds the fleet idle): the mean load is under one, and a cap of load_cap x
+    the mean without its ceiling redirected every request (to replica 0, the least loaded's tie), so the
+    router lost its affinity exactly when following it costs nothing (bounded loads take the ceiling)."""
+    sc = prefix_scenario("prefix-affinity")
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={
+        "arrival": sc.workload.arrival.model_copy(update={"rate": 0.05}), "num_requests": 120})})
+    res = run(sc)
+    fleet = res.summary()["fleet"]["cache"]
+    # measured: 87 affine, 2 capped (a replica still busy with a long request); before: 0 and 89
+    assert fleet["num_prefix_affine"] > 80 and fleet["num_load_capped"] <= 5, fleet
+    uncapped = run(sc.model_copy(update={"cluster": sc.cluster.model_copy(update={
+        "router_options": sc.cluster.router_options.model_copy(update={"load_cap": 1e6})})}))
+    assert res.policies["cache"].summary["prefix_hit_rate_tokens"] > \
+        uncapped.policies["cache"].summary["prefix_hit_rate_tokens"] - 0.03
 
 
 def test_heterogeneous_replicas_each_get_their_own_pool_and_speed():

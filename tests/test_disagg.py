@@ -51,6 +51,59 @@ def test_a_single_transfer_takes_bytes_over_bandwidth_plus_latency():
     assert fp8.transfer_ms == pytest.approx(512 * 65_536 / 50e9 * 1e3 + 0.02, rel=1e-12)
 
 
+def test_tensor_parallel_ranks_send_their_shares_in_parallel():
+    """One link per GPU: at tensor parallelism t on both sides each rank moves 1/t of a GQA model's KV, so
+    the stream takes bytes / (t x bandwidth); a decode pool of more ranks than the prefill pool's is
+    bounded by the senders; MLA's latent is whole on every rank, so it gains nothing."""
+    per_token = 2 * 32 * 8 * 128 * 2  # Llama-3-8B: 32 layers, 8 KV heads of 128, bf16
+    for tp_p, tp_d, links in ((1, 1, 1), (2, 2, 2), (4, 4, 4), (8, 8, 8), (2, 4, 2), (4, 2, 2)):
+        c = {"prefill": {"replicas": 1, "tensor_parallel": tp_p}, "decode": {"replicas": 1, "tensor_parallel": tp_d},
+             "kv_transfer": "nvlink"}
+        r = run(scenario(c, model="llama-3-8b", gpu="h100",
+                         workload=one_request(1000, 4))).policies["vllm"].requests.iloc[0]
+        assert r.transfer_bytes == 1000 * per_token  # the whole model's, once
+        assert r.transfer_ms == pytest.approx(1000 * per_token / (links * 450e9) * 1e3 + 0.01, rel=1e-12), (tp_p, tp_d)
+    mla = 61 * (512 + 64) * 2  # DeepSeek-V3: the latent and the rope key, every rank holds all of it
+    c = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "nvlink"}
+    r = run(scenario(c, model="deepseek-v3", gpu="h200", tensor_parallel=8,
+                     workload=one_request(1000, 4))).policies["vllm"].requests.iloc[0]
+    assert r.transfer_ms == pytest.approx(1000 * mla / 450e9 * 1e3 + 0.01, rel=1e-12)
+
+
+def _two_at_once(prefill, decode):
+    """Two requests arriving together, prefilled together, sent from and to the pools' replicas in turn."""
+    w = {"arrival": {"kind": "poisson", "rate": 1e9}, "prompt": {"kind": "fixed", "tokens": 500},
+         "output": {"kind": "fixed", "tokens": 4}, "num_requests": 2, "seed": 0}
+    c = {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "kv_transfer": LINK,
+         "router": "round-robin"}
+    return run(scenario(c, workload=w, startup_s=0.01)).policies["vllm"].requests  # both queued at the start
+
+
+def test_a_decode_replica_receives_one_stream_at_a_time():
+    """Two prefill replicas sending to one decode replica share its link: the second transfer waits for
+    the first one's stream (not for its latency), as two sends from one prefill replica do."""
+    stream = 500 * 819_200 / 50e9 * 1e3
+    for req in (_two_at_once(2, 1), _two_at_once(1, 2)):
+        assert np.ptp(req.prefill_end_s) < 1e-6 and (req.decode_wait_ms == 0).all()  # both ready at once
+        first, second = req.sort_values("transfer_queue_ms").itertuples()
+        assert first.transfer_ms == second.transfer_ms == pytest.approx(stream + 0.5, rel=1e-12)
+        start = lambda r: r.prefill_end_s + (r.decode_wait_ms + r.transfer_queue_ms) / 1e3
+        assert start(second) == pytest.approx(start(first) + stream / 1e3, abs=1e-9)
+        assert second.first_token_s - first.first_token_s == pytest.approx(stream / 1e3, abs=1e-9)
+
+
+def test_the_decode_pool_draws_from_its_own_random_stream():
+    """Both pools' random routers seeded alike made the decode pool repeat the prefill pool's draws: a
+    request's decode replica was its prefill replica's index for 99 % of requests (expected about 25 %)."""
+    for router in ("random", "power-of-two"):
+        c = {"prefill": {"replicas": 4}, "decode": {"replicas": 4}, "kv_transfer": LINK, "router": router,
+             "router_options": {"seed": 7}}
+        req = run(scenario(c, n=300, rate=4.0, model="llama-3-8b", gpu="h100")).policies["vllm"].requests
+        moved = req[req.replica >= 0]
+        same = (moved.replica == moved.prefill_replica).mean()
+        assert 0.15 < same < 0.4, (router, same)
+
+
 def test_a_waiting_transfer_keeps_its_memory_on_the_prefill_replica():
     """Back-pressure: a decode replica with room for about three requests; the prefill replica keeps each
     prefilled request's KV until the decode side admits it and the transfer ends, and that memory counts."""

@@ -3,7 +3,7 @@ allocator and step-time model) on one SimPy clock, ``cluster: {prefill, decode, 
 
     arrival ─► router ─► prefill replica: prompt + first token; its KV stays there (held)
             ─► router ─► decode replica's queue ─► admitted: KV for prompt + first token reserved
-            ─► transfer over the prefill replica's link ─► the prefill replica frees the KV,
+            ─► transfer over the replicas' links      ─► the prefill replica frees the KV,
                                                            the decode replica decodes the rest
 
 The rules, each decided here:
@@ -20,8 +20,13 @@ The rules, each decided here:
   schedules, as vLLM's PD connectors do). Back-pressure: until that admission, the prefill replica keeps
   the KV.
 - Transfers: bytes = prompt tokens x ``ModelSpec.kv_bytes_per_token`` of the whole model (all layers and
-  KV heads, once, at the policy's ``kv_cache_dtype``); time = bytes / bandwidth + latency, exactly. Each
-  prefill replica has one link; its transfers go one at a time in the order decode replicas admit them.
+  KV heads, once, at the policy's ``kv_cache_dtype``). Every GPU has its own link of the given bandwidth
+  (one NIC per GPU): a replica's ranks move their shares in parallel, so the stream takes the bytes a
+  decode rank receives (its share, at its tensor parallelism) / bandwidth, times decode ranks / prefill
+  ranks when the prefill replica has fewer; at equal parallelism, bytes / (bandwidth x ranks). The first
+  byte lands ``latency`` after it leaves: time = stream + latency. A prefill replica sends, and a decode
+  replica receives, one stream at a time (in the order decode replicas admit them): a transfer starts
+  when both ends are free, and each end is busy for the stream (not the latency).
 - The first token reaches the user with the KV, when the transfer ends: TTFT = transfer end - arrival,
   so TTFT includes prefill queueing, prefill, waiting for a decode replica, transfer queueing and the
   transfer. ITL and TPOT count from there: token 2 comes at the decode replica's first step after the
@@ -135,12 +140,19 @@ class DisaggFleet:
                                 for _ in range(cfg.replicas)]
             self.kinds[name] = (gpu.name, sc.tensor_parallel)
         self.prefill, self.decode = self.pools["prefill"], self.pools["decode"]
-        self.routers = {p: make_router(router, Replicas(self.pools[p]), requests, scenario.cluster.router_options)
-                        for p in POOLS}
+        self.routers = {p: make_router(router, Replicas(self.pools[p]), requests, scenario.cluster.router_options,
+                                       "" if p == "prefill" else p) for p in POOLS}
         self.feeds = {p: _Feed(self, len(self.pools[p])) for p in POOLS}
         self.link = scenario.cluster.link
         # the one KV-bytes function, for the whole model (every layer and KV head, once) at the policy's dtype
-        self.bytes_per_token = model.kv_bytes_per_token(1, 1 if policy.kv_cache_dtype == "fp8" else None)
+        dtype = 1 if policy.kv_cache_dtype == "fp8" else None
+        self.bytes_per_token = model.kv_bytes_per_token(1, dtype)
+        # on the wire: each GPU has its own link (one NIC per GPU), so a replica's ranks move their shares in
+        # parallel; a decode rank receives its share (kv_bytes_per_token at its tensor parallelism: MLA's
+        # latent and KV heads fewer than ranks are whole on every rank), and a prefill pool of fewer ranks
+        # sends each of its links' share of the decode ranks' bytes
+        tp_p, tp_d = self.kinds["prefill"][1], self.kinds["decode"][1]
+        self.wire_bytes_per_token = model.kv_bytes_per_token(tp_d, dtype) * max(1.0, tp_d / tp_p)
         for e in self.prefill:
             e.scheduler.handoff = True
             e.on_handoff = self._handoff
@@ -169,7 +181,8 @@ class DisaggFleet:
         self.decode_of = np.full(n, -1, dtype=np.int16)
         self.times = {k: np.full(n, np.nan) for k in ("prefill_end_s", "admit_s", "start_s", "end_s")}
         self._source: dict[int, tuple[Engine, Sequence]] = {}
-        self._link_free = [0.0] * len(self.prefill)
+        self._link_free = [0.0] * len(self.prefill)  # when each prefill replica's links are free to send
+        self._ingress_free = [0.0] * len(self.decode)  # when each decode replica's links are free to receive
         env = self.env
         env.process(self._route(env))
         for p in POOLS:
@@ -236,13 +249,14 @@ class DisaggFleet:
         for seq in seqs:
             i = seq.request_id
             pe, pseq = self._source.pop(i)
-            p = int(self.prefill_of[i])
-            start = max(now, self._link_free[p])
+            p, d = int(self.prefill_of[i]), int(self.decode_of[i])
+            start = max(now, self._link_free[p], self._ingress_free[d])
             if start >= self._horizon:  # its link is busy past the horizon: this transfer never starts in the run
                 self.times["admit_s"][i] = now
                 continue
-            end = start + seq.prompt_tokens * self.bytes_per_token / link.bytes_per_s + link.latency_s
-            self._link_free[p] = end
+            sent = start + seq.prompt_tokens * self.wire_bytes_per_token / link.bytes_per_s
+            self._link_free[p] = self._ingress_free[d] = sent  # both ends busy while it streams
+            end = sent + link.latency_s
             self.times["admit_s"][i], self.times["start_s"][i], self.times["end_s"][i] = now, start, end
             ev = _at(self.env, end)
             ev.callbacks.append(lambda _, a=(pe, pseq, engine, seq, end): self._landed(*a))

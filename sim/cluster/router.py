@@ -6,13 +6,15 @@ run is deterministic; the random routers draw from their own seeded stream.
 
 ``prefix-affinity`` keeps the router's own record of the prompt blocks (hash ids) it has sent to each
 replica, as a cache-aware router does (no eviction: it does not see a replica's cache evict), and sends
-a request to the replica holding its longest prefix unless that replica has more than ``load_cap`` times
-the mean outstanding requests (after this one): then to the least loaded. ``session-affinity`` sends a
-session's requests to the replica that took its first one (chosen as least-outstanding).
+a request to the replica holding its longest prefix unless that replica would then hold more than
+ceil(``load_cap`` x the mean outstanding requests, this one included): then to the least loaded.
+``session-affinity`` sends a session's requests to the replica that took its first one (chosen as
+least-outstanding).
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -63,10 +65,13 @@ class Router:
     live = True  # reads replica state: routes at each arrival on the fleet's clock (else all at once, ahead)
     reads_kv = False  # reads the replicas' KV in use (``Replicas.kv_use``)
 
-    def __init__(self, replicas: Replicas, requests, options) -> None:
+    def __init__(self, replicas: Replicas, requests, options, stream: str = "") -> None:
         self.replicas = replicas
         self.requests = requests
         self.options = options
+        # the random routers' seed: a second router of the same run (a disaggregated fleet's decode pool)
+        # names its own stream, so that its draws do not repeat the first one's
+        self.seed = options.seed if not stream else f"{options.seed}:{stream}"
 
     def route(self, i: int, cands: tuple[int, ...]) -> int:
         raise NotImplementedError
@@ -92,7 +97,7 @@ class Random(Router):
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
-        self.rng = random.Random(self.options.seed)
+        self.rng = random.Random(self.seed)
 
     def route(self, i, cands):
         return cands[self.rng.randrange(len(cands))]
@@ -121,13 +126,14 @@ class PowerOfTwo(Router):
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
-        self.rng = random.Random(self.options.seed)
+        self.rng = random.Random(self.seed)
 
     def route(self, i, cands):
         if len(cands) == 1:
             return cands[0]
         a, b = self.rng.sample(cands, 2)
-        return a if self.replicas.outstanding(a) <= self.replicas.outstanding(b) else b
+        la, lb = self.replicas.outstanding(a), self.replicas.outstanding(b)
+        return a if la < lb or la == lb and a < b else b  # a tie to the lower index, as everywhere
 
 
 class PrefixAffinity(Router):
@@ -157,8 +163,10 @@ class PrefixAffinity(Router):
         if best:
             held = [c for c in cands if best >> c & 1]
             r = s.least_outstanding(held, loads)
-            total = sum(loads[c] for c in cands) + 1
-            if loads[r] + 1 > self.options.load_cap * total / len(cands):
+            total = sum(loads[c] for c in cands) + 1  # with this request
+            # bounded loads (consistent hashing with bounded loads): at most ceil(cap x the mean) each, so a
+            # lightly loaded fleet (a mean under one) still follows the prefix
+            if loads[r] + 1 > math.ceil(self.options.load_cap * total / len(cands)):
                 self.num_capped += 1
                 r = None
             else:
@@ -207,9 +215,10 @@ def check_routers(names: list[str], requests) -> None:
             raise ScenarioError(f"cluster.router: {NEEDS[name][1]}")
 
 
-def make_router(name: str, replicas: Replicas, requests, options) -> Router:
+def make_router(name: str, replicas: Replicas, requests, options, stream: str = "") -> Router:
+    """``stream``: a name for a second router of the same run (its own random stream)."""
     check_routers([name], requests)
-    router = ROUTER_CLASSES[name](replicas, requests, options)
+    router = ROUTER_CLASSES[name](replicas, requests, options, stream)
     if router.reads_kv:
         replicas.exact_kv()
     return router
