@@ -375,7 +375,8 @@ POLICY_PRESETS: dict[str, dict[str, Any]] = {
     **{f"orca-{r}-mixed": {**_ORCA_MIXED, "allocator": {"kind": "contiguous", "reserve": r}}
        for r in ("max", "pow2", "oracle")},
     "vllm": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "separate", "preemption": "recompute"},
-    "vllm-v1": {"batching": "continuous", "allocator": {"kind": "paged"}, "prefill": "chunked", "preemption": "recompute"},
+    "vllm-v1": {"batching": "continuous", "allocator": {"kind": "paged", "watermark": 0}, "prefill": "chunked",
+                "preemption": "recompute"},  # V1's KV cache manager keeps no watermark
 }
 
 

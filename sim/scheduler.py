@@ -321,8 +321,11 @@ class Scheduler:
                 continue
             while not self.kv.can_grow(seq, n):
                 victim = self._newest_unscheduled(scheduled.union(self.clock.members, (seq,)))
-                if (victim is None or victim.order < seq.order  # only newer ones make room; it waits
-                        or (seq.group is not None and victim.group is seq.group)):
+                if victim is None or victim.order < seq.order:  # it is the newest unscheduled itself
+                    if seq.group is None:  # preempted, as a decode is and as vLLM v1 does (running.pop())
+                        self._preempt(seq)
+                    break  # (a group's member waits: its group is preempted whole, by a decode)
+                if seq.group is not None and victim.group is seq.group:
                     break
                 self._preempt(victim)
             else:

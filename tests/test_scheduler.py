@@ -128,6 +128,24 @@ def test_chunked_prefill_splits_prompts_under_the_token_budget():
     assert plans[2].num_new_tokens == (4, 4) and plans[2].seq_ids == (0, 1)  # a finishes its prompt, b starts
 
 
+def test_vllm_v1_preempts_a_chunk_that_cannot_grow_when_it_is_the_newest():
+    """A prefill chunk that finds no free block, with no newer unscheduled request to preempt, is itself
+    preempted (vLLM v1: ``running.pop()`` returns it; its blocks freed, back to waiting), as a decode is.
+    It used to be parked, keeping its blocks: 12 preemptions where vLLM v1 makes 55. The counts are those
+    of an independent re-implementation of v1's schedule() loop on the same requests (10 blocks of 16,
+    a budget of 32 tokens, every request at t = 0)."""
+    s = make("vllm-v1", num_blocks=10, block_size=16, budget=32)
+    seqs = [Sequence(i, 0.0, p, o) for i, (p, o) in enumerate(
+        [(54, 6), (34, 66), (63, 52), (39, 62), (46, 75), (28, 65), (18, 37), (18, 13)])]
+    for q in seqs:
+        s.add(q)
+    plans = []
+    drive(s, 1000, plans.append)
+    assert [(p.num_tokens, p.num_seqs) for p in plans[:7]] == [(32, 1), (32, 2), (32, 3), (32, 3), (2, 2), (32, 3), (2, 2)]
+    assert len(plans) == 237 and sum(q.num_preemptions for q in seqs) == 55
+    assert all(q.num_output_tokens == q.output_tokens for q in seqs)
+
+
 def test_orca_mixes_whole_prompts_with_decodes():
     s = make("orca-oracle-mixed", num_blocks=1000, block_size=4)  # Orca as its own paper runs it
     a = Sequence(0, 0, 10, 5)
