@@ -88,14 +88,16 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] =
         bad = ~np.isfinite(v.to_numpy(dtype=np.float64)) | (v.to_numpy(dtype=np.float64) < 0)
         if col in ("num_tokens", "num_tensor_parallel_workers", "num_workers", "size") or col in SHAPE_COLUMNS:
             bad |= (v.to_numpy(dtype=np.float64) % 1 != 0) & ~bad
-        if col != "use_gated_mlp" and (col in KEY_COLUMNS or col in SHAPE_COLUMNS or col in ("num_workers", "size")):
+        if col != "use_gated_mlp":  # counts and sizes are positive; a 0-ms time is no measurement (log-time fit)
             bad |= v.to_numpy(dtype=np.float64) <= 0
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = ("a whole number ≥ 0" if col == "use_gated_mlp" else
                     "a positive whole number" if col in KEY_COLUMNS + SHAPE_COLUMNS + ("num_workers", "size")
-                    else "a finite time in ms ≥ 0")
-            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected {what}, got {df[col].iloc[i]!r}")
+                    else "a time > 0 ms")
+            got = df[col].iloc[i]
+            got = got.item() if isinstance(got, np.generic) else got  # 3.5, nan: not np.float64(3.5)
+            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected {what}, got {got!r}")
         df[col] = v
     return df
 
@@ -145,6 +147,13 @@ class ProfileSet:
 
     def for_gpu(self, gpu: str) -> list[ComputeProfile]:
         return [p for p in self.compute if p.gpu == gpu]
+
+    def need_compute(self) -> None:
+        """Fitting a GPU needs its compute profiles; all-reduce files alone fit no GPU's coefficients."""
+        if not self.compute:
+            raise ProfileError(f"no compute profiles (compute/<gpu>/<org>/<model>/mlp.csv) under {self.root}"
+                               + (f"; all-reduce files alone ({', '.join(n.topology for n in self.network)}) give "
+                                  f"no GPU's coefficients" if self.network else ""))
 
 
 def read_profiles(root: str | Path) -> ProfileSet:
@@ -300,6 +309,7 @@ def leave_one_model_out(ps: ProfileSet, gpu_specs: dict[str, GpuSpec]) -> pd.Dat
 
     One row per (gpu, left-out model, tp, num_tokens, op) with the measured and predicted ms, for the
     fitted model ("fitted") and the datasheet roofline ("roofline"); op ``layer`` is the layer's sum."""
+    ps.need_compute()
     rows = []
     alone = []  # GPUs with one model measured: nothing to fit on when it is left out
     for g in ps.gpus():
@@ -375,6 +385,7 @@ def profile_commit(root: str | Path) -> str:
 def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: str = "") -> dict[str, OperatorFit]:
     """The coefficients the catalog ships: each profiled GPU fitted on all its models, with the
     all-reduce of its topology."""
+    ps.need_compute()
     nets = {n.topology: n for n in ps.network}
     out = {}
     for g in ps.gpus():

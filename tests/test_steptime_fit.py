@@ -92,7 +92,13 @@ def test_reader_averages_repeated_measurements(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda df: df.drop(columns=["time_stats.mlp_up_proj.median"]), "missing column time_stats.mlp_up_proj.median"),
     (lambda df: df.assign(**{"time_stats.attn_pre_proj.median": ["x"] + [1.0] * (len(df) - 1)}),
-     "line 2, column 'time_stats.attn_pre_proj.median': expected a finite time"),
+     "line 2, column 'time_stats.attn_pre_proj.median': expected a time > 0 ms, got 'x'"),
+    (lambda df: df.assign(**{"time_stats.mlp_down_proj.median": [1.0] * 4 + [0.0] * (len(df) - 4)}),
+     "line 6, column 'time_stats.mlp_down_proj.median': expected a time > 0 ms, got 0.0"),
+    (lambda df: df.assign(**{"time_stats.attn_rope.median": [1.0, np.nan] + [1.0] * (len(df) - 2)}),
+     "line 3, column 'time_stats.attn_rope.median': expected a time > 0 ms, got nan"),
+    (lambda df: df.assign(**{"time_stats.add.median": [1.0, 3.5, -3.5] + [1.0] * (len(df) - 3)}),
+     "line 4, column 'time_stats.add.median': expected a time > 0 ms, got -3.5"),
     (lambda df: df.assign(num_tokens=[0] + list(df.num_tokens[1:])), "line 2, column 'num_tokens': expected a positive"),
     (lambda df: df.assign(num_tokens=[1.5] + list(df.num_tokens[1:])), "column 'num_tokens'"),
     (lambda df: df.assign(**{"time_stats.add.median": [-1.0] + [1.0] * (len(df) - 1)}), "column 'time_stats.add.median'"),
@@ -104,7 +110,24 @@ def test_reader_names_file_line_and_column(tmp_path, edit, message):
     edit(pd.read_csv(path)).to_csv(path, index=False)
     with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
         read_compute_profile(path)
-    assert str(path) in str(e.value)
+    assert str(path) in str(e.value) and "np." not in str(e.value)  # plain values, not numpy reprs
+
+
+def test_reader_rejects_a_zero_time_and_keeps_absent_elementwise_ops(tmp_path):
+    """A 0-ms time is no measurement (the fit is in log time): an error, not a row dropped from the fit and a
+    MAPE of inf; an elementwise op the model lacks (phi-2: no post-attention norm) is an absent column."""
+    from sim.profiles import read_network_profile
+
+    path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
+    pd.read_csv(path).drop(columns=["time_stats.post_attention_layernorm.median"]).to_csv(path, index=False)
+    t = read_compute_profile(path).table
+    assert t.post_attention_layernorm.isna().all() and (t.mlp_down_proj > 0).all()
+    net = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text("num_workers,size,time_stats.all_reduce.median\n2,1024,0.02\n2,2048,0\n")
+    with pytest.raises(ProfileError, match=r"all_reduce.csv: line 3, column 'time_stats.all_reduce.median': "
+                                           r"expected a time > 0 ms, got 0.0$"):
+        read_network_profile(net)
 
 
 def test_reader_bad_folders(tmp_path):
@@ -121,6 +144,19 @@ def test_reader_bad_folders(tmp_path):
 def test_cli_profiles_bad_input_exits_2(tmp_path):
     r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "no such profile folder" in r.output and "Traceback" not in r.output
+
+
+def test_cli_profiles_network_only_folder_says_compute_is_missing(tmp_path):
+    """All-reduce files alone fit no GPU: validate and fit both say so (fit printed nothing and exited 0;
+    validate said 'needs at least two models measured on a GPU;  have one each')."""
+    net = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text("num_workers,size,time_stats.all_reduce.median\n2,1024,0.02\n2,2048,0.03\n")
+    for args in (["validate", str(tmp_path), "--out", str(tmp_path / "out")], ["fit", str(tmp_path)]):
+        r = CliRunner().invoke(app, ["profiles", *args])
+        assert r.exit_code == 2, r.output
+        assert f"no compute profiles (compute/<gpu>/<org>/<model>/mlp.csv) under {tmp_path}" in r.output
+        assert "a100_dgx" in r.output and "Traceback" not in r.output and "one each" not in r.output
 
 
 # ---------------------------------------------------------------------------------------------- fit
