@@ -39,8 +39,8 @@ class ModelSpec:
     attention_chunk_size: int = 0  # C of chunked-local layers: a token attends within its C-token chunk
     kv_lora_rank: int = 0  # MLA: one latent of kv_lora_rank + qk_rope_head_dim elements per token and layer
     qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
+    qk_nope_head_dim: int = 0  # MLA's head_dim is qk_nope_head_dim + qk_rope_head_dim (a query's and key's width)
+    v_head_dim: int = 0  # MLA: a value's width (0: head_dim, as in every other attention)
     q_lora_rank: int = 0
     mamba_d_inner: int = 0  # Mamba layers: a state of (d_conv - 1) * d_inner + d_inner * d_state per sequence
     mamba_d_state: int = 0
@@ -50,6 +50,7 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     moe_ffn_size: int = 0
     num_shared_experts: int = 0
+    shared_expert_ffn_size: int = 0  # width of each shared expert; 0 means moe_ffn_size (Qwen2-MoE's is wider)
     moe_layers: tuple[int, ...] = ()  # indices of the MoE layers (the others use the dense ffn_size MLP)
     weight_bytes: float = 0  # bytes per weight; 0 means dtype_bytes (fp8 checkpoints: 1, MXFP4: 4.25 bits)
     # bytes per weight of the linear layers outside the routed experts (attention projections, dense MLPs,
@@ -136,7 +137,8 @@ class ModelSpec:
         """One layer's MLP: dense, or (MoE layers) every routed and shared expert plus the router."""
         h = self.hidden_size
         if layer in self.moe_layers:
-            return (self.num_experts + self.num_shared_experts) * 3 * h * self.moe_ffn_size + h * self.num_experts
+            shared = self.num_shared_experts * 3 * h * (self.shared_expert_ffn_size or self.moe_ffn_size)
+            return self.num_experts * 3 * h * self.moe_ffn_size + shared + h * self.num_experts
         return (3 if self.gated_mlp else 2) * h * self.ffn_size
 
     @property
@@ -448,11 +450,18 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
     if isinstance(cfg.get("text_config"), dict):  # multimodal configs (Gemma 3, Llama 4): the language model's
         cfg = {**cfg, **cfg["text_config"]}
+    # Hugging Face omits the fields at its config class's defaults (google/gemma-3-27b-it lists no vocab_size,
+    # max_position_embeddings or sliding_window_pattern): read them as transformers would
+    cfg = {**_HF_DEFAULTS.get(str(cfg.get("model_type")), {}), **cfg}
     is_opt = cfg.get("model_type") == "opt" or "ffn_dim" in cfg
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
-    # NOTE: head_dim when declared (Mistral-Nemo: 128 with hidden 5120 / 32 heads = 160); null means the default
-    if cfg.get("head_dim") is not None:
+    # NOTE: head_dim when declared (Mistral-Nemo: 128 with hidden 5120 / 32 heads = 160); null means the default.
+    # MLA (DeepSeek-V2/V3): a query's and key's width, qk_nope_head_dim + qk_rope_head_dim (128 + 64); a head_dim
+    # there is transformers' rotary width (qk_rope_head_dim), not the head's
+    if cfg.get("kv_lora_rank") is not None:
+        head_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
+    elif cfg.get("head_dim") is not None:
         head_dim = need("head_dim")
     elif hidden % heads:
         raise CatalogError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
@@ -472,7 +481,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        ffn_size=need("ffn_dim", "intermediate_size"),
+        # Llama 4: intermediate_size is the experts' width, intermediate_size_mlp the dense layers'
+        ffn_size=need("ffn_dim", "intermediate_size_mlp", "intermediate_size"),
         vocab_size=need("vocab_size"),
         max_model_len=max_len,
         gated_mlp=not is_opt,  # Llama-family configs use a gated (SwiGLU-style) MLP; OPT a plain one
@@ -484,6 +494,18 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 
 LAYER_KINDS = ("full", "sliding", "chunked", "mla", "mamba")
+# transformers' defaults of the fields that set a shape, by model_type, for config.json files that omit them
+# (Gemma3TextConfig, Gemma2Config: every sliding_window_pattern-th layer full attention, the others sliding)
+_GEMMA3 = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+           "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6}
+_HF_DEFAULTS = {"gemma3_text": _GEMMA3, "gemma3": _GEMMA3,
+                "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                           "max_position_embeddings": 8192, "tie_word_embeddings": True, "sliding_window": 4096,
+                           "sliding_window_pattern": 2}}
+# model types whose layers mix sliding and full attention: a window without layer_types or a pattern is an error
+_MIXED_WINDOWS = ("gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss")
 # config.json's names for a layer's kind (layer_types, Jamba's layers_block_type)
 _HF_KINDS = {"full_attention": "full", "attention": "full", "global_attention": "full",
              "sliding_attention": "sliding", "chunked_attention": "chunked", "mamba": "mamba"}
@@ -518,13 +540,13 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
         if window > max_len:
             raise CatalogError(f"{path}: 'sliding_window' {window} is larger than max_position_embeddings {max_len}")
         if kinds is None:
-            pattern = cfg.get("sliding_window_pattern")
-            if pattern is None and cfg.get("model_type") == "gemma2":  # older Gemma 2 configs: alternating, implied
-                pattern = cfg["sliding_window_pattern"] = 2
-            if pattern is not None:  # Gemma 3: every pattern-th layer is full attention
+            if cfg.get("sliding_window_pattern") is not None:  # Gemma 2/3: every pattern-th layer is full attention
                 pattern = need("sliding_window_pattern")
                 kinds = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n)]
-            else:
+            elif cfg.get("model_type") in _MIXED_WINDOWS:
+                raise CatalogError(f"{path}: model_type {cfg['model_type']!r} mixes sliding and full attention layers: "
+                                   f"give 'layer_types' or 'sliding_window_pattern'")
+            else:  # Mistral 7B v0.1: every layer sliding
                 kinds = ["sliding"] * n
         out["sliding_window"] = window
     elif kinds is not None and "sliding" in kinds:
@@ -562,9 +584,12 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
         out.update(num_experts=need(experts), num_experts_per_tok=need("num_experts_per_tok"),
                    moe_ffn_size=need("moe_intermediate_size", "intermediate_size"),
                    num_shared_experts=cfg.get("n_shared_experts") or (1 if cfg.get("model_type") == "llama4_text" else 0))
+        if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own width
+            out.update(num_shared_experts=1, shared_expert_ffn_size=need("shared_expert_intermediate_size"))
         first = cfg.get("first_k_dense_replace", 0)
-        period, offset = cfg.get("expert_layer_period", cfg.get("interleave_moe_layer_step", 1)), cfg.get(
-            "expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
+        # Jamba: expert_layer_period / offset; Llama 4: every interleave_moe_layer_step-th layer (the last of each step)
+        period = cfg.get("expert_layer_period", cfg.get("interleave_moe_layer_step", 1))
+        offset = cfg.get("expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
         out["moe_layers"] = tuple(i for i in range(first, n) if i % period == offset % period)
     quant = (cfg.get("quantization_config") or {}).get("quant_method") if isinstance(cfg.get("quantization_config"), dict) else None
     if quant == "fp8":  # every linear layer's weights (the LM head and router excepted)

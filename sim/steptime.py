@@ -6,10 +6,13 @@ plus the all-reduces that join them, plus the host's work around it:
     per layer   4 GEMMs (QKV, output projection, gate/up, down)     OpPricer.gemm_s
                 elementwise ops (2 norms, rope, activation, 2 adds) OpPricer.elementwise_s
                 2 all-reduces of tokens * hidden * 2 bytes          OpPricer.allreduce_s   (tp > 1)
-    prefill attn 4 * head_dim * heads / tp * layers * (query-key pairs) / (attention_efficiency * FLOP/s)
+    prefill attn 2 * (head_dim + v_head_dim) * heads / tp * layers * (query-key pairs) / (attention_efficiency
+                 * FLOP/s): QK^T and PV (v_head_dim is head_dim but in MLA, computed decompressed: 192 and 128)
     decode attn  keys read * KV bytes per token (one rank) / (bandwidth_efficiency * HBM bandwidth);
                  a paged kernel also reads the padding of each sequence's last block and pays each block
-                 it visits (block-table read, partial tile) as much as ``paged_block_cost_tokens`` keys
+                 it visits (block-table read, partial tile) as much as ``paged_block_cost_tokens`` keys.
+                 MLA decodes in the absorbed form, 2 * (kv_lora_rank + qk_rope_head_dim) + 2 * kv_lora_rank
+                 FLOPs per key and head: a key costs the larger of its bytes and its FLOPs (_mla_key_s)
     LM head      a GEMM of the sampled rows; gpu_overhead_s per step
     host         an engine profile (``sim/engines.py``): serial host work adds to the GPU's, overlapped
                  host work hides behind it:  step = serial_host + max(gpu, overlapped_host)
@@ -125,6 +128,22 @@ def distinct_experts(num_experts: int, per_token: int, tokens):
     return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
 
 
+def _pair_flops(model: ModelSpec) -> int:
+    """FLOPs of one query-key pair of prefill attention per head and layer: QK^T over head_dim, PV over the
+    value's width (MLA's prefill runs decompressed, as vLLM's: 2 * 192 + 2 * 128 for DeepSeek-V3)."""
+    return 2 * model.head_dim + 2 * (model.v_head_dim or model.head_dim)
+
+
+def _mla_key_s(model: ModelSpec, gpu: GpuSpec, tp: int, cfg: RooflineConfig) -> float:
+    """Compute seconds of one key of one MLA layer in a decode, in vLLM's absorbed form (queries projected
+    into the latent): 2 * (kv_lora_rank + qk_rope_head_dim) FLOPs for the scores and 2 * kv_lora_rank for
+    the weighted latents, per head on the rank; with many heads per rank (tp 1 or 2) this outweighs reading
+    the latent. 0 for a model without MLA."""
+    r = model.kv_lora_rank
+    flops = (2 * (r + model.qk_rope_head_dim) + 2 * r) * (model.num_heads / tp)
+    return flops / (gpu.flops_per_s * cfg.attention_efficiency)
+
+
 _PRICING_CACHES: dict[tuple, tuple[dict, dict]] = {}
 
 
@@ -156,8 +175,8 @@ class RooflineStepTime:
         bw = gpu.hbm_bytes_per_s * cfg.bandwidth_efficiency
         self._bw = bw
         # seconds per query-key pair of prefill attention, per key read by a decode
-        self._pair_s = 4 * m.head_dim * (m.num_heads / tp) * m.num_layers / (gpu.flops_per_s * cfg.attention_efficiency)
-        self._key_s = m.kv_bytes_per_token(tp) / bw
+        self._pair_s = _pair_flops(m) * (m.num_heads / tp) * m.num_layers / (gpu.flops_per_s * cfg.attention_efficiency)
+        self._key_s = max(m.kv_bytes_per_token(tp) / bw, m.kinds.count("mla") * _mla_key_s(m, gpu, tp, cfg))
         self._host = gpu.host_bytes_per_s
         self._block_copies = 2 * m.num_layers  # a block is one K and one V slice per layer
         self._kv_bytes_per_token = m.kv_bytes_per_token(tp)
@@ -181,19 +200,21 @@ class RooflineStepTime:
         attends to as many; a Mamba layer reads and writes its state once per decode and scans
         6 * d_inner * d_state FLOPs per prefill token."""
         m, gpu, tp, cfg, bw = self.model, self.gpu, self.tp, self.cfg, self._bw
+        mla_s = _mla_key_s(m, gpu, tp, cfg)
         if layout.single:
-            self._key_s = layout.slot_bytes / bw
+            self._key_s = max(layout.slot_bytes / bw, m.kinds.count("mla") * mla_s)
             self._kv_bytes_per_token = layout.slot_bytes
             return
         self._kv_bytes_per_token = layout.slot_bytes * layout.num_attention_groups
         self._key_s = self._kv_bytes_per_token / bw  # a token in every attention group (the per-sequence terms)
         flops = gpu.flops_per_s * cfg.attention_efficiency
-        pair = 4 * m.head_dim * (m.num_heads / tp) / flops  # one layer's query-key pair
+        pair = _pair_flops(m) * (m.num_heads / tp) / flops  # one layer's query-key pair
         layers: dict[tuple[str, int], int] = {}  # groups of one kind and window read alike: priced together
         for g in layout.groups:
             if g.attention:
                 layers[(g.kind, g.window)] = layers.get((g.kind, g.window), 0) + g.layers
-        self._groups = [(kind, w, n * layout.layer_bytes / bw, n * pair) for (kind, w), n in layers.items()]
+        self._groups = [(kind, w, max(n * layout.layer_bytes / bw, n * mla_s if kind == "mla" else 0.0), n * pair)
+                        for (kind, w), n in layers.items()]
         mamba = sum(g.layers for g in layout.groups if not g.attention)
         self._mamba_seq_s = 2 * mamba * m.mamba_state_bytes(tp) / bw
         self._mamba_token_s = 6 * mamba * (m.mamba_d_inner / tp) * m.mamba_d_state / flops
@@ -333,8 +354,8 @@ class RooflineStepTime:
                 compute = 2.0 * m * model.num_experts_per_tok * 3 * h * f / ops._matmul_flops
                 memory = (busy * 3 * h * f * wb + 2 * m * model.num_experts_per_tok * h * model.dtype_bytes) / ops._bw
                 mlp = max(compute, memory) + ops.gemm_s(m, model.num_experts, h)  # experts, and the router
-                if model.num_shared_experts:
-                    fs = model.num_shared_experts * f
+                if model.num_shared_experts:  # each shared_expert_ffn_size wide (Qwen2-MoE), else as a routed one
+                    fs = model.num_shared_experts * ((model.shared_expert_ffn_size or model.moe_ffn_size) // tp)
                     mlp += gemm(2 * fs, h) + gemm(h, fs)
             else:
                 mlp = gemm(*ops.gemms["mlp_up_proj"]) + gemm(*ops.gemms["mlp_down_proj"])

@@ -185,6 +185,55 @@ def test_an_fp8_checkpoint_reads_its_dense_weights_at_a_byte():
     assert bf16._modern_layers_s(1) - fp8._modern_layers_s(1) == pytest.approx(weights / fp8.ops._bw, rel=1e-9)
 
 
+def test_mla_attention_is_priced_at_its_own_widths():
+    """MLA prefill runs decompressed (vLLM): per query-key pair and head 2 * 192 FLOPs for QK^T and 2 * 128
+    (v_head_dim) for PV, not 4 * 192. Decode runs absorbed: 2 * (512 + 64) + 2 * 512 FLOPs per key and head,
+    which outweighs reading the 1,152-byte latent with 128 heads on a rank (tp 1), not with 16 (tp 8).
+    Other models keep 4 * head_dim; with several groups an MLA group reads at the same per-key cost."""
+    from sim.catalog import ModelSpec
+    from sim.config import RooflineConfig
+    from sim.steptime import RooflineStepTime
+
+    m, gpu, cfg = MODELS["deepseek-v3"], GPUS["h200"], RooflineConfig()
+    flops, bw = gpu.flops_per_s * cfg.attention_efficiency, gpu.hbm_bytes_per_s * cfg.bandwidth_efficiency
+    for layout in (None, kv_layout(m, 8, 16)):
+        st = RooflineStepTime(m, gpu, 8, cfg, paged=True, layout=layout)
+        assert st._pair_s == pytest.approx((2 * 192 + 2 * 128) * 16 * 61 / flops, rel=1e-12)
+        assert st._key_s == pytest.approx(61 * 1152 / bw, rel=1e-12)  # 16 heads: the latent's bytes
+    for layout in (None, kv_layout(m, 1, 16)):
+        st = RooflineStepTime(m, gpu, 1, cfg, paged=True, layout=layout)
+        assert st._key_s == pytest.approx(61 * (2 * 576 + 2 * 512) * 128 / flops, rel=1e-12)  # 128 heads: FLOPs
+    llama = RooflineStepTime(MODELS["llama-3-8b"], gpu, 1, cfg, paged=True)
+    assert llama._pair_s == pytest.approx(4 * 128 * 32 * 32 / flops, rel=1e-12)
+    hybrid = ModelSpec("t", 2, 2048, 128, 128, 4096, 1000, 4096, True, False, head_dim=192, layer_kinds=("mla", "mamba"),
+                       kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, mamba_d_inner=4096,
+                       mamba_d_state=16, mamba_d_conv=4, mamba_dt_rank=128)
+    st = RooflineStepTime(hybrid, gpu, 1, cfg, paged=True, layout=kv_layout(hybrid, 1, 16))
+    assert [(k, key_s, pair_s) for k, _, key_s, pair_s in st._groups] == [
+        ("mla", pytest.approx((2 * 576 + 2 * 512) * 128 / flops, rel=1e-12), pytest.approx(640 * 128 / flops, rel=1e-12))]
+
+
+def test_a_wide_shared_expert_is_priced_at_its_width():
+    """Qwen2-MoE's shared expert is shared_expert_ffn_size (20480) wide, not an expert's 2560."""
+    from dataclasses import replace
+
+    from sim.catalog import ModelSpec
+    from sim.config import RooflineConfig
+    from sim.steptime import RooflineStepTime
+
+    qwen = ModelSpec("qwen2-57b-a14b", 28, 3584, 28, 4, 18944, 151936, 32768, True, False, num_experts=64,
+                     num_experts_per_tok=8, moe_ffn_size=2560, num_shared_experts=1, shared_expert_ffn_size=20480,
+                     moe_layers=tuple(range(28)))
+    assert qwen.num_params / 1e9 == pytest.approx(57.4, abs=0.05)
+    cfg = RooflineConfig(operators="datasheet")
+    wide, narrow = (RooflineStepTime(x, GPUS["h100"], 1, cfg, paged=True)
+                    for x in (qwen, replace(qwen, shared_expert_ffn_size=0)))
+    g = wide.ops.gemm_s
+    for t in (1, 4096):
+        extra = 28 * (g(t, 2 * 20480, 3584) + g(t, 3584, 20480) - g(t, 2 * 2560, 3584) - g(t, 3584, 2560))
+        assert wide._modern_layers_s(t) - narrow._modern_layers_s(t) == pytest.approx(extra, rel=1e-9)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
