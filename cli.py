@@ -16,9 +16,10 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate contiguous vs paged KV-cache management for LLM serving.")
-# NOTE: no emoji codes: a name such as ":x:" printed as written (and rich's emoji table, 3 ms, not imported)
-err = Console(stderr=True, emoji=False)
-out = Console(emoji=False)
+# NOTE: no emoji codes and no markup: a name such as ":x:" or "vllm [/x]" printed as written (and rich's emoji
+# table, 3 ms, not imported); the few coloured words pass markup=True with the user's text escaped
+err = Console(stderr=True, emoji=False, markup=False)
+out = Console(emoji=False, markup=False)
 
 
 def _print_version(value: bool) -> None:
@@ -74,11 +75,10 @@ def run(
 
         out_dir = checked_dir(out_dir) if out_dir is not None else None
         summary, paths = run_to_dir(scenario, out_dir, exact=exact, report=not no_report, console=err)
-    from reports.console import print_summary
+    from reports.console import print_paths, print_summary
 
     print_summary(summary, title=summary["scenario"]["name"], console=out, report=not no_report)
-    for key, p in paths.items():
-        out.print(f"{key:>8}: {p}", highlight=False)
+    print_paths(paths, out)
 
 
 @app.command()
@@ -127,7 +127,7 @@ def _until_interrupted(to_dir, spec_file: Path, out_dir: Optional[Path], **kw):
         try:
             return to_dir(spec_file, out_dir, console=err, **kw)
         except SweepInterrupted as e:
-            err.print(f"[yellow]{e}[/yellow]", highlight=False, soft_wrap=True)
+            err.print(str(e), style="yellow", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -171,24 +171,25 @@ def plan(
 ) -> None:
     """The cheapest deployment that meets PLAN.yaml's SLO at each rate; write plan.parquet, best.csv, report.html."""
     from kvsim import plan_to_dir
+    from reports.console import failed_line, plural, print_paths
     from sim.schema import plan_label
 
     result, paths = _until_interrupted(plan_to_dir, plan_file, out_dir, executor=executor, workers=workers,
                                        address=address, resume=resume, report=not no_report)
     rate_col = result.plan.rate_column
-    for _, r in result.best.iterrows():
+    for _, r in result.best.iterrows():  # markup=False: a plan's or a GPU's name is printed as written
         if r["met"]:
-            out.print(f"{rate_col} {r[rate_col]:g}: {plan_label(r)}: {r['num_gpus']} GPUs, "
+            out.print(f"{rate_col} {r[rate_col]:g}: {plan_label(r)}: {plural(int(r['num_gpus']), 'GPU')}, "
                       f"${r['usd_per_hour']:,.2f}/h, "
-                      f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False)
+                      f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False, markup=False)
         else:
-            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False)
-    out.print(f"{result.plan.name}: {result.num_configurations:,} configurations, {result.num_runs:,} runs now, "
-              f"{result.num_reused:,} reused, the rest inferred; {result.wall_s:,.1f} s", highlight=False)
-    for key, p in paths.items():
-        out.print(f"{key:>8}: {p}", highlight=False)
+            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False, markup=False)
+    out.print(f"{result.plan.name}: {plural(result.num_configurations, 'configuration')}, "
+              f"{plural(result.num_runs, 'run')} now, {result.num_reused:,} reused, the rest inferred; "
+              f"{result.wall_s:,.1f} s", highlight=False, markup=False)
+    print_paths(paths, out)
     for what, error in result.failures:
-        err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)
+        err.print(failed_line(what, error), highlight=False, soft_wrap=True)
     if result.failures:
         raise typer.Exit(1)
 
@@ -413,8 +414,9 @@ def profiles_validate(
         out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
                   highlight=False)
     paths["report"] = write_profiles_report(out_dir)
-    for key, p in paths.items():
-        out.print(f"{key:>10}: {p}", highlight=False)
+    from reports.console import print_paths
+
+    print_paths(paths, out)
 
 
 @contextmanager
@@ -503,8 +505,9 @@ def validate(
     from gpu.validate import print_validation
 
     print_validation(result, console=out)
-    for key, p in paths.items():
-        out.print(f"{key:>10}: {p}", highlight=False)
+    from reports.console import print_paths
+
+    print_paths(paths, out)
 
 
 def main() -> None:

@@ -339,15 +339,15 @@ def print_profile(profile: dict, path: str | Path, console) -> None:
     p = profile["provenance"]
     console.print(f"{profile['model']['name']} ({profile['model']['num_layers']} layers) on {p['device']}, "
                   f"{profile['dtype']}, {profile['attention']} attention: {len(profile['points'])} steps measured",
-                  highlight=False)
+                  highlight=False, markup=False)
     for layout, v in profile["layouts"].items():
         fit = v["fit"]["held_back"]
         mape = "-" if fit["mape"] is None else f"{fit['mape']:.1%}"
         worst = "-" if fit["max_relative_error"] is None else f"{fit['max_relative_error']:.1%}"
         console.print(f"  {layout:>10}: held-back MAPE {mape} over {fit['num_points']} points (max {worst})",
-                      highlight=False)
+                      highlight=False, markup=False)
     if "paged_block_cost_tokens" in profile:
         console.print(f"  paged block cost: {profile['paged_block_cost_tokens']:.2f} keys' worth per block "
                       f"(block sizes {', '.join(str(b) for b in sorted({p['block_size'] for p in profile['block_cost_points']}))})",
-                      highlight=False)
-    console.print(f"  profile: {path}", highlight=False)
+                      highlight=False, markup=False)
+    console.print(f"  profile: {path}", highlight=False, markup=False)

@@ -168,13 +168,14 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
 def print_validation(result: dict, console) -> None:
     """Per policy: simulated vs replayed figures and their relative error."""
     from rich.table import Table
+    from rich.text import Text
 
     def fmt(v, pct=False):
         return "-" if v is None else (f"{v:+.1%}" if pct else f"{v:.4g}")
 
     for name, p in result["policies"].items():
-        t = Table(title=f"{result['scenario']}: {name} (simulated with the profile vs replayed on "
-                        f"{result['replay']['device']})")
+        t = Table(title=Text(f"{result['scenario']}: {name} (simulated with the profile vs replayed on "
+                             f"{result['replay']['device']})"))  # Text: a name is not markup
         for col in ("metric", "simulated", "replayed", "error"):
             t.add_column(col, justify="left" if col == "metric" else "right")
         for m, v in p["metrics"].items():
@@ -187,4 +188,4 @@ def print_validation(result: dict, console) -> None:
             p["memory_max_abs_difference_slots"] is not None and p["memory_max_abs_difference_slots"] < 1e-6 \
             else "different steps (timing changed the schedule)"
         console.print(f"  {name}: {same}; KV pool {p['kv_capacity_tokens']['replayed']:,} tokens in both",
-                      highlight=False)
+                      highlight=False, markup=False)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sim.schema import METRICS, TABLE_COLUMNS, varying_axes
+from sim.schema import METRICS, TABLE_COLUMNS, plural, varying_axes
 
 # The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
 # (summary key, format); the head (short label, unit) comes from METRICS. A column that does not fit the
@@ -28,6 +28,18 @@ COLUMNS = [
 DONE_HEAD = ("finished\n/rej/unf", "requests")
 SUMMARY_NOTE = ("latencies: over finished requests; KV in tokens: time-weighted share of the pool",
                 "every metric: summary.json; figures: report.html")
+
+
+def failed_line(what: str, error: str) -> Text:
+    """``failed: WHAT: ERROR``, the first word red, the rest as written (a name is not markup)."""
+    return Text.assemble(("failed:", "red"), f" {what}: {error}")
+
+
+def print_paths(paths: dict, console: Console) -> None:
+    """The files a command wrote, one a line, the labels right-aligned to the longest."""
+    width = max((len(str(k)) for k in paths), default=0)
+    for key, p in paths.items():
+        console.print(f"{key:>{width}}: {p}", highlight=False, markup=False)
 
 
 def _fits(widths: list[int], console_width: int) -> bool:
@@ -123,13 +135,14 @@ def capacity_table(capacity, axes: list[str]) -> Table:
     sustainable = TABLE_COLUMNS["sustainable_request_rate"]
     for head in (f"{sustainable.short} {sustainable.unit}", "status", "rates tried", "runs"):
         t.add_column(head, justify="right")
-    for _, r in capacity.iterrows():
+    for _, r in capacity.iterrows():  # Text: a policy's or an axis' value is not markup
         rate = r["sustainable_request_rate"]
         tried = (f"{r['lowest_rate_tried']:.4g}–{r['highest_rate_tried']:.4g}"
                  if r["lowest_rate_tried"] == r["lowest_rate_tried"] and r["lowest_rate_tried"] is not None else "-")
-        t.add_row(*[str(r[c]) for c in cols], str(r["policy"]),
+        t.add_row(*[Text(str(r[c])) for c in cols], Text(str(r["policy"])),
                   "none" if rate is None or rate != rate else f"{rate:.4g}",
-                  str(r["status"]) + (f": {r['error']}" if r["status"] == "error" else ""), tried, str(r["num_runs"]))
+                  Text(str(r["status"]) + (f": {r['error']}" if r["status"] == "error" else "")), tried,
+                  str(r["num_runs"]))
     return t
 
 
@@ -140,15 +153,15 @@ def print_sweep(result, paths: dict, console: Console | None = None, err_console
     sweep = result.sweep
     if result.capacity is not None and len(result.capacity):
         console.print(f"capacity: {sweep.capacity.slo_text()} (tolerance {sweep.capacity.tolerance_text()})",
-                      highlight=False)
+                      highlight=False, markup=False)
         axes = list(dict.fromkeys(["seed"] + [a.column for a in sweep.axes]))
         console.print(capacity_table(result.capacity, axes))
-    console.print(f"{sweep.name}: {len(sweep.points):,} points, {len(result.table):,} rows; {result.num_runs:,} runs "
-                  f"now, {result.num_reused:,} reused; {result.wall_s:,.1f} s", highlight=False)
-    for key, p in paths.items():
-        console.print(f"{key:>13}: {p}", highlight=False)
+    console.print(f"{sweep.name}: {plural(len(sweep.points), 'point')}, {plural(len(result.table), 'row')}; "
+                  f"{plural(result.num_runs, 'run')} now, {result.num_reused:,} reused; {result.wall_s:,.1f} s",
+                  highlight=False, markup=False)
+    print_paths(paths, console)
     for what, error in result.failures:
-        err.print(f"[red]failed:[/red] {what}: {error}", highlight=False, soft_wrap=True)
+        err.print(failed_line(what, error), highlight=False, soft_wrap=True)
 
 
 def print_replay(summary: dict, paths: dict[str, Path], console: Console) -> None:
@@ -159,12 +172,11 @@ def print_replay(summary: dict, paths: dict[str, Path], console: Console) -> Non
     if "open_loop" not in info:
         print_summary(summary, title=f"{summary['scenario']['name']} (replayed on {where})", console=console)
     else:
-        t = Table(title=f"{summary['scenario']['name']}: the simulation's steps run on {where}")
+        t = Table(title=Text(f"{summary['scenario']['name']}: the simulation's steps run on {where}"))
         for col in ("policy", "steps", "predicted s", "measured s", "per-step MAPE"):
             t.add_column(col, justify="left" if col == "policy" else "right")
         for name, p in info["open_loop"].items():
-            t.add_row(name, f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
+            t.add_row(Text(name), f"{p['num_steps']:,}", f"{p['predicted_s']:.3f}", f"{p['measured_s']:.3f}",
                       f"{p['step_time_mape']:.1%}")
         console.print(t)
-    for key, p in paths.items():
-        console.print(f"{key:>9}: {p}", highlight=False)
+    print_paths(paths, console)

@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 from reports import figures
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.schema import METRICS, TABLE_COLUMNS
+from sim.schema import METRICS, TABLE_COLUMNS, plural
 
 GB = 1e9
 GIB = 1 << 30
@@ -58,9 +58,11 @@ padding:0 1rem} h1{margin-bottom:.2rem} h2{margin-top:2.2rem;border-bottom:1px s
 table{border-collapse:collapse;margin:1rem 0;font-size:.88rem} th,td{border-bottom:1px solid #ddd;
 padding:.3rem .5rem;text-align:right;vertical-align:bottom} th:first-child,td:first-child{text-align:left}
 td.best{font-weight:bold;background:#e3f2e3} .missing{color:#a33} .figure{width:100%;margin:.5rem 0 1.5rem 0}
-dl{display:grid;grid-template-columns:max-content auto;gap:.25rem 1rem} dt{color:#666} dd{margin:0}
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.25rem 1rem} dt{color:#666}
+dd{margin:0;overflow-wrap:anywhere} h1,h2,h3,p{overflow-wrap:anywhere}
 .caption{max-width:70rem} code{background:#f4f4f4;padding:0 .2rem}
 .wide{max-width:100%;overflow-x:auto} .summary td{white-space:nowrap} .summary th{min-width:3.5rem}
+.summary td:first-child{white-space:normal;overflow-wrap:anywhere;min-width:8rem}
 """
 
 RENDER_JS = """
@@ -111,23 +113,25 @@ def _fmt(fmt: str, v: object) -> str:
 
 
 def summary_table(policies: pd.DataFrame) -> str:
-    """Every policy's headline metrics; the best value of each column marked (none when all tie)."""
-    best: dict[str, float] = {}
-    for key, _ in HEADLINE:
+    """Every policy's headline metrics; the best value of each column marked, as printed: every cell that
+    reads as the best one (none in a column where every value shown reads the same)."""
+    best: dict[str, str] = {}  # the best value of a column, as printed
+    for key, fmt in HEADLINE:
         how = METRICS[key].better
         if key in policies.columns and how is not None:
             vals = pd.to_numeric(policies[key], errors="coerce").dropna()
-            if vals.nunique() > 1:
-                best[key] = vals.max() if how == "max" else vals.min()
+            if len({_fmt(fmt, v) for v in vals}) > 1:
+                best[key] = _fmt(fmt, vals.max() if how == "max" else vals.min())
+
     def table(keys: list[tuple[str, str]], counts: bool) -> str:
         head = "".join(f"<th>{html.escape(_head(k))}</th>" for k, _ in keys)
         rows = []
         for label, m in policies.iterrows():
             cells = []
             for key, fmt in keys:
-                v = m.get(key)
-                mark = ' class="best" title="best in this column"' if key in best and v == best[key] else ""
-                cells.append(f"<td{mark}>{_fmt(fmt, v)}</td>")
+                shown = _fmt(fmt, m.get(key))
+                mark = ' class="best" title="best in this column"' if best.get(key) == shown else ""
+                cells.append(f"<td{mark}>{shown}</td>")
             if counts:
                 cells.append("<td>" + " / ".join(_fmt("{:,}", m.get(k)) for k in
                                                  ("num_finished", "num_rejected", "num_unfinished")) + "</td>")
@@ -211,10 +215,54 @@ def _policy_line(p: dict) -> str:
             f"preemption by {p.get('preemption')}")
 
 
-def _kv_line(pools: dict) -> str:
+def _sig(v: object, fmt: str = "{:,.0f}") -> str:
+    """An amount: ``fmt`` from 1 up (and for 0); below 1, 3 significant digits, so that a small amount never
+    reads as 0 (a made-up test device of 0.011 GiB)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return fmt.format(v) if v == 0 or abs(v) >= 1 else f"{v:.3g}"
+
+
+def _params(n: object) -> str:
+    """A parameter count: ``8.0 B``, ``1.28 M``."""
+    if not n:
+        return "-"
+    return f"{n / 1e9:,.1f} B" if n >= 1e9 else f"{_sig(n / 1e6, '{:,.3g}')} M"
+
+
+def _gpu_text(gpu: object, default: str) -> str:
+    """A GPU as the scenario's cluster gives it: a catalog name, a custom GPU's mapping, or None (the scenario's)."""
+    if isinstance(gpu, dict):
+        return str(gpu.get("name") or default)
+    return str(gpu) if gpu else default
+
+
+def _fleet_line(cluster: dict, gpu: str, tp: int) -> str:
+    """The fleet of a scenario with ``cluster`` (summary.json's scenario.cluster, as the scenario gave it):
+    its replicas (or prefill and decode pools) with their GPU and tensor parallelism, the router, the link."""
+    def shape(count: int, g: object, t: object) -> str:
+        return f"{plural(int(count), 'replica')} of {t or tp} x {_gpu_text(g, gpu)}"
+
+    routers = cluster.get("router") or "round-robin"
+    router = ", ".join(routers) if isinstance(routers, list) else str(routers)
+    if cluster.get("prefill") and cluster.get("decode"):
+        pools = "; ".join(f"{name}: {shape(p.get('replicas', 1), p.get('gpu'), p.get('tensor_parallel'))}"
+                          for name, p in (("prefill", cluster["prefill"]), ("decode", cluster["decode"])))
+        link = cluster.get("kv_transfer")
+        if isinstance(link, dict):
+            link = f"{_sig(link.get('gb_per_s'), '{:,.4g}')} GB/s + {_sig(link.get('latency_ms'), '{:,.4g}')} ms"
+        return f"disaggregated: {pools}; KV transfer {link}; router {router} (within each pool)"
+    reps = cluster.get("replicas")
+    groups = reps if isinstance(reps, list) else [{"count": reps or 1}]
+    shapes = ", ".join(shape(grp.get("count", 1), grp.get("gpu"), grp.get("tensor_parallel")) for grp in groups)
+    return f"{shapes}; router {router}"
+
+
+def _kv_line(pools: dict, where: str = "per GPU") -> str:
     def one(pool: dict) -> str:
         gib = pool.get("kv_capacity_gib") or 0.0
-        return (f"{pool.get('kv_capacity_tokens', 0):,} tokens = {gib:.2f} GiB ({gib * GIB / GB:.2f} GB) per GPU, "
+        return (f"{pool.get('kv_capacity_tokens', 0):,} tokens = {_sig(gib, '{:,.2f}')} GiB "
+                f"({_sig(gib * GIB / GB, '{:,.2f}')} GB) {where}, "
                 f"{pool.get('num_blocks', 0):,} blocks of {pool.get('block_size')}")
     distinct = {one(p) for p in pools.values()}
     if len(distinct) == 1:
@@ -232,20 +280,29 @@ def scenario_block(run: RunTables) -> str:
     lengths = wl.get("lengths") or ("table" if wl.get("kind") == "table" else "custom distributions")
     rate = w.get("mean_request_rate")
     kv_kb = (m.get("kv_bytes_per_token") or 0) / 1e3
-    workload = (f"{w.get('num_requests', 0):,} requests from {w.get('source')} over {w.get('span_s') or 0:,.0f} s"
+    workload = (f"{plural(w.get('num_requests') or 0, 'request')} from {w.get('source')} over "
+                f"{_sig(w.get('span_s') or 0)} s"
                 + (f" (mean {rate:.3f} req/s)" if rate else "") + f"; arrivals: {arrival}; lengths: {lengths}, mean "
                 f"prompt {w.get('mean_prompt_tokens') or 0:.1f} and output {w.get('mean_output_tokens') or 0:.1f} "
                 f"tokens (max {w.get('max_prompt_tokens')} / {w.get('max_output_tokens')})")
+    cluster = s.get("cluster")
+    tp = s.get("tensor_parallel") or 1
+    fleet = []  # a fleet: its replicas or pools; the KV row is one replica's pool (the first; a decode one)
+    if cluster:
+        fleet = [("fleet", _fleet_line(cluster, str(g.get("name")), tp))]
+    where = ("per GPU" if not cluster else "per GPU of a decode replica"
+             if cluster.get("prefill") and cluster.get("decode") else "per GPU of the first replica")
     items = [
-        ("model", f"{m.get('name')} ({(m.get('num_params') or 0) / 1e9:.1f} B parameters, {m.get('num_layers')} "
-                  f"layers, max length {m.get('max_model_len')} tokens, KV {kv_kb:,.0f} KB per token)"),
-        ("GPU", f"{s.get('tensor_parallel', 1)} x {g.get('name')} ({g.get('memory_gib', 0):.0f} GiB, "
-                f"{g.get('hbm_gb_per_s', 0):,.0f} GB/s HBM, {g.get('tflops', 0):.0f} TFLOP/s); memory utilization "
-                f"{s.get('gpu_memory_utilization')}"),
-        ("KV cache", _kv_line(r.get("kv_pools", {}))),
+        ("model", f"{m.get('name')} ({_params(m.get('num_params'))} parameters, {m.get('num_layers')} "
+                  f"layers, max length {m.get('max_model_len')} tokens, KV {_sig(kv_kb)} KB per token)"),
+        ("GPU", f"{tp} x {g.get('name')} ({_sig(g.get('memory_gib', 0))} GiB, "
+                f"{_sig(g.get('hbm_gb_per_s', 0))} GB/s HBM, {_sig(g.get('tflops', 0))} TFLOP/s); memory "
+                f"utilization {s.get('gpu_memory_utilization')}" + ("; the fleet's default" if cluster else "")),
+        *fleet,
+        ("KV cache", _kv_line(r.get("kv_pools", {}), where)),
         ("workload", workload),
         ("policies", "; ".join(_policy_line(p) for p in s.get("policies", []))),
-        ("step time", ", ".join(f"{k} {v}" for k, v in (s.get("step_time") or {}).items())),
+        ("step time", ", ".join(f"{k} {v}" for k, v in (s.get("step_time") or {}).items() if v is not None)),
         ("generated", f"{s.get('generated_at', '?')} (Python {s.get('python', '?')})"),
     ]
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items)
@@ -453,7 +510,8 @@ def sweep_block(runs: Sequence[RunTables]) -> str:
             continue
         axes = "; ".join(f"{a.get('column')}: {', '.join(map(str, a.get('values', [])))}" for a in info.get("axes", []))
         desc = f"<p class='muted'>{html.escape(str(info['description']))}</p>" if info.get("description") else ""
-        ran = (f"<p>{info.get('num_points', 0):,} points over {html.escape(axes)}; {info.get('num_runs', 0):,} runs, "
+        ran = (f"<p>{plural(info.get('num_points', 0), 'point')} over {html.escape(axes)}; "
+               f"{plural(info.get('num_runs', 0), 'run')}, "
                f"{info.get('num_reused', 0):,} reused from an earlier run, {info.get('wall_s', 0):,.1f} s on the "
                f"{html.escape(str(info.get('executor')))} executor.</p>" if info else "")
         out.append(f"<h3>{html.escape(str(info.get('name', r.label)))}</h3>{desc}{ran}")

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from reports.results import ResultsError
-from sim.schema import plan_label
+from sim.schema import plan_label, plural
 
 SHAPE_COLUMNS = ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size")
 
@@ -77,7 +77,7 @@ def render(folder: Path) -> str:
         w = best[best[rate_col] == rate]
         if len(w) and bool(w.iloc[0]["met"]):
             r = w.iloc[0]
-            parts.append(f"<p>Winner: <b>{esc(plan_label(r))}</b>, {int(r['num_gpus'])} GPUs, "
+            parts.append(f"<p>Winner: <b>{esc(plan_label(r))}</b>, {plural(int(r['num_gpus']), 'GPU')}, "
                          f"${r['usd_per_hour']:.2f}/h, ${r['usd_per_million_tokens']:.3f} per million tokens.</p>")
         else:
             parts.append("<p>No configuration in the plan meets the SLO at this rate.</p>")

@@ -149,3 +149,22 @@ def _dictionary(codes: np.ndarray, categories: list[str]):
     values = pa.Array.from_buffers(pa.large_string(), len(text),
                                    [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(text))])
     return pa.DictionaryArray.from_arrays(_arrow(codes.astype(np.int8 if len(categories) < 128 else np.int32)), values)
+
+
+def write_result_table(df, path: str | Path) -> None:
+    """A sweep's or a plan's table (sweep.parquet, capacity.parquet, capacity_runs.parquet, plan.parquet)
+    as parquet with every declared result column of its declared Arrow type
+    (``sim.schema.RESULT_COLUMN_TYPES``), whatever its rows hold: a metric that no row has is a column of
+    float64 nulls, not of Arrow's ``null`` type, so that the tables of two sweeps read (and concatenate)
+    alike. The other columns (the swept scenario fields) keep the type pandas gives their values."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sim.schema import RESULT_COLUMN_TYPES
+
+    schema = pa.Schema.from_pandas(df, preserve_index=False)
+    for i, name in enumerate(schema.names):
+        declared = RESULT_COLUMN_TYPES.get(name)
+        if declared is not None:
+            schema = schema.set(i, pa.field(name, pa.type_for_alias(declared)))
+    pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)

@@ -52,7 +52,7 @@ from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, Real, Scena
                         validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
-from sim.outputs import ReportWriter
+from sim.outputs import ReportWriter, write_result_table
 from sim.schema import plan_label
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
@@ -570,7 +570,7 @@ def write_plan(result: PlanResult, out_dir: str | Path, executor_name: str, repo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"plan": out / PLAN_TABLE, "best": out / BEST_TABLE, "info": out / PLAN_INFO}
-    result.table.to_parquet(paths["plan"], index=False)
+    write_result_table(result.table, paths["plan"])
     result.best.to_csv(paths["best"], index=False)
     p, spec = result.plan, result.plan.spec
     info = {"name": p.name, "description": spec.description, "source": p.source, "kind": "plan",
@@ -603,8 +603,9 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
     plan = load_plan(plan_path)
     out = Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan")
     with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
-            Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
-                TimeElapsedColumn(), console=console, transient=True) as bar:
+            Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
+                BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,
+                transient=True) as bar:
         task_id = bar.add_task(f"{plan.name} ({ex.name}, {ex.slots} workers)", total=0)
         result = run_plan(plan, out, ex, resume=resume, progress=_BarProgress(bar, task_id), read_trace=read_trace)
     return result, write_plan(result, out, executor, report=report)

@@ -11,6 +11,7 @@ do.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import time
@@ -28,6 +29,7 @@ from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
 from sim.outputs import Columns, ReportWriter, concat_columns, write_parquet
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
+from sim.schema import plural
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
 
@@ -256,7 +258,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     if live:  # NOTE: imported only for a terminal (a bar): 14 ms of a run's start otherwise
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bars = Progress(TextColumn("{task.description}"), BarColumn(),
+        bars = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                         TextColumn("{task.completed:,}/{task.total:,} requests"), TimeElapsedColumn(), console=console)
     else:
         bars = nullcontext()
@@ -275,7 +277,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
                 if live:
                     bar.stop_task(tasks[name])
                 else:  # no bar outside a terminal: one line per finished policy
-                    console.print(f"{name}: {total:,} requests simulated in {wall:,.1f} s "
+                    console.print(f"{name}: {plural(total, 'request')} simulated in {wall:,.1f} s "
                                   f"({total / max(wall, 1e-9):,.0f} requests/s)", highlight=False, markup=False)
 
         result = run(scenario, progress=progress, decompose=scenario.decompose, read_trace=read_trace)
@@ -283,9 +285,18 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     return result.summary(), paths
 
 
+SLUG_BYTES = 100  # a folder name's UTF-8 bytes at most (file systems allow 255; replay adds "-open-loop-cuda")
+
+
 def slug(name: str, default: str = "run") -> str:
-    """A name made safe as a folder name (``runs/<slug>``): letters, digits, ``-_.``; ``default`` if nothing is left."""
+    """A name made safe as a folder name (``runs/<slug>``): letters, digits, ``-_.``; ``default`` if nothing
+    is left. A longer one is cut to ``SLUG_BYTES`` bytes of UTF-8, ending in a hash of the whole name (names
+    that share their first 90 bytes stay apart)."""
     s = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
+    if len(s.encode()) > SLUG_BYTES:
+        tag = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        head = s.encode()[:SLUG_BYTES - len(tag) - 1].decode("utf-8", "ignore").rstrip("-.")
+        s = f"{head}-{tag}"
     return s or default
 
 
@@ -297,7 +308,7 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     if len(requests) == 0:
         raise ScenarioError(f"{scenario_path}: the workload has no requests")
     lines = [f"{scenario_path}: ok", f"model {model.name} on {scenario.tensor_parallel} x {gpu.name}; "
-             f"{len(requests):,} requests from {requests.source}"]
+             f"{plural(len(requests), 'request')} from {requests.source}"]
     for what, counts in (("dropped rows", requests.dropped), ("truncated", requests.truncated)):
         if any(counts.values()):
             lines.append(f"  {what}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))

@@ -162,3 +162,30 @@ def plan_label(row) -> str:
     knobs = "".join(f" {k}={int(v)}" for k in ("max_num_seqs", "block_size")
                     if (v := row.get(k)) is not None and v == v)  # a plan's knobs, where it has them
     return f"{count} x {row['gpu']} tp{row['tensor_parallel']} {row['policy']}{knobs}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 request``, ``2 requests``, ``1,000 requests``: a count and its noun, for what is printed."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+# The Arrow type of every result column of sweep.parquet, capacity.parquet, capacity_runs.parquet and
+# plan.parquet, whatever the rows hold (a metric no row has is a column of nulls of its type, not of
+# Arrow's ``null`` type): counts int64, other metrics float64. Axis columns (scenario fields) keep the
+# type of their values.
+COUNT_METRICS = frozenset({n for n in METRICS if n.startswith("num_")} | {
+    "kv_capacity_tokens", "prefill_tokens_saved", "prefill_tokens_saved_cpu", "host_to_device_bytes",
+    "device_to_host_bytes"})
+RESULT_COLUMN_TYPES: dict[str, str] = {
+    **{n: "int64" if n in COUNT_METRICS else "float64" for n in METRICS},
+    "policy": "string", "offered_request_rate": "float64", "point_key": "string", "error": "string",
+    # capacity.parquet, capacity_runs.parquet
+    "axis": "string", "sustainable_request_rate": "float64", "sustainable_value": "float64", "met": "bool",
+    "status": "string", "slo": "string", "tolerance": "float64", "relative_tolerance": "float64",
+    "lowest_rate_tried": "float64", "highest_rate_tried": "float64", "lowest_failing_rate": "float64",
+    "num_runs": "int64", "value": "float64",
+    # plan.parquet
+    "replicas": "int64", "prefill_replicas": "int64", "decode_replicas": "int64", "num_gpus": "int64",
+    "usd_per_gpu_hour": "float64", "usd_per_hour": "float64", "usd_per_million_tokens": "float64",
+    "goodput_request_rate": "float64", "passed": "bool", "ran": "bool", "pruned_by": "string",
+}

@@ -144,3 +144,19 @@ def test_report_from_crafted_results(finished_run, tmp_path, edit, message):
     d = _crafted(finished_run, tmp_path, edit)
     r = invoke("report", d)
     assert r.exit_code == 2 and message in r.output.replace("\n", "")
+
+
+def test_a_long_name_makes_a_folder_name_that_fits(tmp_path, monkeypatch):
+    """runs/<name> from a name of 130 accented letters (260 bytes: more than a file name may hold) is cut to
+    100 bytes ending in a hash of the whole name, so names alike at the start get folders of their own."""
+    from sim.run import SLUG_BYTES, slug
+
+    long_a, long_b = "é" * 130, "é" * 129 + "e"
+    assert len(slug(long_a).encode()) <= SLUG_BYTES and slug(long_a) != slug(long_b)
+    assert slug(long_a).startswith("é" * 40) and slug("quickstart") == "quickstart" and slug("[/x]") == "x"
+    assert len(slug("漢" * 300, "sweep").encode()) <= SLUG_BYTES
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(SCENARIO.replace("name: out", f"name: {long_a}"))
+    r = invoke("run", "s.yaml", "--no-report")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "runs" / slug(long_a) / "summary.json").is_file()

@@ -127,3 +127,83 @@ def test_sim_check_lines_fit_80_columns(tmp_path):
     assert all(len(line) <= 80 for line in lines), p.stdout
     assert "  vllm: continuous batching, paged allocator" in lines, p.stdout
     assert any(line.startswith("KV pool: 14,720 tokens") for line in lines), p.stdout
+
+
+TINY = textwrap.dedent(f"""\
+    name: NAME
+    model: {ROOT}/gpu/configs/tiny-llama.json
+    gpu: {{name: tiny-device, memory_gib: 0.011, hbm_gb_per_s: 50, tflops: 1}}
+    runtime_overhead_gib: 0
+    activation_reserve_tokens: 256
+    workload: {{arrival: {{kind: poisson, rate: 40}}, prompt: {{kind: uniform, low: 16, high: 200}},
+               output: {{kind: uniform, low: 4, high: 32}}, num_requests: 20, seed: 0}}
+    policies: [{{preset: orca-max, name: "orca [swap]"}}, {{preset: vllm, name: "vllm[/x]"}}]
+    decompose: false
+    """)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
+
+
+def test_names_print_as_written_never_as_markup(tmp_path):
+    """Policy, scenario, sweep and plan names are free text: '[/x]' (a closing tag rich would reject) and
+    '[swap]' (a tag rich would swallow) print as written in progress bars, tables and every line."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TINY.replace("NAME", '"run [/x]"'))
+    buf = io.StringIO()  # sim run in a terminal: a progress bar per policy
+    run_to_dir(scenario, tmp_path / "run", report=False,
+               console=Console(file=buf, force_terminal=True, width=120, color_system=None))
+    bars = ANSI.sub("", buf.getvalue())
+    assert "orca [swap]" in bars and "vllm[/x]" in bars, bars
+
+    runner = CliRunner()
+    (tmp_path / "sweep.yaml").write_text(
+        'name: "sw [/x]"\nbase: s.yaml\naxes: {seed: [0]}\n'
+        "capacity: {slo: {mean_normalized_latency_s: 0.2}, min: 1, max: 50, relative_tolerance: 0.5}\n")
+    r = runner.invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "sweep"), "-j", "1",
+                            "--no-report"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    out = " ".join(r.output.split())  # the capacity table may fold a name
+    for name in ("sw [/x]:", "orca [swap]", "vllm[/x]"):
+        assert name in out, (name, r.output)
+
+    (tmp_path / "plan.yaml").write_text(textwrap.dedent("""\
+        name: "plan [/x]"
+        base: {model: opt-13b, workload: {arrival: {kind: poisson, rate: 1}, lengths: sharegpt, num_requests: 20,
+                                         seed: 1}}
+        rates: [2]
+        slo: {mean_tpot_ms: 100}
+        gpus: [h100]
+        replicas: {min: 1, max: 2}
+        policies: [{preset: vllm, name: "v [/x]"}]
+        """))
+    r = runner.invoke(app, ["plan", str(tmp_path / "plan.yaml"), "--out", str(tmp_path / "plan"), "-j", "1",
+                            "--no-report"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "plan [/x]: " in r.output and "x h100 tp1 v [/x]: 1 GPU," in r.output, r.output
+
+    for label, start in (("sweep", "sw [/x]"), ("plan", "plan [/x]")):  # their progress bars, in a terminal
+        from kvsim import plan_to_dir, sweep_to_dir
+
+        buf = io.StringIO()
+        to_dir = sweep_to_dir if label == "sweep" else plan_to_dir
+        to_dir(tmp_path / f"{label}.yaml", tmp_path / f"{label}-bar", workers=1, resume=False,
+               console=Console(file=buf, force_terminal=True, width=120, color_system=None))
+        assert f"{start} (" in ANSI.sub("", buf.getvalue()), buf.getvalue()
+
+
+def test_file_labels_line_up_and_one_is_singular():
+    """The files a command wrote: labels right-aligned to the longest ('snapshots', 'timeline' included),
+    paths printed as written; '1 request', not '1 requests'."""
+    from reports.console import print_paths
+    from sim.schema import plural
+
+    buf = io.StringIO()
+    print_paths({"summary": Path("a/summary.json"), "snapshots": Path("a [/x]/kv_snapshots.parquet"),
+                 "report": Path("a/report.html")}, Console(file=buf, width=200))
+    lines = buf.getvalue().splitlines()
+    assert lines == ["  summary: a/summary.json", "snapshots: a [/x]/kv_snapshots.parquet",
+                     "   report: a/report.html"], lines
+    assert (plural(1, "request"), plural(0, "GPU"), plural(1234, "run")) == ("1 request", "0 GPUs", "1,234 runs")

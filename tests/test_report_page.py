@@ -182,3 +182,73 @@ def test_report_of_a_long_run_stays_under_10_mb(small_run, tmp_path):
     assert size < 10_000_000, size
     assert size - len(get_plotlyjs().encode()) < 2_000_000, size  # the figures themselves stay small
     assert len(figure_specs(page.read_text())) == 6  # 5 run figures + the decomposition (of small_run)
+
+
+def test_summary_bolds_every_value_that_reads_as_the_best():
+    """The best value is judged as printed: values that print alike are all bold or none is; a column whose
+    shown values all read the same has nothing bold, however their unrounded floats differ."""
+    from reports.html import summary_table
+
+    pol = pd.DataFrame({"output_throughput": [579.4119619, 579.4119702, 500.0],  # '579', '579', '500'
+                        "median_ttft_ms": [1.1889, 1.1831, 1.21],  # '1' three times
+                        "memory.token_states": [0.01061, 0.01065, 0.2],  # '1.1%', '1.1%', '20.0%'
+                        "num_finished": [30] * 3, "num_rejected": [0] * 3, "num_unfinished": [0] * 3},
+                       index=["orca-max", "vllm", "other"])
+    page = summary_table(pol)
+    bold = re.findall(r'<td class="best"[^>]*>(.*?)</td>', page)
+    assert sorted(bold) == ["20.0%", "579", "579"], bold
+
+
+def _block_items(scenario: dict) -> dict[str, str]:
+    import html
+    from types import SimpleNamespace
+
+    from reports.html import scenario_block
+
+    block = scenario_block(SimpleNamespace(scenario=scenario, label=scenario["name"]))
+    return {k: html.unescape(v) for k, v in re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", block)}
+
+
+def test_scenario_block_shows_the_fleet_and_small_figures():
+    """A fleet's replicas or pools (GPU, TP), router and link are on the page; a tiny model's and device's
+    figures read in significant digits, not as 0; a setting left unset (None) is not printed."""
+    resolved = {"model": {"name": "tiny-llama", "num_params": 2_430_000, "num_layers": 2, "max_model_len": 1024,
+                          "kv_bytes_per_token": 512},
+                "gpu": {"name": "tiny-device", "memory_gib": 0.011, "hbm_gb_per_s": 50, "tflops": 1},
+                "kv_pools": {"vllm": {"kv_capacity_tokens": 3936, "kv_capacity_gib": 0.001877, "num_blocks": 246,
+                                      "block_size": 16}},
+                "workload": {"num_requests": 1, "source": "synthetic(seed=0)", "span_s": 0.88}}
+    base = {"name": "s", "tensor_parallel": 1, "gpu_memory_utilization": 0.9, "resolved": resolved,
+            "policies": [{"name": "vllm"}], "step_time": {"kind": "roofline", "host": None}}
+    items = _block_items(base)
+    assert "fleet" not in items
+    assert items["model"].startswith("tiny-llama (2.43 M parameters,") and "KV 0.512 KB per token" in items["model"]
+    assert items["GPU"].startswith("1 x tiny-device (0.011 GiB, 50 GB/s HBM, 1 TFLOP/s)"), items["GPU"]
+    assert "3,936 tokens = 0.00188 GiB (0.00202 GB) per GPU" in items["KV cache"], items["KV cache"]
+    assert items["step time"] == "kind roofline", items["step time"]
+    assert items["workload"].startswith("1 request from synthetic(seed=0) over 0.88 s"), items["workload"]
+
+    colocated = {**base, "cluster": {"replicas": [{"gpu": None, "tensor_parallel": 2, "count": 2},
+                                                  {"gpu": {"name": "my-gpu"}, "tensor_parallel": None, "count": 1}],
+                                     "router": "least-outstanding", "prefill": None, "decode": None,
+                                     "kv_transfer": None}}
+    assert _block_items(colocated)["fleet"] == ("2 replicas of 2 x tiny-device, 1 replica of 1 x my-gpu; "
+                                                "router least-outstanding")
+    assert "per GPU of the first replica" in _block_items(colocated)["KV cache"]
+    disagg = {**base, "cluster": {"replicas": None, "router": ["round-robin", "least-kv"],
+                                  "prefill": {"replicas": 1, "gpu": None, "tensor_parallel": None},
+                                  "decode": {"replicas": 3, "gpu": "h100", "tensor_parallel": 2},
+                                  "kv_transfer": {"gb_per_s": 50, "latency_ms": 0.5}}}
+    assert _block_items(disagg)["fleet"] == ("disaggregated: prefill: 1 replica of 1 x tiny-device; decode: 3 "
+                                             "replicas of 2 x h100; KV transfer 50 GB/s + 0.5 ms; router "
+                                             "round-robin, least-kv (within each pool)")
+
+
+def test_long_names_wrap_instead_of_widening_the_page():
+    """The Scenario block's grid and its values wrap a name with no break point (no sideways scroll); the
+    browser check is tests/test_report_layout.py."""
+    from reports.html import CSS
+
+    assert "grid-template-columns:max-content minmax(0,1fr)" in CSS
+    assert re.search(r"dd\{[^}]*overflow-wrap:anywhere", CSS)
+    assert re.search(r"\.summary td:first-child\{[^}]*overflow-wrap:anywhere", CSS)

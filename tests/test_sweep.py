@@ -389,3 +389,34 @@ def test_every_declared_metric_is_an_slo_key_and_a_sweep_column(tmp_path):
         assert sharing, policy
         for m in sharing:
             assert row[m] == pytest.approx(res.summary[m]), (policy, m)
+
+
+def test_result_tables_have_one_schema_whatever_their_rows_hold(tmp_path):
+    """sweep.parquet and capacity.parquet of two sweeps of different content (one with no sharing metric
+    at all, one whose policy shares blocks; one whose point fails) have the same Arrow type in every
+    column they share: a metric no row has is float64 (or int64 for a count) of nulls, never Arrow's
+    ``null``; ``error`` is a string. So the two read as one dataset, and concatenate as floats."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    capacity = "capacity: {slo: {mean_normalized_latency_s: 1.0}, min: 1, max: 8, relative_tolerance: 0.5}\n"
+    a = sweep_file(tmp_path, "axes: {seed: [0]}\n" + capacity, base=base_yaml("[orca-oracle]", num_requests=12),
+                   name="a.yaml")
+    b = sweep_file(tmp_path, "axes: {seed: [0], gpu: [a100-40gb, l4]}\n" + capacity,  # l4: does not fit
+                   base=base_yaml("[{preset: vllm, name: paged, prefix_caching: true}]", num_requests=12),
+                   name="b.yaml")
+    for f in (a, b):
+        sweep_to_dir(f, tmp_path / f.stem, workers=1)
+    for table in ("sweep", "capacity"):
+        sa, sb = (pq.read_schema(tmp_path / d / f"{table}.parquet") for d in "ab")
+        differ = {n: (sa.field(n).type, sb.field(n).type) for n in set(sa.names) & set(sb.names)
+                  if sa.field(n).type != sb.field(n).type}
+        assert not differ, (table, differ)
+        assert "null" not in {str(sa.field(n).type) for n in sa.names}, (table, sa)
+        assert str(sa.field("error").type) == "string"
+    sa = pq.read_schema(tmp_path / "a" / "sweep.parquet")
+    assert (str(sa.field("prefix_hit_rate_tokens").type), str(sa.field("num_cow_copies").type)) == ("double", "int64")
+    both = ds.dataset([str(tmp_path / d / "sweep.parquet") for d in "ab"], format="parquet").to_table()
+    assert both.num_rows == 3
+    joined = pd.concat([pd.read_parquet(tmp_path / d / "sweep.parquet") for d in "ab"])
+    assert joined["prefix_hit_rate_tokens"].dtype == np.float64

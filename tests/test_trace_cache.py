@@ -70,6 +70,21 @@ def test_a_trace_read_again_comes_from_its_copy_equal_to_parsing_it(tmp_path, fo
     assert len(parses) == 2 and len(list(folder.glob("*.npz"))) == 2
 
 
+def test_a_copy_found_through_another_path_names_the_path_this_run_read(tmp_path, folder, parses):
+    """The cache is keyed on the resolved file: a run reading it through a link finds the copy another path
+    filled, and its table (summary.json's workload.source) names the path this run gave, not the other."""
+    (tmp_path / "real").mkdir()
+    azure_csv(tmp_path / "real" / "t.csv", [(10, 5), (20, 6)])
+    for link in ("a", "b"):
+        (tmp_path / link).symlink_to(tmp_path / "real")
+    via_a, via_b, direct = (load(tmp_path / d / "t.csv") for d in ("a", "b", "real"))
+    assert len(parses) == 1, "one file, one parse"
+    assert via_a.source == f"{tmp_path / 'a' / 't.csv'} (azure)"
+    assert via_b.source == f"{tmp_path / 'b' / 't.csv'} (azure)"
+    assert direct.source == f"{tmp_path / 'real' / 't.csv'} (azure)"
+    assert np.array_equal(via_a.arrival_s, via_b.arrival_s)
+
+
 def test_hash_ids_and_session_ids_survive_the_copy(tmp_path, folder, parses):
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 600, "output_length": 3,

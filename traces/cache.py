@@ -3,9 +3,10 @@ parsing its text (nor importing pandas, which the readers use).
 
 An entry is the canonical request table that ``traces.read.read_trace`` returned, before the workload's
 transforms (which are cheap, seeded and run every time). It is found again only for the same file, unchanged
-(path, size, modification time, inode), read the same way (format, columns, ``bad_rows``, filters), by the
-same reader code (a hash of ``traces/read.py`` and ``traces/formats.py``). A file that fails to read is
-never cached: its error is raised every time. One entry per file and way of reading (a changed file
+(resolved path, size, modification time, inode: a link finds it, and the table names the path this run
+gave), read the same way (format, columns, ``bad_rows``, filters), by the same reader code (a hash of
+``traces/read.py`` and ``traces/formats.py``). A file that fails to read is never cached: its error is
+raised every time. One entry per file and way of reading (a changed file
 replaces its entry), in ``$KVSIM_TRACE_CACHE`` (``0`` turns the cache off; default
 ``$XDG_CACHE_HOME/kvsim/traces``). An entry that cannot be read or written is ignored: the file is parsed.
 """
@@ -71,14 +72,16 @@ def cached(tf: TraceFile, how: dict, read: Callable[[], RequestTable]) -> Reques
     except OSError:
         return read()
     entry = folder / f"{name}.npz"
-    table = _load(entry, key)
+    table = _load(entry, key, tf.source)
     if table is None:
         table = read()
         _save(entry, key, table)
     return table
 
 
-def _load(entry: Path, key: str) -> RequestTable | None:
+def _load(entry: Path, key: str, source: str) -> RequestTable | None:
+    """The entry's table, as read through ``source`` (the entry is keyed on the resolved path: a link or
+    another spelling of the same file finds it, and its table names the path this run gave)."""
     try:
         with np.load(entry, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
@@ -86,7 +89,7 @@ def _load(entry: Path, key: str) -> RequestTable | None:
                 return None
             hashes = (PrefixHashes(z["hash_ids"], z["hash_offsets"], meta["hash_block_size"])
                       if "hash_ids" in z else None)
-            return RequestTable(z["arrival_s"], z["prompt_tokens"], z["output_tokens"], source=meta["source"],
+            return RequestTable(z["arrival_s"], z["prompt_tokens"], z["output_tokens"], source=source,
                                 dropped=meta["dropped"], prefix_hashes=hashes,
                                 session_id=z["session_id"] if "session_id" in z else None,
                                 truncated=meta["truncated"])

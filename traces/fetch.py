@@ -183,8 +183,8 @@ def fetch_command(names: list[str], folder: str | Path | None, *, mirror: str | 
     traces = resolve_names(names)
     dest = destination(folder)
     lines = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=console, transient=True,
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True,
                   disable=console is None or not console.is_terminal) as bar:  # a bar in a terminal only
         for t in traces:
             task = bar.add_task(t.name, total=t.size_bytes)

@@ -155,6 +155,11 @@ class TraceFile:
     fmt: TraceFormat
     names: tuple[str, ...]  # the file's columns
 
+    @property
+    def source(self) -> str:
+        """What a table read from this file says it came from: ``path (format)``, the path as given."""
+        return f"{self.path} ({self.fmt.name})"
+
     def where(self, line: int) -> str:
         """``path:line`` (CSV, JSONL) or ``path: row N`` (parquet)."""
         return f"{self.path}: row {line}" if self.container == "parquet" else f"{self.path}:{line}"

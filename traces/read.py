@@ -388,7 +388,7 @@ class _Collector:
             np.cumsum(np.concatenate(p["hash_lens"]), out=offsets[1:])
             hashes = PrefixHashes(np.concatenate(p["hash_ids"]), offsets, self.block_size)
         return RequestTable(np.concatenate(p["arrival"]), prompt, np.concatenate(p["output"]),
-                            source=f"{path} ({self.tf.fmt.name})", dropped=dict(self.dropped), prefix_hashes=hashes,
+                            source=self.tf.source, dropped=dict(self.dropped), prefix_hashes=hashes,
                             session_id=np.concatenate(p["session"]) if p["session"] else None)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config import ScenarioError
-from sim.outputs import ReportWriter
+from sim.outputs import ReportWriter, write_result_table
 from sim.sweep.capacity import build_searches
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import Sweep, _display, load_sweep
@@ -67,7 +67,7 @@ def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, re
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"sweep": out / SWEEP_TABLE, "sweep_csv": out / "sweep.csv", "info": out / SWEEP_INFO}
-    result.table.to_parquet(paths["sweep"], index=False)
+    write_result_table(result.table, paths["sweep"])
     result.table.to_csv(paths["sweep_csv"], index=False)
     for p in (CAPACITY_TABLE, "capacity.csv", CAPACITY_RUNS_TABLE):
         (out / p).unlink(missing_ok=True)  # a sweep without a capacity search leaves none behind
@@ -75,9 +75,9 @@ def write_sweep(result: SweepResult, out_dir: str | Path, executor_name: str, re
         paths["capacity"] = out / CAPACITY_TABLE
         paths["capacity_csv"] = out / "capacity.csv"
         paths["capacity_runs"] = out / CAPACITY_RUNS_TABLE
-        result.capacity.to_parquet(paths["capacity"], index=False)
+        write_result_table(result.capacity, paths["capacity"])
         result.capacity.to_csv(paths["capacity_csv"], index=False)
-        result.capacity_runs.to_parquet(paths["capacity_runs"], index=False)
+        write_result_table(result.capacity_runs, paths["capacity_runs"])
     s = result.sweep
     cap = s.capacity
     info = {
@@ -109,9 +109,9 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
     sweep = load_sweep(sweep_path)
     out = Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep")
     with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
-            Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                transient=True) as bar:
+            Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
+                BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(), console=console, transient=True) as bar:
         task_id = bar.add_task(f"{sweep.name} ({ex.name}, {ex.slots} workers)", total=0)
         result = run_sweep(sweep, out, ex, resume=resume, progress=_BarProgress(bar, task_id), read_trace=read_trace)
     return result, write_sweep(result, out, executor, report=report)
