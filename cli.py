@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -435,7 +436,22 @@ def gpu_backend():
 
 
 DEVICE = typer.Option("cpu", "--device", "-d", help="cuda (or cuda:N) or cpu")
-THREADS = typer.Option(1, "--cpu-threads", help="torch threads for CPU timing (more than one is erratic on a busy machine)")
+THREADS = typer.Option(1, "--cpu-threads", min=1, max=1024,
+                       help="torch threads for CPU timing (more than one is erratic on a busy machine)")
+
+
+class Attention(str, Enum):
+    triton = "triton"
+    torch = "torch"
+
+
+def _checked_out(path: Optional[Path], file: bool = False) -> Optional[Path]:
+    """``--out`` checked before any measurement (a wrong one used to fail after it)."""
+    if path is None:
+        return None
+    from sim.outputs import out_dir, out_file
+
+    return out_file(path) if file else out_dir(path)
 
 
 @app.command()
@@ -444,8 +460,8 @@ def replay(
     device: str = DEVICE,
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="result folder (default runs/<name>-replay-<device>)"),
     open_loop: bool = typer.Option(False, "--open-loop", help="run the plans a simulation recorded, step by step"),
-    attention: Optional[str] = typer.Option(None, help="triton or torch (default: triton on cuda, torch on cpu)"),
-    seed: int = typer.Option(0, help="seed of the random weights and prompt token ids"),
+    attention: Optional[Attention] = typer.Option(None, help="default: triton on cuda, torch on cpu"),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="seed of the random weights and prompt token ids"),
     cpu_threads: int = THREADS,
     no_report: bool = typer.Option(False, "--no-report", help="skip report.html"),
 ) -> None:
@@ -453,9 +469,11 @@ def replay(
     from kvsim import read_trace, write_report
 
     with gpu_backend():
+        out_dir = _checked_out(out_dir)
         from gpu.replay import replay_to_dir
 
-        summary, paths = replay_to_dir(scenario, device, out_dir, open_loop_mode=open_loop, attention=attention,
+        summary, paths = replay_to_dir(scenario, device, out_dir, open_loop_mode=open_loop,
+                                       attention=attention.value if attention else None,
                                        seed=seed, cpu_threads=cpu_threads, read_trace=read_trace,
                                        report=None if no_report else write_report)
     from reports.console import print_replay
@@ -476,6 +494,7 @@ def calibrate(
     from kvsim import read_trace
 
     with gpu_backend():
+        out_path = _checked_out(out_path, file=True)
         from gpu.calibrate import calibrate_to_file
 
         profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,
@@ -498,6 +517,7 @@ def validate(
     from kvsim import read_trace, write_report
 
     with gpu_backend():
+        out_dir = _checked_out(out_dir)
         from gpu.validate import validate_to_dir
 
         result, paths = validate_to_dir(scenario, device, out_dir, profile_path=profile, quick=quick,
@@ -508,6 +528,16 @@ def validate(
     from reports.console import print_paths
 
     print_paths(paths, out)
+
+
+def _empty_out(args: list[str]) -> bool:
+    """``--out ""`` (``--out "$OUT"`` with OUT unset), ``-o ""`` or ``--out=``."""
+    for i, a in enumerate(args):
+        if a in ("--out", "-o") and i + 1 < len(args) and not args[i + 1].strip():
+            return True
+        if a.startswith("--out=") and not a[len("--out="):].strip():
+            return True
+    return False
 
 
 def main() -> None:
@@ -528,6 +558,10 @@ def main() -> None:
     # user set it (numpy not yet imported here; a sweep's worker processes inherit it).
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if _empty_out(sys.argv[1:]):  # (typer reads "" as Path("."): the results would land in the current folder)
+        print("error: --out: an empty path (an unset variable?); give a folder or file for the results",
+              file=sys.stderr)
+        sys.exit(2)
     try:
         app()
         code = 0

@@ -399,7 +399,7 @@ def _expand_policy(entry: Any) -> Any:
     preset = entry.get("preset")
     if preset is None:
         return {"name": entry.get("name", "custom"), **entry}
-    if preset not in POLICY_PRESETS:
+    if not isinstance(preset, str) or preset not in POLICY_PRESETS:  # (a list or mapping: not hashable)
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(POLICY_PRESETS)}")
     merged = _deep_merge(POLICY_PRESETS[preset], {k: v for k, v in entry.items()})
     merged.setdefault("name", preset)
@@ -846,7 +846,17 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
         elif err["type"] == "missing":
             msg = "required key is missing"
         got = err.get("input")
-        tail = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, (dict, list)) else f" (got {got!r})"
+        shown = repr(got)
+        if len(shown) > 80:  # (a 20,000-character value made a 40 KB "line", quoted in the message too)
+            msg = msg.replace(shown, f"{shown[:60]}...")
+            shown = f"{shown[:60]}... ({len(shown):,} characters)"
+        tail = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, (dict, list)) else f" (got {shown})"
+        if err["type"] == "invalid_key":  # a key that is not text: its location reads like a list index
+            parent = _fmt_path(path[:-1]) if len(path) > 1 else "(top level)"
+            hint = ("; YAML reads on, off, yes and no as booleans: quote such a key" if isinstance(got, bool)
+                    else "; quote it")
+            msgs.append(f"{where}: {parent}: the key {got!r} is not text{hint}")
+            continue
         msgs.append(f"{where}: {_fmt_path(path)}: {msg}{tail}")
     return "\n".join(dict.fromkeys(msgs))
 

@@ -175,6 +175,7 @@ class RayExecutor(Executor):
             kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
             try:
                 if address:
+                    _reachable(address)
                     ray.init(address=address, **kwargs)
                 else:
                     ray.init(num_cpus=workers, **kwargs)
@@ -205,10 +206,28 @@ class RayExecutor(Executor):
             self._ray.shutdown()
 
 
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A Ray address (``host:port`` or ``ray://host:port``; ``auto`` is Ray's to find) that takes a TCP
+    connection: ray.init retries an unreachable one for minutes instead of failing."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return  # (Ray says what is wrong with it)
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ScenarioError(f"--address {address}: cannot connect to a Ray cluster there ({e})") from None
+
+
+MAX_WORKERS = 1024  # worker processes of one machine (a huge -j overflowed a C int in the process pool)
+
+
 def make_executor(kind: str = "local", workers: int | None = None, address: str | None = None):
     """``local`` (a process pool; ``workers=1``: in this process) or ``ray``."""
-    if workers is not None and workers < 1:
-        raise ScenarioError(f"--workers must be at least 1 (got {workers})")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ScenarioError(f"--workers must be between 1 and {MAX_WORKERS:,} (got {workers:,})")
     if kind == "local":
         if address:
             raise ScenarioError("--address is for --executor ray")

@@ -18,7 +18,10 @@ ReportWriter = Callable[[Path], Path]
 
 def out_dir(path: str | Path, what: str = "--out") -> Path:
     """An output folder that exists or can be created (nothing is created here: a run that stops on bad
-    input leaves nothing behind); an existing file, or a place that cannot be written, is an error."""
+    input leaves nothing behind); an existing file, or a place that cannot be written, is an error. An empty
+    path (an unset shell variable: ``--out "$OUT"``) is an error, not the current folder."""
+    if not str(path).strip():
+        raise ScenarioError(f"{what}: an empty path (give a folder for the results)")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ScenarioError(f"{what} {p}: exists and is not a folder (give a folder for the results)")
@@ -36,6 +39,8 @@ def out_dir(path: str | Path, what: str = "--out") -> Path:
 
 def out_file(path: str | Path, what: str = "--out") -> Path:
     """An output file: its folder must exist (or be creatable) and be writable; a folder is not a file."""
+    if not str(path).strip():
+        raise ScenarioError(f"{what}: an empty path (give the name of a file to write)")
     p = Path(path)
     if p.is_dir():
         raise ScenarioError(f"{what} {p}: is a folder (give the name of a file to write)")

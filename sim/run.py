@@ -139,6 +139,7 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     if len(requests) == 0:
         raise ScenarioError(f"{scenario.name}: the workload has no requests")
     result = RunResult(scenario, model, gpu, requests)
+    resolve_all(scenario, model, gpu)  # every policy runnable, before any runs
 
     runs = [(p, None) for p in scenario.policies]
     if scenario.cluster is not None:  # a fleet: replicas behind a router (sim.cluster)
@@ -300,6 +301,24 @@ def slug(name: str, default: str = "run") -> str:
     return s or default
 
 
+def resolve_all(scenario: Scenario, model: ModelSpec, gpu: GpuSpec) -> list[tuple[Scenario, PolicyConfig, ResolvedPolicy]]:
+    """Every policy as the run resolves it, on every kind of server the scenario has: (its scenario, the
+    policy, resolved), the lone server's; or each pool's of a disaggregated fleet, the decode pool first; or
+    each replica group's, in order. A policy a server cannot run is an error here, before anything is simulated (a
+    run used to simulate the policies before it, then stop)."""
+    if scenario.cluster is None:
+        return [(scenario, policy, resolve_policy(scenario, model, gpu, policy)) for policy in scenario.policies]
+    if scenario.cluster.disaggregated:
+        from sim.cluster.disagg import pool_policy, pool_scenarios
+
+        return [(sc, policy, pool_policy(name, sc, model, policy)) for name, _, sc in
+                sorted(pool_scenarios(scenario), key=lambda p: p[0] != "decode") for policy in scenario.policies]
+    from sim.cluster.fleet import replica_policy, replica_scenarios
+
+    return [(sc, policy, replica_policy(scenario, gi, sc, model, policy))
+            for gi, sc in dict(replica_scenarios(scenario)).items() for policy in scenario.policies]
+
+
 def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = None) -> list[str]:
     """``sim check``: validate everything a run would need, without simulating."""
     scenario = load_scenario(scenario_path)
@@ -319,35 +338,18 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
             check_routers(scenario.cluster.routers, requests)
         except ScenarioError as e:
             raise ScenarioError(f"{scenario_path}: {e}") from None
-    if scenario.cluster is None:
-        resolved = {policy.name: resolve_policy(scenario, model, gpu, policy) for policy in scenario.policies}
-        for policy in scenario.policies:  # the step-time model as a run builds it (a profile file is read here)
-            model_executor(scenario, model, gpu, resolved[policy.name], requests)
-    elif scenario.cluster.disaggregated:  # each pool's KV pool and step-time model; the decode pool's are printed
-        from sim.cluster.disagg import pool_policy, pool_scenarios
-
-        resolved = {}
-        for name, _, sc in pool_scenarios(scenario):
-            for policy in scenario.policies:
-                r = pool_policy(name, sc, model, policy)
-                model_executor(sc, model, sc.gpu_spec(), r, requests)
-                resolved[policy.name] = r
-    else:  # every replica group's pool and step-time model; the first replica's pools are printed
-        from sim.cluster.fleet import replica_policy, replica_scenarios
-
-        reps = replica_scenarios(scenario)
-        resolved = {}
-        for gi, sc in dict(reps).items():
-            for policy in scenario.policies:
-                r = replica_policy(scenario, gi, sc, model, policy)
-                model_executor(sc, model, sc.gpu_spec(), r, requests)
-                resolved.setdefault(policy.name, r)
+    resolved = {}
+    for sc, policy, r in resolve_all(scenario, model, gpu):  # the step-time model as a run builds it (a profile
+        model_executor(sc, model, sc.gpu_spec(), r, requests)  # file is read here)
+        resolved.setdefault(policy.name, r)  # printed: the server's, a decode replica's, the first replica's
     pools = {name: r.pool for name, r in resolved.items()}
 
     def kv(pool: KvPool) -> str:
         return f"{pool.num_slots:,} tokens ({pool.kv_bytes / GIB:.2f} GiB), {pool.num_blocks:,} blocks of {pool.block_size}"
 
     if scenario.cluster is not None and scenario.cluster.disaggregated:  # the pools in one line
+        from sim.cluster.disagg import pool_scenarios
+
         c = scenario.cluster
         parts = [f"{n} {cfg.replicas} x {sc.tensor_parallel} x {sc.gpu_spec().name}"
                  for n, cfg, sc in pool_scenarios(scenario)]
@@ -355,6 +357,9 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
                      f"{c.link.bytes_per_s / 1e9:g} GB/s + {c.link.latency_s * 1e3:g} ms; "
                      f"router {', '.join(c.routers)}")
     elif scenario.cluster is not None:  # the fleet in one line
+        from sim.cluster.fleet import replica_scenarios
+
+        reps = replica_scenarios(scenario)
         kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)

@@ -614,6 +614,9 @@ def load_step_time(path: str | Path):
     if path.suffix == ".json":
         return ProfileConfig(kind="profile", path=str(path))
     doc, _ = read_yaml(path, "step_time")
+    if isinstance(doc, dict) and ({"base", "axes", "zip", "traffic", "search"} & doc.keys()):
+        raise ScenarioError(f"{path}: a sweep or a plan, not a scenario: give a scenario (its step_time block), "
+                            "the block alone, or a calibration profile (.json)")
     if isinstance(doc, dict) and "step_time" in doc:
         doc = doc["step_time"]
     elif isinstance(doc, dict) and {"model", "workload", "policies"} & doc.keys():

@@ -229,11 +229,12 @@ def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_reques
     return t, len(t), 0
 
 
-def generate(w: SyntheticWorkload, horizon_s: float | None = None) -> RequestTable:
+def generate(w: SyntheticWorkload, horizon_s: float | None = None, max_model_len: int | None = None) -> RequestTable:
     """Same workload and seed, same requests: arrivals are drawn first, then prompts, then outputs,
     then (with shared prefixes) each request's system prompt. Requests arriving at or after
     ``horizon_s`` are not generated: the table counts them (``beyond_horizon``) and a run reports them
-    unfinished; the requests kept are the same as without a horizon."""
+    unfinished; the requests kept are the same as without a horizon. ``max_model_len``: content is named
+    (hash ids) only up to it, since a longer request is rejected."""
     rng = np.random.default_rng(w.seed)
     t, total, beyond = arrival_times(w.arrival, rng, w.num_requests, w.duration_s, horizon_s)
     n = len(t)
@@ -243,22 +244,25 @@ def generate(w: SyntheticWorkload, horizon_s: float | None = None) -> RequestTab
     _skip_lengths(w.output, total - n, rng)
     hashes = None
     if w.shared_prefixes is not None:
-        prompt, hashes = with_shared_prefixes(w.shared_prefixes, prompt, rng)
+        prompt, hashes = with_shared_prefixes(w.shared_prefixes, prompt, rng, max_model_len)
     return RequestTable(t, prompt, output, source=f"synthetic(seed={w.seed})", prefix_hashes=hashes,
                         beyond_horizon=beyond)
 
 
-def with_shared_prefixes(sp, prompt: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, PrefixHashes]:
+def with_shared_prefixes(sp, prompt: np.ndarray, rng: np.random.Generator,
+                         limit: int | None = None) -> tuple[np.ndarray, PrefixHashes]:
     """Put a system prompt before each prompt and name the content: a system prompt's whole
     ``hash_block``-token segments get ids shared by every request that uses it; every other segment
-    (the request's own tokens, and a segment where the system prompt ends mid-way) gets an id of its own."""
+    (the request's own tokens, and a segment where the system prompt ends mid-way) gets an id of its own.
+    Only the first ``limit`` tokens are named (a request longer than the model is rejected; a prompt of
+    2^31 tokens named in 16-token segments took 11 GB)."""
     H = sp.hash_block
     weights = np.asarray(sp.popularity if sp.popularity is not None else [1.0] * len(sp.lengths), dtype=float)
     choice = rng.choice(len(sp.lengths), size=len(prompt), p=weights / weights.sum())
     sys_len = np.asarray(sp.lengths, dtype=np.int64)[choice]
     total = prompt + sys_len
     shared = sys_len // H  # whole segments of the system prompt
-    segs = -(-total // H)
+    segs = -(-(total if limit is None else np.minimum(total, limit)) // H)
     offsets = np.concatenate(([0], np.cumsum(segs)))
     pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], segs)  # segment index within its request
     owner = np.repeat(np.arange(len(prompt)), segs)
@@ -275,7 +279,7 @@ def load_requests(s: Scenario, read_trace: TraceReader | None = None) -> Request
     """The scenario's requests: generated, or read from a trace file (by ``read_trace``) and transformed."""
     w = s.workload
     if isinstance(w, SyntheticWorkload):
-        return generate(w, s.horizon_s)
+        return generate(w, s.horizon_s, s.model_spec().max_model_len)
     path = s.resolve_path(w.path)
     if not path.is_file():  # (a folder too: traces: with no file, a path to a directory)
         if w.path.startswith(trace_paths.PREFIX):

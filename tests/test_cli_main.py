@@ -54,6 +54,32 @@ def test_usage_error_exits_2():
     assert "Missing argument" in p.stderr, p.stderr
 
 
+def test_an_empty_out_is_an_error_not_the_current_folder(tmp_path):
+    """``--out "$OUT"`` with OUT unset: typer reads "" as the current folder, and the results landed there."""
+    (tmp_path / "s.yaml").write_text(SMALL)
+    for out in (["--out", ""], ["-o", " "], ["--out="]):
+        p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", "s.yaml", *out], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and "--out: an empty path" in p.stderr, (out, p.stderr)
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["s.yaml"]
+
+
+def test_gpu_commands_check_their_options_before_measuring(tmp_path):
+    """A bad --attention, --cpu-threads or --seed was a traceback from inside the backend, and a wrong --out
+    failed only after the measurement; each is now one line before anything runs."""
+    (tmp_path / "s.yaml").write_text(SMALL)
+    s = str(tmp_path / "s.yaml")
+    for args, message in ((["replay", s, "--attention", "flash"], "'flash' is not one of"),
+                          (["replay", s, "--cpu-threads", "0"], "--cpu-threads"),
+                          (["calibrate", "--quick", "--cpu-threads", "-1", "--out", str(tmp_path / "p.json")], "--cpu-threads"),
+                          (["replay", s, "--seed", "-1"], "--seed"),
+                          (["replay", s, "--out", s], "exists and is not a folder"),
+                          (["validate", s, "--out", s], "exists and is not a folder"),
+                          (["calibrate", "--quick", "--out", str(tmp_path)], "is a folder")):
+        p = sim(*args)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
 def test_exit_handlers_run_and_output_is_flushed():
     code = ("import atexit, sys\n"
             "import cli\n"

@@ -49,6 +49,14 @@ def test_valid_scenario_loads(tmp_path):
     (BASE.replace("num_requests: 10", "num_requests: 0"), "workload.num_requests: Input should be greater than 0"),
     (BASE.replace("  num_requests: 10\n", ""), "needs a stop"),
     (BASE.replace("[vllm]", "[vllm, turbo]"), "s.yaml:8: policies[1]: unknown preset 'turbo'"),
+    # a key YAML reads as a boolean (its location read "[1]", like a list index), a number as a key
+    (BASE + "on: 1\n", "(top level): the key True is not text; YAML reads on, off, yes and no as booleans"),
+    (BASE + "1: 2\n", "(top level): the key 1 is not text; quote it"),
+    # a 20,000-character value, quoted twice in full, made a 40 KB line
+    (BASE.replace("gpu: a100-40gb", "gpu: " + "a" * 20_000), "aaaa... (20,002 characters))"),
+    # a preset given as a list or a mapping (a TypeError traceback: not hashable)
+    (BASE.replace("[vllm]", "[{preset: [vllm]}]"), "policies[0]: unknown preset ['vllm']"),
+    (BASE.replace("[vllm]", "[{preset: {name: vllm}}]"), "policies[0]: unknown preset {'name': 'vllm'}"),
     (BASE.replace("[vllm]", "[]"), "policies: List should have at least 1 item"),
     (BASE.replace("[vllm]", "[vllm, vllm]"), "policy names must be unique"),
     (BASE.replace("[vllm]", "[{preset: vllm, block_size: 0}]"), "policies[0].block_size: Input should be greater than 0"),

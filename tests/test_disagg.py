@@ -268,3 +268,13 @@ def test_a_disaggregated_scenario_reads_back_from_its_dump():
     c = scenario(pools(prefill=2, decode=3, link="nvlink")).cluster
     again = ClusterConfig.model_validate(c.model_dump(mode="json"))
     assert again == c and again.disaggregated and again.replicas is None
+
+
+def test_a_policy_a_pool_cannot_run_is_an_error_before_anything_runs():
+    """`sim run` simulated the policies before it, then stopped (all that work lost); `sim check` already
+    refused it. Every policy is resolved on every pool before the first run."""
+    started = []
+    with pytest.raises(ScenarioError, match="static batching is not simulated"):
+        run(scenario(pools(), policies=["vllm", "fastertransformer"], n=20),
+            progress=lambda name, done, total: started.append(name))
+    assert started == []

@@ -291,6 +291,10 @@ def test_steptime_takes_a_scenario_step_time_block(tmp_path):
     f.write_text("step_time: {kind: roofline, engin: none}\n")
     bad = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--step-time", str(f)])
     assert bad.exit_code == 2 and "engin" in bad.output
+    # a plan or a sweep (they hold `policies` too) was read as a scenario without step_time: the defaults
+    for other in ("scenarios/cluster/plan-azure.yaml", "scenarios/vllm-paper/azure-conv.sweep.yaml"):
+        r = CliRunner().invoke(app, ["steptime", "llama-2-7b", "--gpu", "h100", "--step-time", other])
+        assert r.exit_code == 2 and "a sweep or a plan, not a scenario" in r.output, r.output
 
 
 @pytest.mark.parametrize("args, message", [

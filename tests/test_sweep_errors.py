@@ -99,7 +99,12 @@ def test_a_bad_base_scenario_file_names_its_own_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, expect", [(["--executor", "slurm"], "--executor 'slurm': expected one of local, ray"),
-                                          (["--workers", "0"], "--workers must be at least 1")])
+                                          (["--workers", "0"], "--workers must be between 1 and 1,024 (got 0)"),
+                                          # an OverflowError traceback from the process pool's semaphore
+                                          (["-j", "99999999999999999999"], "--workers must be between 1 and 1,024"),
+                                          # ray.init retried an unreachable address for minutes
+                                          (["-e", "ray", "--address", "127.0.0.1:1"],
+                                           "--address 127.0.0.1:1: cannot connect to a Ray cluster there")])
 def test_bad_options(tmp_path, args, expect):
     p = tmp_path / "s.yaml"
     p.write_text(BASE + "axes: {seed: [0]}\n")

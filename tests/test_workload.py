@@ -113,3 +113,13 @@ def test_a_duration_beyond_what_a_run_can_hold_is_refused():
     with pytest.raises(ScenarioError, match="workload.duration_s: 1e.09 s .* more than"):
         generate(wl(num_requests=None, duration_s=1e9))
     assert len(generate(wl(num_requests=None, duration_s=1e9), horizon_s=10.0)) < 60  # bounded by the horizon
+
+
+def test_shared_prefixes_name_content_only_up_to_the_models_length():
+    """A system prompt of 2^31 tokens (a valid token count) named in 16-token segments took 11 GB, even in
+    `sim check`; such a request is rejected (longer than the model), so only the model's length is named."""
+    w = wl(num_requests=3, shared_prefixes={"lengths": [2**31 - 1, 64], "popularity": [1, 1]})
+    r = generate(w, max_model_len=4096)
+    assert len(r.prefix_hashes.ids) <= 3 * 4096 // 16
+    whole = generate(wl(num_requests=3, shared_prefixes={"lengths": [64], "hash_block": 16}), max_model_len=4096)
+    assert whole.prefix_hashes.ids.tolist() == generate(wl(num_requests=3, shared_prefixes={"lengths": [64]})).prefix_hashes.ids.tolist()
