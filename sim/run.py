@@ -303,7 +303,7 @@ def slug(name: str, default: str = "run") -> str:
 
 def resolve_all(scenario: Scenario, model: ModelSpec, gpu: GpuSpec) -> list[tuple[Scenario, PolicyConfig, ResolvedPolicy]]:
     """Every policy as the run resolves it, on every kind of server the scenario has: (its scenario, the
-    policy, resolved), the lone server's; or each pool's of a disaggregated fleet, the decode pool first; or
+    policy, resolved), the lone server's; or each pool's of a disaggregated fleet (prefill, then decode); or
     each replica group's, in order. A policy a server cannot run is an error here, before anything is simulated (a
     run used to simulate the policies before it, then stop)."""
     if scenario.cluster is None:
@@ -311,8 +311,8 @@ def resolve_all(scenario: Scenario, model: ModelSpec, gpu: GpuSpec) -> list[tupl
     if scenario.cluster.disaggregated:
         from sim.cluster.disagg import pool_policy, pool_scenarios
 
-        return [(sc, policy, pool_policy(name, sc, model, policy)) for name, _, sc in
-                sorted(pool_scenarios(scenario), key=lambda p: p[0] != "decode") for policy in scenario.policies]
+        return [(sc, policy, pool_policy(name, sc, model, policy)) for name, _, sc in pool_scenarios(scenario)
+                for policy in scenario.policies]
     from sim.cluster.fleet import replica_policy, replica_scenarios
 
     return [(sc, policy, replica_policy(scenario, gi, sc, model, policy))
@@ -339,9 +339,11 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
         except ScenarioError as e:
             raise ScenarioError(f"{scenario_path}: {e}") from None
     resolved = {}
+    disaggregated = scenario.cluster is not None and scenario.cluster.disaggregated
     for sc, policy, r in resolve_all(scenario, model, gpu):  # the step-time model as a run builds it (a profile
         model_executor(sc, model, sc.gpu_spec(), r, requests)  # file is read here)
-        resolved.setdefault(policy.name, r)  # printed: the server's, a decode replica's, the first replica's
+        if disaggregated or policy.name not in resolved:  # printed: the server's, a decode replica's, the first
+            resolved[policy.name] = r  # replica's
     pools = {name: r.pool for name, r in resolved.items()}
 
     def kv(pool: KvPool) -> str:
