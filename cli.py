@@ -332,7 +332,7 @@ def steptime(
 def compile_native(status: bool = typer.Option(False, "--status", help="say whether a build of these sources "
                                                "exists and runs; build nothing")) -> None:
     """Compile the engine's hot modules with mypyc (same results, less time; needs `pip install
-    'kvsim[native]'` and a C compiler), and write the other modules' bytecode. Later runs use the build
+    'kvsim\\[native]'` and a C compiler), and write the other modules' bytecode. Later runs use the build
     while the sources stay as they were."""
     from sim import native
 

@@ -86,6 +86,10 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
                        slot_bytes=None if layout is None else layout.slot_bytes)
     except CapacityError as e:
         raise ScenarioError(f"{scenario.name}: {e}") from None
+    off = policy.kv_offload
+    if off is not None and int(off.cpu_gib * GIB) < pool.block_size * pool.kv_bytes_per_token:
+        raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload.cpu_gib {off.cpu_gib} holds no block "
+                            f"({pool.block_size * pool.kv_bytes_per_token:,} bytes each)")
     return resolved(policy, pool, model, width, layout)
 
 
@@ -132,10 +136,7 @@ def make_kv(r: ResolvedPolicy) -> KvManager:
             tier = None
             if off is not None:
                 block_bytes = pool.block_size * pool.kv_bytes_per_token
-                if int(off.cpu_gib * GIB) < block_bytes:
-                    raise ScenarioError(f"policy {r.policy.name}: kv_offload.cpu_gib {off.cpu_gib} holds no block "
-                                        f"({block_bytes:,} bytes each)")
-                tier = HostTier(int(off.cpu_gib * GIB) // block_bytes)
+                tier = HostTier(max(1, int(off.cpu_gib * GIB) // block_bytes))  # (resolve_policy refuses < 1)
             return SharedPagedKv(SharedBlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks),
                                  r.policy.prefix_caching, tier)
         return PagedKv(BlockPool(pool.num_blocks, pool.block_size, r.watermark_blocks))

@@ -281,9 +281,23 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
                     console.print(f"{name}: {plural(total, 'request')} simulated in {wall:,.1f} s "
                                   f"({total / max(wall, 1e-9):,.0f} requests/s)", highlight=False, markup=False)
 
-        result = run(scenario, progress=progress, decompose=scenario.decompose, read_trace=read_trace)
+        try:
+            result = run(scenario, progress=progress, decompose=scenario.decompose, read_trace=read_trace)
+        except ScenarioError as e:
+            raise ScenarioError(in_file(str(e), scenario_path, scenario.name)) from None
     paths = write_results(result, out, report=report)
     return result.summary(), paths
+
+
+def in_file(message: str, path: str | Path, name: str) -> str:
+    """A check's message after the file was read (a policy a GPU cannot run, a trace's problem) as one
+    naming the scenario's file, like the file's own mistakes: ``s.yaml: policy vllm: ...``."""
+    p = str(path)
+    if message.startswith(p):
+        return message
+    if message.startswith(f"{name}: "):
+        message = message[len(name) + 2:]
+    return f"{p}: {message}"
 
 
 SLUG_BYTES = 100  # a folder name's UTF-8 bytes at most (file systems allow 255; replay adds "-open-loop-cuda")
@@ -322,6 +336,13 @@ def resolve_all(scenario: Scenario, model: ModelSpec, gpu: GpuSpec) -> list[tupl
 def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = None) -> list[str]:
     """``sim check``: validate everything a run would need, without simulating."""
     scenario = load_scenario(scenario_path)
+    try:
+        return _check(scenario, scenario_path, read_trace)
+    except ScenarioError as e:
+        raise ScenarioError(in_file(str(e), scenario_path, scenario.name)) from None
+
+
+def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:
     model, gpu = scenario.model_spec(), scenario.gpu_spec()
     requests = load_requests(scenario, read_trace)
     if len(requests) == 0:

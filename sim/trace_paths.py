@@ -5,7 +5,9 @@ layout ``sim trace fetch`` writes). The folders searched, in order:
 
 1. a folder given explicitly (``--dir``, or the tests' ``--traces-dir``);
 2. ``$KVSIM_TRACES``;
-3. ``../shared/traces`` beside the project's root (where this repository keeps its copy).
+3. ``../shared/traces`` beside the project's root (where this repository keeps its copy): the source
+   checkout's root when kvsim runs from one (``pip install -e``), else the current folder's (``pip
+   install .`` puts the package in site-packages; the README's commands run in the project's folder).
 
 In a scenario, ``path: traces:azure_2023/AzureLLMInferenceTrace_conv.csv`` names a trace this way (any
 other path is relative to the scenario's file). Only paths here: the catalog of public traces and the
@@ -20,7 +22,13 @@ from pathlib import Path
 ENV = "KVSIM_TRACES"
 PREFIX = "traces:"  # a scenario's trace path searched in the traces folders
 ROOT = Path(__file__).resolve().parents[1]  # the project's root (in a source checkout)
-PROJECT_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def project_traces() -> Path:
+    """``../shared/traces`` beside the project: the source checkout's, else the current folder's (an
+    installed package's folder is site-packages: the traces were looked for inside the venv)."""
+    root = ROOT if (ROOT / "pyproject.toml").is_file() else Path.cwd()
+    return root.parent / "shared" / "traces"
 
 
 def user_cache(name: str) -> Path:
@@ -36,7 +44,7 @@ def trace_dirs(explicit: str | Path | None = None) -> list[Path]:
     env = os.environ.get(ENV, "").strip()
     if env:
         dirs.append(Path(env).expanduser())
-    dirs.append(PROJECT_TRACES)
+    dirs.append(project_traces())
     return dirs
 
 
@@ -58,5 +66,5 @@ def searched(explicit: str | Path | None = None) -> str:
     env = os.environ.get(ENV, "").strip()
     parts = [str(explicit)] if explicit else []
     parts.append(f"${ENV} ({env})" if env else f"${ENV} (unset)")
-    parts.append(str(PROJECT_TRACES))
+    parts.append(str(project_traces()))
     return ", ".join(parts)

@@ -98,3 +98,9 @@ def test_version_is_the_installed_packages():
 
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output == f"kvsim {version('kvsim')}\n", r.output
+
+
+def test_help_texts_print_brackets_as_written():
+    """Typer reads help text as rich markup: `pip install 'kvsim[native]'` printed as 'kvsim'."""
+    r = runner.invoke(app, ["compile", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "kvsim[native]" in r.output, r.output

@@ -190,6 +190,13 @@ def test_spans_match_stepping_with_the_tier():
 def test_a_tier_smaller_than_a_block_is_a_clear_error():
     with pytest.raises(ScenarioError, match="kv_offload.cpu_gib .* holds no block"):
         run(tier_scenario(policies=[{"preset": "vllm", "prefix_caching": True, "kv_offload": {"cpu_gib": 1e-9}}]))
+    # found when the policy is resolved: by `sim check`, and before a run simulates the policies before it
+    from sim.policy import resolve_policy
+
+    s = tier_scenario(policies=["vllm", {"preset": "vllm", "name": "t", "prefix_caching": True,
+                                         "kv_offload": {"cpu_gib": 1e-9}}])
+    with pytest.raises(ScenarioError, match="policy t: kv_offload.cpu_gib 1e-09 holds no block"):
+        resolve_policy(s, s.model_spec(), s.gpu_spec(), s.policies[1])
 
 
 def test_the_gpu_replay_refuses_the_tier():

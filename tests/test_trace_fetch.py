@@ -197,11 +197,22 @@ def test_search_order_explicit_then_env_then_project(tmp_path, monkeypatch):
         (d / rel).parent.mkdir(parents=True)
         (d / rel).write_bytes(CSV)
     monkeypatch.setenv(trace_paths.ENV, str(b))
-    assert trace_paths.trace_dirs(a) == [a, b, trace_paths.PROJECT_TRACES]
+    assert trace_paths.trace_dirs(a) == [a, b, trace_paths.project_traces()]
     assert trace_paths.find_trace(rel, a) == a / rel and trace_paths.find_trace(rel) == b / rel
     monkeypatch.delenv(trace_paths.ENV)
-    assert trace_paths.trace_dirs() == [trace_paths.PROJECT_TRACES]
+    assert trace_paths.trace_dirs() == [trace_paths.project_traces()]
     assert trace_paths.find_trace("nowhere/x.csv", a) is None
+
+
+def test_an_installed_package_looks_beside_the_current_project_folder(tmp_path, monkeypatch):
+    """After `pip install .` the package lives in site-packages, and ../shared/traces beside it was a folder
+    inside the venv: the README's commands, run in the project's folder, found no trace."""
+    assert trace_paths.project_traces() == trace_paths.ROOT.parent / "shared" / "traces"  # a checkout
+    site = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(trace_paths, "ROOT", site)
+    monkeypatch.chdir(tmp_path / "venv")
+    assert trace_paths.project_traces() == tmp_path / "shared" / "traces"
 
 
 def test_scenario_traces_prefix_searches_the_traces_folders(tmp_path, monkeypatch):

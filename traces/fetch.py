@@ -55,7 +55,7 @@ def destination(explicit: str | Path | None) -> Path:
     if explicit or os.environ.get(trace_paths.ENV, "").strip():
         return dirs[0]
     if (trace_paths.ROOT / "pyproject.toml").is_file():  # a source checkout: its ../shared/traces
-        return trace_paths.PROJECT_TRACES
+        return trace_paths.project_traces()
     raise ScenarioError(f"no traces folder: give --dir DIR or set {trace_paths.ENV}")
 
 
