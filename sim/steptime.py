@@ -47,7 +47,7 @@ from sim.catalog import GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
-from sim.layouts import window_sums
+from sim.layouts import kv_layout, window_sums
 from sim.userfile import read_json
 
 
@@ -465,8 +465,15 @@ class RooflineStepTime:
         ``step_ms`` (what the simulator charges)."""
         n, c = num_tokens, context_tokens
         layer = self.ops.layer_s(n)
-        if n == 1:
-            per_key, per_seq = self.decode_key_terms(block_size)
+        per_key, per_seq = self.decode_key_terms(block_size)
+        if self._groups is not None:  # several KV groups: each group's keys or pairs, as step_time_s prices them
+            attn = per_seq + self._mamba_seq_s if n == 1 else n * self._mamba_token_s  # (a Mamba state: decodes)
+            for kind, window, key_s, pair_s in self._groups:
+                if n == 1:
+                    attn += self._keys(kind, window, c) * key_s * (per_key / self._key_s)
+                else:
+                    attn += sum(self._keys(kind, window, q) for q in range(c, c + n)) * pair_s
+        elif n == 1:
             attn = (c + 1) * per_key + per_seq
         else:
             attn = (n * c + n * (n + 1) // 2) * self._pair_s
@@ -652,7 +659,8 @@ def steptime_rows(model: ModelSpec, gpu: GpuSpec, tp: int, tokens: list[int], co
             t = prof.predict(n, pairs, 0, 0) if n > 1 else prof.predict(0, 0, 1, context + 1)
             rows.append({"tokens": n, **{c: None for c in STEPTIME_COLUMNS[1:-1]}, "step_ms": float(t) * 1e3})
         return rows
-    st = RooflineStepTime(model, gpu, tp, cfg, paged=True)
+    layout = kv_layout(model, tp, block_size) if model.modern else None  # windows, chunks, MLA, Mamba as a run has them
+    st = RooflineStepTime(model, gpu, tp, cfg, paged=True, layout=layout)
     return [{"tokens": n, **st.breakdown(n, context, block_size)} for n in tokens]
 
 

@@ -419,3 +419,24 @@ def test_steptime_default_counts_keep_to_the_models_context():
     r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "a100-40gb", "--csv"])
     assert r.exit_code == 0, r.output
     assert list(pd.read_csv(__import__("io").StringIO(r.stdout)).tokens) == [1, 16, 256]
+
+
+def test_steptime_prices_a_models_kv_groups_as_a_run_does():
+    """`sim steptime` priced every layer of a sliding-window model as full attention (Gemma-3-27B, a 4,096-token
+    chunk over 28,672 cached: 653.7 ms against the 390.9 a run charges); now the run's layout: a row's step
+    (one sequence, its last token sampled) costs what a run charges for that plan."""
+    from sim.catalog import GPUS, MODELS
+    from sim.core import Sequence, StepPlan
+    from sim.layouts import kv_layout
+    from sim.steptime import RooflineConfig, RooflineStepTime, steptime_rows
+
+    for name, gpu, tp in (("gemma-3-27b", "h100", 1), ("gpt-oss-120b", "h100", 1), ("jamba-v0.1", "h100", 2)):
+        m, g = MODELS[name], GPUS[gpu]
+        st = RooflineStepTime(m, g, tp, RooflineConfig(), paged=True, layout=kv_layout(m, tp, 16))
+        for n, c in ((1, 5000), (4096, 28672)):
+            s = Sequence(0, 0.0, c + n, 2)
+            s._computed = c
+            plan = StepPlan(1, n, n if n > 1 else 0, 1 if n == 1 else 0, 1, c + 1 if n == 1 else 0,
+                            0 if n == 1 else n * c + n * (n + 1) // 2, 16, True, _entries=[(s, n)])
+            row = steptime_rows(m, g, tp, [n], c)[0]
+            assert row["step_ms"] == pytest.approx(st.step_time_s(plan) * 1e3, rel=1e-9), (name, n)
