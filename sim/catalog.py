@@ -133,11 +133,16 @@ class ModelSpec:
         return (self.hidden_size * self.num_heads * self.head_dim + 2 * self.hidden_size * self.num_kv_heads * self.head_dim
                 + self.num_heads * self.head_dim * self.hidden_size)
 
+    @property
+    def shared_ffn_size(self) -> int:
+        """Each shared expert's width: ``shared_expert_ffn_size``, else a routed expert's."""
+        return self.shared_expert_ffn_size or self.moe_ffn_size
+
     def mlp_params(self, layer: int) -> int:
         """One layer's MLP: dense, or (MoE layers) every routed and shared expert plus the router."""
         h = self.hidden_size
         if layer in self.moe_layers:
-            shared = self.num_shared_experts * 3 * h * (self.shared_expert_ffn_size or self.moe_ffn_size)
+            shared = self.num_shared_experts * 3 * h * self.shared_ffn_size
             return self.num_experts * 3 * h * self.moe_ffn_size + shared + h * self.num_experts
         return (3 if self.gated_mlp else 2) * h * self.ffn_size
 

@@ -557,8 +557,8 @@ class PoolConfig(Strict):
 
 
 class KvTransferConfig(Strict):
-    """A KV-transfer link given by its figures: one direction, decimal GB/s; a transfer takes
-    bytes / bandwidth + latency."""
+    """A KV-transfer link given by its figures: one direction, decimal GB/s per GPU (each GPU has its own
+    link); how long a transfer takes, with tensor parallelism on either side, is ``sim/cluster/disagg.py``'s."""
 
     gb_per_s: PosFloat
     latency_ms: Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)] = 0.0

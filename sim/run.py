@@ -387,14 +387,15 @@ def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReade
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)
         lines.append(f"fleet: {len(reps)} replicas ({kinds}), router {', '.join(scenario.cluster.routers)}")
+    whose = "" if scenario.cluster is None else " (a decode replica's)" if disaggregated else " (the first replica's)"
     same = len({kv(p) for p in pools.values()}) == 1  # one KV line for all: the policy lines stay short
     if same:
-        lines.append(f"KV pool: {kv(next(iter(pools.values())))}, for every policy")
+        lines.append(f"KV pool{whose}: {kv(next(iter(pools.values())))}, for every policy")
     lines.append("policies:")
     for policy in scenario.policies:
         lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator")
         if not same:
-            lines.append(f"    KV pool {kv(pools[policy.name])}")
+            lines.append(f"    KV pool{whose} {kv(pools[policy.name])}")
         lay = resolved[policy.name].layout
         if lay is not None and not lay.single:
             kinds: dict[str, int] = {}

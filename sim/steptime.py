@@ -355,7 +355,7 @@ class RooflineStepTime:
                 memory = (busy * 3 * h * f * wb + 2 * m * model.num_experts_per_tok * h * model.dtype_bytes) / ops._bw
                 mlp = max(compute, memory) + ops.gemm_s(m, model.num_experts, h)  # experts, and the router
                 if model.num_shared_experts:  # each shared_expert_ffn_size wide (Qwen2-MoE), else as a routed one
-                    fs = model.num_shared_experts * ((model.shared_expert_ffn_size or model.moe_ffn_size) // tp)
+                    fs = model.num_shared_experts * (model.shared_ffn_size // tp)
                     mlp += gemm(2 * fs, h) + gemm(h, fs)
             else:
                 mlp = gemm(*ops.gemms["mlp_up_proj"]) + gemm(*ops.gemms["mlp_down_proj"])

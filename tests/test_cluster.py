@@ -2,6 +2,7 @@
 
 import json
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -211,7 +212,7 @@ def test_the_prefix_affinity_cap_bounds_every_affine_choice():
     assert len(decisions) == 400
     for before, r, affine, cap in decisions:
         if affine:
-            assert before[r] + 1 <= math.ceil(cap * (sum(before) + 1) / len(before))
+            assert before[r] + 1 <= math.ceil(Fraction(str(cap)) * (sum(before) + 1) / len(before))
         else:
             assert before[r] == min(before)
 
@@ -487,3 +488,29 @@ def test_every_replica_row_and_the_fleet_share_one_window(router):
         mine = steps[steps.replica == k]
         assert mine.start_s.min() == pytest.approx(res.requests.arrival_s.min())
         assert (mine.start_s + mine.duration_s).max() == pytest.approx(res.requests.arrival_s.min() + s["duration_s"])
+
+
+def test_the_prefix_affinity_cap_is_exact_for_decimal_caps():
+    """ceil(1.1 x 50 / 5) is 11, but in floats 1.1 * 50 / 5 = 11.000000000000002 and its ceiling 12: a replica
+    holding 11 of 49 outstanding still took a 12th under load_cap 1.1."""
+    from types import SimpleNamespace
+
+    from sim.cluster.router import PrefixAffinity
+    from sim.workload import PrefixHashes
+
+    class Reps:
+        n = 5
+
+        def __init__(self):
+            self._loads = [11, 10, 10, 9, 9]
+
+        def loads(self):
+            return self._loads
+
+        def least_outstanding(self, cands, loads=None):
+            return min(cands, key=(loads or self._loads).__getitem__)
+
+    hashes = PrefixHashes(np.array([7, 7], dtype=np.int64), np.array([0, 1, 2], dtype=np.int64), 16)
+    r = PrefixAffinity(Reps(), SimpleNamespace(prefix_hashes=hashes), SimpleNamespace(load_cap=1.1, seed=0))
+    r.owners[7] = 1  # replica 0 holds the prefix
+    assert r.route(1, (0, 1, 2, 3, 4)) != 0 and r.num_capped == 1

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from sim.config import ScenarioError, TraceWorkload, format_validation_error
+from sim.schema import plural
 from sim.workload import RequestTable
 from traces.formats import open_trace
 from traces.read import write_table
@@ -84,13 +85,9 @@ def _counts(d: dict[str, int]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in d.items())
 
 
-def _plural(n: int, word: str) -> str:  # (as sim.schema.plural, which traces/ does not import)
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
-
-
 def format_stats(path: Path, fmt_name: str, s: dict) -> list[str]:
-    lines = [f"{path}: format {fmt_name}, {_plural(s['num_requests'], 'request')} from "
-             f"{_plural(s['num_rows_read'], 'row')}"]
+    lines = [f"{path}: format {fmt_name}, {plural(s['num_requests'], 'request')} from "
+             f"{plural(s['num_rows_read'], 'row')}"]
     if "span_s" in s:
         mean = s["mean_rate_per_min"]
         lines += [f"span            {s['span_s']:,.1f} s",
@@ -129,5 +126,5 @@ def trace_convert(path: Path, out: Path, settings: list[str], max_model_len: int
     w = workload_from_options(path, settings)
     t = load_trace(w, path, max_model_len)
     write_table(t, out)
-    line = f"wrote {out}: {_plural(len(t), 'request')} from {_plural(t.num_rows_read, 'row')} of {t.source}"
+    line = f"wrote {out}: {plural(len(t), 'request')} from {plural(t.num_rows_read, 'row')} of {t.source}"
     return [line] + ([f"dropped rows: {_counts(t.dropped)}"] if t.dropped else [])

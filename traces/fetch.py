@@ -50,13 +50,9 @@ def resolve_names(names: list[str]) -> list[PublicTrace]:
 
 
 def destination(explicit: str | Path | None) -> Path:
-    """``--dir``, else ``$KVSIM_TRACES``, else ``../shared/traces`` beside a source checkout."""
-    dirs = trace_paths.trace_dirs(explicit)
-    if explicit or os.environ.get(trace_paths.ENV, "").strip():
-        return dirs[0]
-    if (trace_paths.ROOT / "pyproject.toml").is_file():  # a source checkout: its ../shared/traces
-        return trace_paths.project_traces()
-    raise ScenarioError(f"no traces folder: give --dir DIR or set {trace_paths.ENV}")
+    """``--dir``, else ``$KVSIM_TRACES``, else ``../shared/traces`` beside the project, where runs look
+    (``trace_paths.project_traces``)."""
+    return trace_paths.trace_dirs(explicit)[0]
 
 
 def sha256_of(path: Path) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 
 import numpy as np
 
@@ -145,6 +146,8 @@ class PrefixAffinity(Router):
         self.owners: dict[int, int] = {}  # block hash id -> bit mask of the replicas it was sent to
         self.num_capped = 0  # requests whose affinity choice was over the load cap
         self.num_affine = 0  # requests sent to a replica holding part of their prefix
+        # the cap as the exact decimal it was written as (1.1 x 50 / 5 is 11.000000000000002 in floats)
+        self.cap = Fraction(repr(float(self.options.load_cap)))
 
     def route(self, i, cands):
         s, owners = self.replicas, self.owners
@@ -166,7 +169,7 @@ class PrefixAffinity(Router):
             total = sum(loads[c] for c in cands) + 1  # with this request
             # bounded loads (consistent hashing with bounded loads): at most ceil(cap x the mean) each, so a
             # lightly loaded fleet (a mean under one) still follows the prefix
-            if loads[r] + 1 > math.ceil(self.options.load_cap * total / len(cands)):
+            if loads[r] + 1 > math.ceil(self.cap * total / len(cands)):
                 self.num_capped += 1
                 r = None
             else:
