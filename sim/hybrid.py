@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from array import array
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
-from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, BlockPool, ContiguousKv, FifoBlockPool, _fill_runs,
+from sim.core import Sequence
+from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, ContiguousKv, FifoBlockPool, _fill_runs,
                     _merge_segments, blocks_for)
 from sim.layouts import KvLayout, first_kept, window_sums
 from sim.sharing import SharedBlockPool, prompt_block_hashes
@@ -50,7 +52,7 @@ class _CrossingPool:
     out; window groups free pages at block crossings. So while the last admission asked was refused,
     ``num_free`` is 0: the span ends before the next crossing, where admission is asked again."""
 
-    def __init__(self, pool: BlockPool, per: int, kv: "HybridPagedKv") -> None:
+    def __init__(self, pool: Any, per: int, kv: "HybridPagedKv") -> None:  # (the manager's ``blocks``)
         self._pool, self._per, self._kv = pool, per, kv
         self.block_size = pool.block_size
 
@@ -79,10 +81,11 @@ class HybridPagedKv:
         """``prefill_cap``: the most tokens one step prefills for a sequence (a chunked policy's token
         budget; None: its whole prompt at once): ``never_fits`` needs it."""
         self.layout = layout
-        self.blocks = pool
+        self.blocks: Any = pool  # (either kind: their own bookkeeping, as ``kv.PagedKv.pool``)
         self._prefill_cap = prefill_cap
-        self.block_size = B = pool.block_size
-        self.capacity = pool.num_blocks * B
+        self.block_size: int = pool.block_size  # typed: the pool is not (compiled code then adds ints as ints)
+        B = self.block_size
+        self.capacity: int = pool.num_blocks * B
         classes: dict[tuple[str, int], int] = {}  # groups of one kind and window move alike: one table each
         for g in layout.groups:
             if g.attention:
@@ -101,7 +104,8 @@ class HybridPagedKv:
         self.capped = 0
         self.rounding = 0
         self.held = 0
-        self._st: dict = {}  # seq -> [end block, [first block per class], [pages per class], state pages]
+        # seq -> [end block, [first block per class], [pages per class], state pages]
+        self._st: dict[Sequence, list] = {}
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
         self._pages = [0] * len(self.classes)  # pages each class's tables hold, a shared page once per holder
@@ -117,7 +121,7 @@ class HybridPagedKv:
 
     # ------------------------------------------------------------------ the rule
 
-    def _change(self, seq, num_new: int, c: int | None = None):
+    def _change(self, seq: Sequence, num_new: int, c: int | None = None):
         """(new end, new firsts, pages to take, pages to free) if ``seq``, ``c`` tokens cached (default: as
         it says), writes ``num_new`` more; None if it needs no page."""
         st = self._st.get(seq)
@@ -165,7 +169,7 @@ class HybridPagedKv:
                                       for g, k in self.classes)
         return need > self.blocks.num_blocks - self.blocks.watermark_blocks
 
-    def can_admit(self, seq, num_new: int, hits=()) -> bool:
+    def can_admit(self, seq: Sequence, num_new: int, hits=()) -> bool:
         if hits:  # the hit's pages are there (those in the free queue leave it): the rest are new
             ch = self._change(seq, num_new, len(hits) * self.block_size)
             hit = self._hit_pages(hits)
@@ -181,11 +185,11 @@ class HybridPagedKv:
         self.refused = not ok
         return ok
 
-    def can_grow(self, seq, num_new: int) -> bool:
+    def can_grow(self, seq: Sequence, num_new: int) -> bool:
         ch = self._change(seq, num_new)
         return ch is None or self.blocks.can_allocate(ch[2] - self._freeable(seq, ch))
 
-    def _freeable(self, seq, ch) -> int:
+    def _freeable(self, seq: Sequence, ch) -> int:
         """Pages the change ``ch`` frees (it gives back ``ch[3]``; with prefix caching, one that another
         sequence holds too stays held)."""
         if not self.caching or not ch[3]:
@@ -194,12 +198,12 @@ class HybridPagedKv:
         return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st[1], st[2]) if f > f0
                    for b in table[:n * (min(f, st[0]) - f0)] if b not in multi)
 
-    def admit(self, seq, num_new: int, hits=()) -> None:
+    def admit(self, seq: Sequence, num_new: int, hits=()) -> None:
         if hits:
             self._take_hit(seq, hits)
         self.grow(seq, num_new)
 
-    def grow(self, seq, num_new: int, c: int | None = None) -> None:
+    def grow(self, seq: Sequence, num_new: int, c: int | None = None) -> None:
         ch = self._change(seq, num_new, c)
         if ch is None:
             return
@@ -245,11 +249,11 @@ class HybridPagedKv:
         self.alloc += (take - freed) * B
         st[0], st[1] = end, firsts
 
-    def add_blocks(self, seqs: list) -> None:
+    def add_blocks(self, seqs: list[Sequence]) -> None:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block (``span_blocks``)."""
         self.span_blocks([seqs])
 
-    def span_blocks(self, ticks: list[list]) -> list[tuple[int, int, int, int]]:
+    def span_blocks(self, ticks: list[list[Sequence]]) -> list[tuple[int, int, int, int]]:
         """Each tick's crossing sequences, tick after tick (a decode span's ticks, or one tick of the fast
         path): each crosses into a new block. Within a decode span the sequences' counters have not advanced
         yet: a crossing sequence has exactly its blocks' tokens cached, which is what is used (``grow(seq, 1,
@@ -267,19 +271,22 @@ class HybridPagedKv:
         m = 0
         for seqs in ticks:
             m += len(seqs)
-        new = blocks.allocate(per * m)
+        new: list[int] = blocks.allocate(per * m)
         alloc, capped, first_sum, shared = self.alloc, self.capped, self._first_sum, self.shared_blocks
-        dropped, p, pages, extra, out = [], 0, self._pages, self._extra, []
+        dropped: list[int] = []
+        out: list[tuple[int, int, int, int]] = []
+        p, pages, extra = 0, self._pages, self._extra
         base = self._states * self.state_pages
-        multi = blocks.multi if caching else None
+        multi: Any = blocks.multi if caching else None
         grown, wmin, sizes = per * B, self._window_min, self._sizes
         for seqs in ticks:
             alloc += grown * len(seqs)
             for seq in seqs:
                 st = st_of[seq]
-                end0 = st[0]
+                end0: int = st[0]
                 st[0] = end0 + 1
-                c, tables = end0 * B, st[2]
+                c = end0 * B
+                tables: list[list[int]] = st[2]
                 x = seq.max_kv_tokens - c  # capped grows by the new blocks' slots the request will fill
                 capped += grown if x >= B else per * x if x > 0 else 0
                 if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
@@ -287,7 +294,8 @@ class HybridPagedKv:
                         tables[i] += new[p:p + n]
                         p += n
                     continue
-                firsts, cap = st[1], seq.max_kv_tokens
+                firsts: list[int] = st[1]
+                cap = seq.max_kv_tokens
                 for i, sliding, window, n in spec:
                     table = tables[i]
                     if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
@@ -322,7 +330,7 @@ class HybridPagedKv:
         self.alloc, self.capped, self._first_sum, self.shared_blocks = alloc, capped, first_sum, shared
         return out
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         st = self._st.pop(seq, None)
         if st is None:
             return
@@ -348,7 +356,7 @@ class HybridPagedKv:
             self.capped -= len(st[3]) * B
         self._states -= 1
 
-    def table(self, seq) -> list[int]:
+    def table(self, seq: Sequence) -> list[int]:
         """Every page ``seq`` holds (swap copies them); ``seq.block_table`` is not kept (one list per group)."""
         st = self._st.get(seq)
         return [] if st is None else [b for t in st[2] for b in t] + st[3]
@@ -415,7 +423,7 @@ class HybridPagedKv:
     def _hit_pages(self, hits: list) -> int:
         return sum(len(pages) for row in hits for pages in row if pages is not None)
 
-    def match_prefix(self, seq) -> list:
+    def match_prefix(self, seq: Sequence) -> list:
         """The longest cached prompt prefix that every group accepts (vLLM's hybrid coordinator), at least
         one prompt token left to compute, as ``sharing.SharedPagedKv.match_prefix``. One entry per hit block:
         per class, the pages of the block (one per group of the class) if the class still needs it at the
@@ -435,7 +443,8 @@ class HybridPagedKv:
         h = len(hashes)
         if not h:
             return []
-        lookup, found = self.blocks.lookup, {}
+        lookup = self.blocks.lookup
+        found: dict[tuple[int, int], list[int] | None] = {}
 
         def cached(k: int, n: int, i: int):
             """The pages of block ``i`` in class ``k`` (its ``n`` groups), or None if one is not cached."""
@@ -443,14 +452,13 @@ class HybridPagedKv:
             if key not in found:
                 hb, ident = hashes[i]
                 parent = hashes[i - 1][0] if i else None
-                pages = []
+                pages: list[int] = []
                 for j in range(n):
                     b = lookup(hash((hb, k, j)), ident, parent)
                     if b is None:
-                        pages = None
                         break
                     pages.append(b)
-                found[key] = pages
+                found[key] = pages if len(pages) == n else None
             return found[key]
 
         accepts = [-1] * len(self.classes)  # the h each class last accepted
@@ -476,13 +484,13 @@ class HybridPagedKv:
                 accepts[k] = h
         if not h:
             return []
-        cols = []
+        cols: list[list] = []
         for k, (g, _) in enumerate(self.classes):  # per class: None before the blocks it needs
             f = first_kept(g, h * B, B)
             cols.append([None] * f + [found[(k, i)] for i in range(f, h)])
         return list(zip(*cols))
 
-    def _take_hit(self, seq, hits: list) -> None:
+    def _take_hit(self, seq: Sequence, hits: list) -> None:
         """``seq`` (nothing cached yet) takes the hit's pages: its tables start as the hit's blocks."""
         B, cap, blocks = self.block_size, seq.max_kv_tokens, self.blocks
         h = len(hits)
@@ -507,7 +515,7 @@ class HybridPagedKv:
         self._states += 1
         seq.num_computed_tokens = h * B
 
-    def register(self, seq) -> None:
+    def register(self, seq: Sequence) -> None:
         """Make ``seq``'s newly computed full prompt blocks findable: each group's page of block ``i`` under
         the block's hash, the class and the group (every group has its own copy of the block), its identity
         and its parent's hash (a window page's parent page may be gone, so the parent is checked by hash)."""
@@ -573,7 +581,7 @@ class HybridContiguousKv(ContiguousKv):
         self._full = sum(1 for g in layout.groups if g.attention and not g.window)
         self._windows = [g.window for g in layout.groups if g.attention and g.window]
         self._state = sum(g.state_pages for g in layout.groups if not g.attention) * layout.block_size
-        self._live: dict = {}
+        self._live: dict[Sequence, None] = {}
         wins: dict[tuple[str, int], int] = {}
         for g in layout.groups:
             if g.attention and g.window:
@@ -584,9 +592,10 @@ class HybridContiguousKv(ContiguousKv):
         if mamba:
             self._labels.append(("mamba", 0, mamba))
         self._held = [0] * len(self._labels)  # slots of the slabs taken, per label (group_slots)
-        self._sizes: dict = {}  # seq -> (slab_for, _fill_cap, _split): a request's lengths never change
+        # seq -> (slab_for, _fill_cap, _split): a request's lengths never change
+        self._sizes: dict[Sequence, tuple[int, int, list[int]]] = {}
 
-    def _size(self, seq) -> tuple:
+    def _size(self, seq: Sequence) -> tuple[int, int, list[int]]:
         got = self._sizes.get(seq)
         if got is None:
             t = self.reservation.tokens(seq.prompt_tokens, seq.output_tokens)
@@ -594,7 +603,7 @@ class HybridContiguousKv(ContiguousKv):
             got = self._sizes[seq] = (self._slots(t), self._slots(min(t, seq.max_kv_tokens)), split)
         return got
 
-    def _split(self, seq) -> list[int]:
+    def _split(self, seq: Sequence) -> list[int]:
         """A slab of ``seq``'s reservation per ``group_labels`` entry (they add up to ``slab_for``)."""
         return self._size(seq)[2]
 
@@ -609,10 +618,10 @@ class HybridContiguousKv(ContiguousKv):
         """Slots of ``tokens`` tokens over the groups: full groups all, window groups at most their window."""
         return self._full * tokens + sum([m * (tokens if tokens < w else w) for w, m in self._window_counts]) + self._state
 
-    def slab_for(self, seq) -> int:
+    def slab_for(self, seq: Sequence) -> int:
         return self._size(seq)[0]
 
-    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray:
+    def never_fits(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, width: int = 1) -> np.ndarray | bool:
         tokens = self.reservation.column(prompt_tokens, output_tokens)
         slab = self._full * tokens + sum(np.minimum(tokens, w) for w in self._windows) + self._state
         a = self.allocator
@@ -623,10 +632,10 @@ class HybridContiguousKv(ContiguousKv):
             room = self.capacity // np.maximum(slab, 1)
         return (room < width) | (self.capacity == 0)
 
-    def _fill_cap(self, seq) -> int:
+    def _fill_cap(self, seq: Sequence) -> int:
         return self._size(seq)[1]
 
-    def _take_slab(self, seq) -> int:
+    def _take_slab(self, seq: Sequence) -> int:
         start = super()._take_slab(seq)
         n = self.slab_for(seq)  # the parent counted min(n, max_kv); count what the request will fill instead
         self.capped += self._fill_cap(seq) - min(n, seq.max_kv_tokens)
@@ -634,7 +643,7 @@ class HybridContiguousKv(ContiguousKv):
         self._held = [a + b for a, b in zip(self._held, self._split(seq))]
         return start
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         if seq.slab_start is None:
             return
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
@@ -643,12 +652,12 @@ class HybridContiguousKv(ContiguousKv):
         super().free(seq)
         del self._sizes[seq]
 
-    def hold(self, seq) -> None:
+    def hold(self, seq: Sequence) -> None:
         self.capped += min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
         self._live.pop(seq, None)
         super().hold(seq)
 
-    def release(self, seq) -> None:
+    def release(self, seq: Sequence) -> None:
         self.capped -= min(seq.slab_tokens, seq.max_kv_tokens) - self._fill_cap(seq)
         self._live[seq] = None
         super().release(seq)
@@ -672,7 +681,7 @@ class HybridContiguousKv(ContiguousKv):
         return [x - p for x, p in zip(logical, physical)]
 
     @property
-    def shared_filled(self) -> int:
+    def shared_filled(self) -> int:  # type: ignore[override]  # (ContiguousKv: a plain 0; mypyc takes this)
         """``_shared(0)``, without sorting: the cached tokens minus the slots they fill now."""
         c = [s.num_computed_tokens for s in self._live]
         logical = sum(c)
@@ -714,7 +723,7 @@ class GroupTimeline:
 
         k = len(self.labels)
         rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
-        cols = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
+        cols: dict[str, list] = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
         if len(rows):
             idx = (rows[:, 0] // bin_s).astype(np.int64)
             dur = np.bincount(idx, weights=rows[:, 1])

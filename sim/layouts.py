@@ -61,7 +61,8 @@ def window_sums(offs: list[int], prefix: list[int], d: int, window: int, k: int)
     ``k`` decode steps, or the slots it holds (``offs`` sorted, ``prefix`` their prefix sums). Linear in j
     while no value reaches the window (the ``i`` below it grow, the rest hold ``window``): one range per
     such run, the next run found by bisection."""
-    n, out = len(offs), []
+    n = len(offs)
+    out: list[int] = []
     w = window - d  # o + d + j reaches the window at j = w - o
     i, j = bisect_left(offs, w), 0
     if k == 1:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from sim.trace_paths import user_cache
 
-MODULES = ("sim.core", "sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing")
+MODULES = ("sim.core", "sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing",
+           "sim.hybrid", "sim.layouts")
 _SIM = Path(__file__).resolve().parent
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's ABI (e.g. .cpython-311-x86_64-linux-gnu.so)
 

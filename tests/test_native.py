@@ -181,8 +181,8 @@ SCENARIO = {"name": "native", "model": "llama-2-7b", "gpu": "a100-40gb", "record
                          {"preset": "vllm", "name": "apc", "prefix_caching": True},
                          {"preset": "vllm", "name": "b1", "block_size": 1}]}
 
-# sliding-window layers (sim/hybrid.py: plain-Python managers, some subclassing compiled ones), in pages and
-# in slabs, with prefix caching
+# sliding-window layers (sim/hybrid.py and sim/layouts.py, compiled too: a slab manager subclassing a compiled
+# one), in pages and in slabs, with prefix caching
 HYBRID = {"name": "native-hybrid", "model": "gemma-3-27b", "gpu": "h100", "record_steps": True,
           "workload": {"arrival": {"kind": "poisson", "rate": 6.0}, "lengths": "sharegpt", "num_requests": 150,
                        "seed": 2, "shared_prefixes": {"lengths": [700, 1500], "popularity": [1, 1]}},
@@ -224,6 +224,13 @@ def test_the_compiled_build_gives_plain_pythons_results_to_the_bit(tmp_path):
         got[flag] = json.loads(r.stdout)
     assert got["1"].pop("native") is True and got["0"].pop("native") is False
     assert len(got["1"]) == 10 and got["1"] == got["0"]
+
+
+@pytest.mark.skipif(not native.active(), reason="no compiled build of these sources in this process")
+def test_every_module_of_the_build_runs_compiled():
+    """All of ``MODULES`` (the hybrid KV managers and their layouts too), not only the engine."""
+    for m in native.MODULES:
+        assert importlib.import_module(m).__file__.endswith(native._SUFFIX), m
 
 
 def test_the_float_buffers_stand_in_gives_librts_results_to_the_bit(tmp_path):
