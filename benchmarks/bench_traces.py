@@ -2,8 +2,9 @@
 
     python benchmarks/bench_traces.py [--rows 16800000] [--gzip] [--dir DIR] [--chunk-rows 1048576]
 
-Writes a CSV with the Azure LLM inference 2024 columns (TIMESTAMP with 7 fractional digits,
-ContextTokens, GeneratedTokens: one week of Poisson arrivals, log-normal lengths) into a temporary
+Writes a CSV with the Azure LLM inference columns (TIMESTAMP naive with 7 fractional digits, as the 2023
+files write it; the 2024 files write "+00:00" and 6 digits, which parse as fast; ContextTokens,
+GeneratedTokens: one week of Poisson arrivals, log-normal lengths) into a temporary
 folder (or DIR, kept), then reads it in a fresh process with the trace reader, exactly as a scenario
 would, and prints rows per second and that process's peak RSS (and its RSS after imports alone).
 The file is generated, never committed.

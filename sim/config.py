@@ -46,7 +46,7 @@ def _number(v: Any) -> Any:
 
 # Numbers: never a boolean, always finite, and bounded so that no value overflows what is computed from
 # it (token counts fit in 32 bits; rates, times and sizes in ranges no real deployment leaves).
-MAX_TOKENS = 2**31
+MAX_TOKENS = 2**31 - 1  # int32's largest
 MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
 MAX_REPLICAS = 1024  # a fleet's replicas: every one's state is held, and stepped, on one core

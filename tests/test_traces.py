@@ -173,6 +173,9 @@ def test_burstgpt_drops_failed_rows_and_filters_by_model_and_log_type(tmp_path):
     f = load(p, "models=[ChatGPT]", "log_types=[Conversation log]")
     assert list(f.prompt_tokens) == [472] and f.num_rows_read == 5
     assert f.dropped == {"not_in_models": 2, "not_in_log_types": 1, "failed_request": 1}
+    # a failed request with no prompt either is a failed request (it read as zero_prompt_tokens)
+    z = load(write(tmp_path, "z.csv", BURSTGPT.replace("12,ChatGPT,88,0,88", "12,ChatGPT,0,0,0")))
+    assert z.dropped == {"failed_request": 2}
     with pytest.raises(ScenarioError, match="'models' selects rows of burstgpt traces; this is format azure"):
         load(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.0000000,1,1\n"),
              "models=[x]")
@@ -227,11 +230,13 @@ TS = "2023-11-16 18:15:47.0000000"
 @pytest.mark.parametrize("name,text,message", [
     ("missing.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n", "cannot tell the trace format from "
      "its columns (TIMESTAMP, ContextTokens); expected one of: azure (TIMESTAMP,ContextTokens,GeneratedTokens)"),
-    ("nonnum.csv", HEAD + f"{TS},x,3\n", "nonnum.csv:3: ContextTokens = 'x', expected a whole number of tokens from 0 to 2,147,483,648"),
-    ("negative.csv", HEAD + f"{TS},5,-3\n", "negative.csv:3: GeneratedTokens = -3, expected a whole number of tokens from 0 to 2,147,483,648"),
-    ("nan.csv", HEAD + f"{TS},NaN,3\n", "nan.csv:3: ContextTokens = 'NaN', expected a whole number of tokens from 0 to 2,147,483,648"),
-    ("blank.csv", HEAD + f"{TS},,3\n", "blank.csv:3: ContextTokens is empty, expected a whole number of tokens from 0 to 2,147,483,648"),
-    ("fraction.csv", HEAD + f"{TS},2.5,3\n", "fraction.csv:3: ContextTokens = 2.5, expected a whole number of tokens from 0 to 2,147,483,648"),
+    ("nonnum.csv", HEAD + f"{TS},x,3\n", "nonnum.csv:3: ContextTokens = 'x', expected a whole number of tokens from 0 to 2,147,483,647"),
+    ("negative.csv", HEAD + f"{TS},5,-3\n", "negative.csv:3: GeneratedTokens = -3, expected a whole number of tokens from 0 to 2,147,483,647"),
+    ("nan.csv", HEAD + f"{TS},NaN,3\n", "nan.csv:3: ContextTokens = 'NaN', expected a whole number of tokens from 0 to 2,147,483,647"),
+    ("blank.csv", HEAD + f"{TS},,3\n", "blank.csv:3: ContextTokens is empty, expected a whole number of tokens from 0 to 2,147,483,647"),
+    ("fraction.csv", HEAD + f"{TS},2.5,3\n", "fraction.csv:3: ContextTokens = 2.5, expected a whole number of tokens from 0 to 2,147,483,647"),
+    # 2^31 is past int32 (the bound was 2^31 itself)
+    ("big.csv", HEAD + f"{TS},2147483648,3\n", "big.csv:3: ContextTokens = 2147483648, expected a whole number of tokens from 0 to 2,147,483,647"),
     ("empty.csv", "", "empty.csv: empty file; expected a header line naming the columns"),
     ("header.csv", HEAD.splitlines()[0] + "\n", "header.csv: no requests (the file has a header but no rows)"),
     ("time.csv", HEAD + "2023-11-16 25:15:47.0000000,5,3\n", "time.csv:3: TIMESTAMP = '2023-11-16 25:15:47.0000000', "
@@ -249,7 +254,7 @@ TS = "2023-11-16 18:15:47.0000000"
     ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "two"]}\n',
      "hashes.jsonl:1: hash_ids = [1, 'two'], expected a list of integer hash ids"),
     ("lost.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n',
-     "lost.jsonl:2: output_length is empty, expected a whole number of tokens from 0 to 2,147,483,648"),
+     "lost.jsonl:2: output_length is empty, expected a whole number of tokens from 0 to 2,147,483,647"),
     ("zero.csv", HEAD.splitlines()[0] + f"\n{TS},5,0\n", "no requests left: all 1 rows were dropped (zero_output_tokens: 1)"),
     ("huge.csv", HEAD + f"{TS},1e20,3\n", "huge.csv:3: ContextTokens = 1e+20, expected a whole number of tokens"),
     ("huge2.csv", HEAD + f"{TS},2147483649,3\n", "huge2.csv:3: ContextTokens = 2147483649, expected a whole number"),

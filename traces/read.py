@@ -41,7 +41,7 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
             "bad_hash_ids", "too_large")
 MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE = range(1, 8)
-MAX_TOKENS = 2**31  # a token count above this is not a request (and would overflow int32 kernels' offsets)
+MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
 
@@ -324,7 +324,9 @@ class _Collector:
 
         self._problems(chunk, checks, drop)
         ok = drop == 0
-        drop[ok & (prompt == 0)] = "zero_prompt_tokens"
+        if fmt.zero_output_reason != "zero_output_tokens":  # no output marks a failure (BurstGPT): that first
+            drop[ok & (output == 0)] = fmt.zero_output_reason
+        drop[(drop == 0) & (prompt == 0)] = "zero_prompt_tokens"
         drop[(drop == 0) & (output == 0)] = fmt.zero_output_reason
         for reason, k in zip(*np.unique(drop[drop != 0].astype(str), return_counts=True)):
             self.dropped[str(reason)] = self.dropped.get(str(reason), 0) + int(k)
