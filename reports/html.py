@@ -243,7 +243,7 @@ def _fleet_line(cluster: dict, gpu: str, tp: int) -> str:
     def shape(count: int, g: object, t: object) -> str:
         return f"{plural(int(count), 'replica')} of {t or tp} x {_gpu_text(g, gpu)}"
 
-    routers = cluster.get("router") or "round-robin"
+    routers = cluster["router"]  # (summary.json holds the scenario as resolved: its default router included)
     router = ", ".join(routers) if isinstance(routers, list) else str(routers)
     if cluster.get("prefill") and cluster.get("decode"):
         pools = "; ".join(f"{name}: {shape(p.get('replicas', 1), p.get('gpu'), p.get('tensor_parallel'))}"
