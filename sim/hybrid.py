@@ -39,7 +39,7 @@ from sim.core import Sequence
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, ContiguousKv, FifoBlockPool, _fill_runs,
                     _merge_segments, blocks_for)
 from sim.layouts import KvLayout, first_kept, window_sums
-from sim.sharing import SharedBlockPool, prompt_block_hashes
+from sim.sharing import SharedBlockPool, extend_block_hashes, prompt_block_hashes
 
 
 class _CrossingPool:
@@ -424,8 +424,8 @@ class HybridPagedKv:
         return sum(len(pages) for row in hits for pages in row if pages is not None)
 
     def match_prefix(self, seq: Sequence) -> list:
-        """The longest cached prompt prefix that every group accepts (vLLM's hybrid coordinator), at least
-        one prompt token left to compute, as ``sharing.SharedPagedKv.match_prefix``. One entry per hit block:
+        """The longest cached prefix that every group accepts (vLLM's hybrid coordinator), at least one
+        token left to compute, as ``sharing.SharedPagedKv.match_prefix``. One entry per hit block:
         per class, the pages of the block (one per group of the class) if the class still needs it at the
         hit's length, else None.
 
@@ -439,7 +439,7 @@ class HybridPagedKv:
         if not self.caching or seq.num_computed_tokens:
             return []
         B = self.block_size
-        hashes = prompt_block_hashes(seq, B)[:(seq.prompt_tokens - 1) // B]
+        hashes = prompt_block_hashes(seq, B)[:(seq.num_tokens - 1) // B]
         h = len(hashes)
         if not h:
             return []
@@ -515,8 +515,16 @@ class HybridPagedKv:
         self._states += 1
         seq.num_computed_tokens = h * B
 
+    def keep(self, seq: Sequence) -> None:
+        """``seq`` is preempted by recompute: every full block it computed becomes findable before it is
+        freed, as ``sharing.SharedPagedKv.keep``."""
+        st = self._st.get(seq)
+        if st is not None:
+            extend_block_hashes(seq, self.block_size, min(seq.num_computed_tokens // self.block_size, st[0]))
+        self.register(seq)
+
     def register(self, seq: Sequence) -> None:
-        """Make ``seq``'s newly computed full prompt blocks findable: each group's page of block ``i`` under
+        """Make ``seq``'s newly computed full prompt blocks (and those :meth:`keep` named) findable: each group's page of block ``i`` under
         the block's hash, the class and the group (every group has its own copy of the block), its identity
         and its parent's hash (a window page's parent page may be gone, so the parent is checked by hash)."""
         st = self._st.get(seq)

@@ -407,7 +407,10 @@ class Scheduler:
                 g.swapped = live  # type: ignore[union-attr]
             insert_by_arrival(self.swapped, live[0])
             return
+        keep = self.kv.caching and not group  # (a group's members share and swap blocks: not kept)
         for m in live:
+            if keep:
+                self.kv.keep(m)
             self.kv.free(m)
             m.num_computed_tokens = 0
             m.state = WAITING

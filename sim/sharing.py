@@ -8,7 +8,9 @@ one id per 512 tokens; the shared-prefix generator: one per 16). A KV block of `
 ``p`` is named by the ids of the segments it touches and ``p``'s offset in the first one; when ``B``
 divides ``H`` that is (id, sub-block) -- 512 / 16 = 32 sub-blocks per Mooncake id. When ``B`` does not
 divide ``H`` a block may straddle two segments and is named by both, so it matches only a request whose
-two segments both match. Only *full* prompt blocks covered by ids are ever cached. A block's hash chains
+two segments both match. Only *full* blocks are ever cached: those of the prompt that ids cover, as they are
+computed, and, when a request is preempted by recompute, every other block it computed (its unnamed prompt
+blocks and its generated ones, which only it can find: ``extend_block_hashes``). A block's hash chains
 its identity to the previous block's hash, as vLLM's does; a hit also compares the stored identity and
 parent block, so a hash collision can only cause a miss, never a wrong block::
 
@@ -58,8 +60,9 @@ def block_identities(hash_ids: np.ndarray, hash_block: int, block_size: int, pro
 
 
 def prompt_block_hashes(seq: Sequence, block_size: int) -> list[tuple[int, tuple]]:
-    """(hash, identity) of each of ``seq``'s cacheable prompt blocks, computed once (the chain of the
-    module's doc; with several KV groups every group's pages of a block share it, sim/hybrid.py)."""
+    """(hash, identity) of each of ``seq``'s cacheable blocks, computed once (the chain of the module's
+    doc; with several KV groups every group's pages of a block share it, sim/hybrid.py): its named prompt
+    blocks, then any that :func:`extend_block_hashes` added."""
     if seq.block_hashes is None:
         out, h = [], None
         ids = seq.prefix_ids
@@ -69,6 +72,21 @@ def prompt_block_hashes(seq: Sequence, block_size: int) -> list[tuple[int, tuple
                 out.append((h, ident))
         seq.block_hashes = out
     return seq.block_hashes
+
+
+def extend_block_hashes(seq: Sequence, block_size: int, n: int) -> list[tuple[int, tuple]]:
+    """``seq``'s block hashes, extended to its first ``n`` full blocks: the blocks no content id names (a
+    prompt's unnamed part, and its generated tokens) are ``seq``'s own, identity ``("seq", seq_id, i)``,
+    chained after the named ones. vLLM hashes every full block by its tokens, generated ones included; tokens
+    no id names are taken to match no other request's, so such a block can only be found by ``seq`` itself:
+    after a recompute preemption, what it had computed and the pool has not evicted since."""
+    out = prompt_block_hashes(seq, block_size)
+    h = out[-1][0] if out else None
+    for i in range(len(out), n):
+        ident = ("seq", seq.seq_id, i)
+        h = hash((h, ident))
+        out.append((h, ident))
+    return out
 
 
 class _Counts(Mapping):
@@ -503,12 +521,12 @@ class SharedPagedKv(PagedKv):
     # -- the prefix cache ----------------------------------------------------------------------------
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """The cached blocks holding ``seq``'s longest cached prompt prefix (at least one prompt token
-        is always left to compute, as vLLM does, so the step samples)."""
+        """The cached blocks holding ``seq``'s longest cached prefix (at least one token is always left to
+        compute, as vLLM does, so the step samples)."""
         if not self.caching or seq.num_computed_tokens:
             return []
         hits, parent = [], None
-        limit = (seq.prompt_tokens - 1) // self.block_size
+        limit = (seq.num_tokens - 1) // self.block_size  # (a recomputed sequence: its generated tokens too)
         hashes = prompt_block_hashes(seq, self.block_size)[:limit]
         for h, ident in hashes:
             b = self.pool.lookup(h, ident, parent)
@@ -526,8 +544,15 @@ class SharedPagedKv(PagedKv):
                 hits.append((h, ident, parent_hash))
         return hits
 
+    def keep(self, seq: Sequence) -> None:
+        """``seq`` is preempted by recompute: make every full block it computed findable before it is freed
+        (:func:`extend_block_hashes`), so that coming back it finds what was not evicted meanwhile."""
+        extend_block_hashes(seq, self.block_size, min(seq.num_computed_tokens // self.block_size,
+                                                       len(seq.block_table)))
+        self.register(seq)
+
     def register(self, seq: Sequence) -> None:
-        """Make ``seq``'s newly computed full prompt blocks findable."""
+        """Make ``seq``'s newly computed full prompt blocks findable (and those :meth:`keep` named)."""
         if not self.caching:
             return
         hashes = prompt_block_hashes(seq, self.block_size)

@@ -66,6 +66,21 @@ def test_prefix_cache_hits_compute_the_same_tokens():
             assert ex.executors[name].generated(i) == ex.executors["vllm"].generated(i), (name, i)
 
 
+def test_a_recomputed_request_reads_the_blocks_it_left_in_the_cache():
+    """No shared content: a request preempted by recompute finds its own computed blocks, generated tokens
+    included, and prefills only the rest over them; it still generates what a full recompute generates."""
+    s = tiny_scenario(320, ["vllm", {"preset": "vllm", "name": "apc", "prefix_caching": True},
+                            {"preset": "vllm-v1", "name": "apc-v1", "prefix_caching": True,
+                             "max_num_batched_tokens": 48}])
+    result, ex = replay(s, "cpu")
+    for name in ("apc", "apc-v1"):
+        m = result.policies[name].summary
+        assert m["num_preemptions"] > 0 and m["prefix_hit_rate_tokens"] == 0  # no request shares another's tokens
+        assert m["prefill_tokens_saved"] > 0, name
+        for i in range(8):
+            assert ex.executors[name].generated(i) == ex.executors["vllm"].generated(i), (name, i)
+
+
 @pytest.mark.parametrize("sampling", [{"kind": "parallel", "n": 3}, {"kind": "beam", "width": 3, "keep_probability": 0.5}])
 def test_samples_and_beams_keep_their_caches_right(sampling):
     """Forked samples and reselected beams have the same history, so under greedy decoding they must

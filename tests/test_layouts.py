@@ -676,7 +676,8 @@ def _check_shared(kv: HybridPagedKv, seqs):
        st.integers(0, 300), st.integers(30, 200))
 def test_hybrid_prefix_caching_accounting(kinds, reqs, steps, blocks):
     """Requests of a few shared prefixes (ids per block: the prefix's, then their own) admitted with their
-    hits, prefilled in chunks, decoded and finished or preempted: pages are held by exactly their holders,
+    hits, prefilled in chunks, decoded and finished or preempted (keeping every full block it computed
+    findable, generated ones too): pages are held by exactly their holders,
     nothing leaks, the counters stay physical and the memory classes add up, with every group's hit rule."""
     kv, lay = _paged(kinds, window=24, blocks=blocks, caching=True)
     live, waiting = [], []
@@ -689,7 +690,7 @@ def test_hybrid_prefix_caching_accounting(kinds, reqs, steps, blocks):
         if waiting:
             s = waiting[0][0]
             hits = kv.match_prefix(s)
-            n = min(chunk[s], s.prompt_tokens - len(hits) * 8)
+            n = min(chunk[s], s.num_tokens - len(hits) * 8)  # (a recomputed one: its generated tokens too)
             if kv.can_admit(s, n, hits):
                 waiting.pop(0)
                 kv.admit(s, n, hits)
@@ -705,8 +706,10 @@ def test_hybrid_prefix_caching_accounting(kinds, reqs, steps, blocks):
                 live.remove(s)
                 continue
             n = min(left, chunk[s]) if s.num_computed_tokens < s.prompt_tokens else 1
-            if not kv.can_grow(s, n):
-                kv.free(s)  # preempted: recomputed later
+            if not kv.can_grow(s, n):  # preempted: recomputed later, finding what it computed and is not evicted
+                s.num_output_tokens = max(0, s.num_computed_tokens - s.prompt_tokens + 1)
+                kv.keep(s)
+                kv.free(s)
                 s.num_computed_tokens = 0
                 s.num_registered = 0
                 live.remove(s)

@@ -82,6 +82,29 @@ def test_vllm_preempts_the_newest_and_recompute_reprefills():
     assert plan.seq_ids == (1,) and plan.num_new_tokens == (6 + generated,)
 
 
+@pytest.mark.parametrize("num_blocks, found", [(7, 3), (6, 2)])
+def test_with_prefix_caching_a_recomputed_request_finds_the_blocks_it_computed(num_blocks, found):
+    """vLLM caches every full block, generated tokens included: a request preempted by recompute finds
+    again what the pool has not evicted meanwhile (no content ids here: only it can find them). With 6
+    blocks the survivor's growth evicts the victim's last block (freed first), so 2 of its 3 come back."""
+    plans = {}
+    for caching in (False, True):
+        s = make({"preset": "vllm", "allocator": {"watermark": 0.0}, "prefix_caching": caching},
+                 num_blocks=num_blocks, block_size=4)
+        old, new = Sequence(0, 0, 6, 10 if num_blocks == 6 else 8), Sequence(1, 0.5, 6, 8)
+        s.add(old)
+        s.add(new)
+        seen = []
+        drive(s, 40, seen.append)
+        assert new.num_preemptions == 1 and old.num_preemptions == 0
+        after = seen[next(i for i, p in enumerate(seen) if p.num_preempted) + 1:]
+        back = next(p for p in after if p.seq_ids == (1,))  # its first step after the preemption
+        plans[caching] = back.num_new_tokens[0]
+        saved = s.rec.prefill_tokens_saved
+    assert plans[False] == 6 + 7  # prompt + generated, all recomputed without the cache
+    assert saved == found * 4 and plans[True] == plans[False] - saved
+
+
 def test_swap_moves_blocks_out_and_back_and_costs_transfer_time():
     s = make({"preset": "vllm", "preemption": "swap", "allocator": {"watermark": 0.0}}, num_blocks=4, block_size=4,
              swap_blocks=8)

@@ -60,7 +60,7 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_block():
     assert pool.lookup(42, ("a", 0), 5) is None  # same block tokens after another prefix
 
 
-ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "fork", "free", "beam", "swap"]),
+ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "fork", "free", "beam", "swap", "recompute"]),
                          st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=60)
 
 
@@ -103,6 +103,29 @@ def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_id
             live.append(c)
         elif op == "free" and live:
             kv.free(live.pop(pick % len(live)))
+        elif op == "recompute" and live and live[pick % len(live)].seq_id < 10_000:  # (not a fork)
+            s = live.pop(pick % len(live))
+            grow = min(n, s.max_kv_tokens - s.num_computed_tokens)  # it decodes a while first
+            if grow > 0 and kv.can_grow(s, grow):
+                kv.grow(s, grow)
+                s.num_computed_tokens += grow
+            done = s.num_computed_tokens
+            s.num_output_tokens = max(0, done - s.prompt_tokens + 1)  # what computing ``done`` tokens sampled
+            kv.keep(s)  # preempted by recompute: every full block it computed stays findable once freed
+            kv.free(s)
+            s.num_computed_tokens = s.num_registered = 0
+            check_pool(kv, live)
+            hits = kv.match_prefix(s)
+            chain = sharing.extend_block_hashes(s, block_size, 0)
+            assert len(hits) <= min(done // block_size, (s.num_tokens - 1) // block_size)
+            for i, b in enumerate(hits):  # its own blocks, in its own order
+                assert kv.pool.key[b][:3] == (chain[i][0], chain[i][1], hits[i - 1] if i else None)
+            todo = s.num_tokens - len(hits) * block_size
+            if kv.can_admit(s, todo, hits):
+                kv.admit(s, todo, hits)
+                s.num_computed_tokens = s.num_tokens
+                kv.register(s)
+                live.append(s)
         elif op == "beam" and len(live) >= 2:
             a, b = live[pick % len(live)], live[(pick + 1) % len(live)]
             if len(a.block_table) == len(b.block_table) and a is not b:
