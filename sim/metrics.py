@@ -325,6 +325,8 @@ def summarize(requests: Columns, itl: ItlHistogram, mem_slot_seconds: np.ndarray
         "num_requests": int(len(requests)),
         "num_finished": num_finished,
         "num_rejected": int((status == requests.codes("status", "rejected")).sum()),
+        # (no deployment serves these: a plan does not hold them against one)
+        "num_rejected_max_model_len": int((requests["reason"] == requests.codes("reason", "exceeds_max_model_len")).sum()),
         "num_unfinished": int((status == requests.codes("status", "unfinished")).sum()),
         "duration_s": duration_s,
         "request_throughput": num_finished / duration_s if duration_s > 0 else math.nan,

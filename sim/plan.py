@@ -279,8 +279,21 @@ class Plan:
                            "cluster.kv_transfer": t if isinstance(t, str) else t.model_dump(mode="json")})
         return self.builder.point_scenario(values)
 
+    def rejects(self, summary: dict) -> bool:
+        """The run rejected requests that another deployment could serve (its KV pool or token budget is
+        too small for them; the model's max length rejects alike everywhere). Unless the SLO bounds
+        ``num_rejected`` itself, such a configuration does not serve the traffic: it fails, at every count
+        of its shape and every rate (each replica of a shape rejects the same requests)."""
+        return "num_rejected" not in self.spec.slo and \
+            summary.get("num_rejected", 0) > summary.get("num_rejected_max_model_len", 0)
+
     def met(self, summary: dict | None) -> bool:
-        return summary is not None and all(b.holds(summary.get(m)) for m, b in self.spec.slo.items())
+        """Every SLO bound holds, no request was rejected for this deployment (:meth:`rejects`), and none
+        was left unfinished at a horizon (unless the SLO bounds ``num_unfinished``): latencies are over the
+        finished requests, so a run that serves less of the traffic would meet a bound more easily."""
+        return summary is not None and not self.rejects(summary) and \
+            ("num_unfinished" in self.spec.slo or summary.get("num_unfinished", 0) == 0) and \
+            all(b.holds(summary.get(m)) for m, b in self.spec.slo.items())
 
     def slo_text(self) -> str:
         return " and ".join(b.text(m) for m, b in self.spec.slo.items())
@@ -416,6 +429,7 @@ MORE_THAN_PASSING = "more replicas than a passing run"
 FEWER_THAN_FAILING = "fewer replicas than a failing run"
 FAILED_AT_LOWER_RATE = "as many replicas failed at a lower rate"
 SHAPE_ERROR = "this shape's run failed"
+SHAPE_REJECTS = "this shape rejects requests at any count"
 
 
 @dataclass
@@ -427,6 +441,7 @@ class _Search:
     inherited: int  # counts <= this failed at a lower rate
     runs: dict[int, str] = field(default_factory=dict)  # count -> task key
     error: str | None = None
+    rejects: bool = False  # a run rejected requests another deployment could serve (Plan.rejects)
 
 
 @dataclass
@@ -457,8 +472,8 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
         for si, shape in enumerate(plan.shapes):
             lo, hi = bounds[si]
             before = searches.get((ri - 1, si))
-            if before is not None and before.error:
-                current[si] = _Search(hi, hi + 1, hi, error=before.error)
+            if before is not None and (before.error or before.rejects):
+                current[si] = _Search(hi, hi + 1, hi, error=before.error, rejects=before.rejects)
                 continue
             floor = lo - 1 if before is None else min(before.ok - 1, hi)
             current[si] = _Search(floor, hi + 1, floor)
@@ -481,6 +496,8 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
                 s.runs[n] = task.key
                 if out.error:
                     s.error = out.error
+                elif plan.rejects(out.summary):  # so does every count: none passes
+                    s.rejects, s.fail = True, bounds[si][1]
                 elif plan.met(out.summary):
                     s.ok = n
                 else:
@@ -513,6 +530,8 @@ def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[
                     passed, pruned, error = (None if out.error else plan.met(out.summary)), None, out.error
                 elif s.error:
                     passed, pruned, error = None, SHAPE_ERROR, s.error
+                elif s.rejects:
+                    passed, pruned, error = False, SHAPE_REJECTS, None
                 elif n >= s.ok:
                     passed, pruned, error = True, MORE_THAN_PASSING, None
                 elif n <= s.inherited:

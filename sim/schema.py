@@ -64,6 +64,7 @@ METRICS: dict[str, Metric] = _declare(
     Metric("num_requests", "requests", "requests"),
     Metric("num_finished", "requests", "finished", "max"),
     Metric("num_rejected", "requests", "rejected", "min"),
+    Metric("num_rejected_max_model_len", "requests", "rejected: longer than the model's max length", "min"),
     Metric("num_unfinished", "requests", "unfinished", "min"),
     Metric("duration_s", "s", "duration"),
     Metric("request_throughput", "req/s", "request throughput", "max", short="throughput"),

@@ -206,3 +206,38 @@ def test_a_shape_that_cannot_run_is_reported_and_the_others_are_searched(tmp_pat
     assert (tp1.loc[~tp1["ran"], "pruned_by"] == "this shape's run failed").all()
     assert tp4["error"].isna().all() and tp4["ran"].any()
     assert len(result.failures) == 1 and "vllm on a100-40gb tp1 at rate 4" in result.failures[0][0]
+
+
+def test_a_deployment_that_rejects_requests_another_serves_fails_at_every_count(tmp_path):
+    """At 0.65 of an A100-40GB's memory OPT-13B's pool (about 1,600 tokens) cannot hold the longest
+    requests, which an H100 serves: they were rejected, and latencies over the finished rest met the SLO,
+    so the cheaper GPU won while serving less of the traffic. Now that shape fails at every count and rate
+    (one run decides it); a plan that bounds ``num_rejected`` itself keeps its own bound."""
+    text = PLAN.replace("    seed: 1\n", "    seed: 1\n  gpu_memory_utilization: 0.65\n").replace(
+        "slo: {mean_tpot_ms: 24.5}", "slo: {mean_tpot_ms: 1000}").replace(
+        "lengths: sharegpt", "prompt: {kind: uniform, low: 100, high: 1800}\n    output: {kind: fixed, tokens: 100}")
+    result = run_plan(load_plan(plan_file(tmp_path, text)), tmp_path / "o", SerialExecutor())
+    t = result.table
+    a100, h100 = t[t["gpu"] == "a100-40gb"], t[t["gpu"] == "h100"]
+    ran = a100[a100["ran"]]
+    assert len(ran) == 1 and (ran["num_rejected"] > ran["num_rejected_max_model_len"]).all()
+    assert (ran["mean_tpot_ms"] < 1000).all() and not ran["passed"].any()  # its latencies alone would pass
+    assert (a100.loc[~a100["ran"], "pruned_by"] == "this shape rejects requests at any count").all()
+    assert not a100["passed"].any() and (h100["num_rejected"].dropna() == 0).all()
+    assert (result.best["gpu"] == "h100").all() and (result.best["replicas"] == 1).all()
+    # the plan's own bound on rejections decides instead
+    bounded = text.replace("slo: {mean_tpot_ms: 1000}", "slo: {mean_tpot_ms: 1000, num_rejected: {max: 40}}")
+    result = run_plan(load_plan(plan_file(tmp_path, bounded)), tmp_path / "o2", SerialExecutor())
+    assert (result.best["gpu"] == "a100-40gb").all()
+
+
+def test_a_run_that_leaves_requests_unfinished_does_not_meet_the_slo(tmp_path):
+    plan = load_plan(plan_file(tmp_path))
+    ok = {"mean_tpot_ms": 20.0, "num_rejected": 0, "num_rejected_max_model_len": 0, "num_unfinished": 0}
+    assert plan.met(ok) and not plan.met({**ok, "num_unfinished": 3})
+    # requests longer than the model's max length are rejected by every deployment alike: not held against one
+    assert plan.met({**ok, "num_rejected": 2, "num_rejected_max_model_len": 2})
+    assert not plan.met({**ok, "num_rejected": 3, "num_rejected_max_model_len": 2})
+    bounded = load_plan(plan_file(tmp_path, **{"slo: {mean_tpot_ms: 24.5}":
+                                               "slo: {mean_tpot_ms: 24.5, num_unfinished: {max: 5}}"}))
+    assert bounded.met({**ok, "num_unfinished": 3}) and not bounded.met({**ok, "num_unfinished": 6})
