@@ -253,6 +253,15 @@ def _layout_args(num_seqs: int, block_tables: torch.Tensor | None, slab_starts: 
     return seq_lens, slab_starts, 0, False
 
 
+def _check_bound(name: str, values: torch.Tensor, bound: int) -> None:
+    """A host bound the caller gives (``max_seq_len``, ``max_num_new``) must cover every value: a kernel
+    sized by it would skip the keys or queries past it, silently. Checked where that costs no device sync
+    (CPU tensors, the interpreter's); on a GPU the caller's bound is trusted (the replay executor derives it
+    from the same host lists as the tensors)."""
+    if values.device.type == "cpu" and values.numel() and int(values.max()) > bound:
+        raise ValueError(f"{name} {bound} is below the largest value it bounds, {int(values.max())}")
+
+
 def _check_attention_args(name: str, q, k_cache, v_cache, out, seq_lens, query_loc) -> tuple[int, int]:
     for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
         check_head_major(f"{name}: {n}", t)
@@ -315,6 +324,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_seqs = seq_lens.shape[0]
     if query_loc.shape != (num_seqs,):
         raise ValueError("decode_attention: query_loc needs one row per sequence")
+    _check_bound("decode_attention: max_seq_len", seq_lens, max_seq_len)
     tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens, block_size,
                                                    max_seq_len)
     check_launch("decode_attention", q, k_cache, v_cache, out, seq_lens, query_loc, tables, slabs)
@@ -542,6 +552,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         raise ValueError("prefill_attention: query_start and num_new need one int32 entry per sequence")
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if num_seqs else 0
+    _check_bound("prefill_attention: max_seq_len", seq_lens, max_seq_len)
+    _check_bound("prefill_attention: max_num_new", num_new, max_num_new)
     tables, slabs, stride_bt, paged = _layout_args(num_seqs, block_tables, slab_starts, seq_lens, block_size,
                                                    max_seq_len)
     check_launch("prefill_attention", q, k_cache, v_cache, out, seq_lens, query_start, num_new, tables, slabs)

@@ -186,6 +186,27 @@ def test_a_block_table_too_narrow_for_the_context_is_refused():
                           block_size=16, block_tables=table)
 
 
+def test_a_bound_below_the_values_it_bounds_is_refused():
+    """A kernel sized by max_seq_len / max_num_new would skip the keys or queries past it: wrong output,
+    no error. Where checking costs no device sync (CPU tensors), a bound below a value is refused."""
+    from gpu.attention import decode_attention, prefill_attention
+
+    if kernel_device() != "cpu":
+        pytest.skip("checked on CPU tensors only (on a GPU the bound is the caller's, unchecked: no sync)")
+    k = torch.zeros((64, 2, 32))
+    one = torch.ones(1, dtype=torch.int32)
+    table = torch.zeros((1, 4), dtype=torch.int32)  # 64 slots: wide enough for every bound here
+    with pytest.raises(ValueError, match="decode_attention: max_seq_len 20 is below the largest value it bounds, 40"):
+        decode_attention(torch.zeros((1, 8, 32)), k, k, one * 40, one - 1, max_seq_len=20, block_size=16,
+                         block_tables=table)
+    with pytest.raises(ValueError, match="prefill_attention: max_seq_len 20 is below .* 33"):
+        prefill_attention(torch.zeros((1, 8, 32)), k, k, one - 1, one, one * 33, max_num_new=1, max_seq_len=20,
+                          block_size=16, block_tables=table)
+    with pytest.raises(ValueError, match="prefill_attention: max_num_new 2 is below the largest value it bounds, 3"):
+        prefill_attention(torch.zeros((3, 8, 32)), k, k, one - 1, one * 3, one * 33, max_num_new=2,
+                          block_size=16, block_tables=table)
+
+
 gpu_only = pytest.mark.skipif(kernel_device() != "cuda", reason=GPU_ONLY_REASON)
 
 
