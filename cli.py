@@ -396,7 +396,8 @@ def profiles_validate(
     root: ProfileDir,
     out_dir: Path = typer.Option(Path("runs/profiles"), "--out", "-o", help="result folder"),
 ) -> None:
-    """Leave-one-model-out on every GPU: per-op MAPE table, report.html (predicted vs measured, step vs TP)."""
+    """Leave-one-model-out on every GPU: per-op MAPE table, the layer's signed error by token range,
+    report.html (predicted vs measured, step vs TP)."""
     from reports.profiles_page import write_profiles_report
     from sim.profiles import validate_to_dir
 
@@ -408,9 +409,13 @@ def profiles_validate(
 
     mape = pd.read_csv(paths["mape"])
     layer = mape[mape.op == "layer"]
+    bias = pd.read_csv(paths["bias"])
     for r in layer.itertuples():
         out.print(f"{r.gpu}: layer MAPE {r.fitted:.1f} % (worst token count {r.fitted_worst_tokens:.1f} %); "
                   f"datasheet roofline {r.roofline:.1f} %", highlight=False)
+        by = bias[bias.gpu == r.gpu]
+        out.print("  by tokens: " + ", ".join(f"{b.tokens} {b.signed_error:+.1f} %"
+                                                           for b in by.itertuples()), highlight=False)
     if alone:
         out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
                   highlight=False)

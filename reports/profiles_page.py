@@ -66,11 +66,19 @@ def _mape_table(mape: pd.DataFrame) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _bias_table(bias: pd.DataFrame) -> str:
+    head = "<tr><th>GPU</th><th>tokens</th><th>rows</th><th>signed error %</th><th>MAPE %</th></tr>"
+    rows = [f"<tr><td>{html.escape(str(r.gpu))}</td><td>{html.escape(str(r.tokens))}</td><td>{r.rows}</td>"
+            f"<td>{r.signed_error:+.1f}</td><td>{r.mape:.1f}</td></tr>" for r in bias.itertuples()]
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
 def write_profiles_report(out_dir: str | Path) -> Path:
     """``report.html`` in a folder written by ``sim.profiles.validate_to_dir``."""
     d = Path(out_dir)
     loo = pd.read_parquet(d / "loo.parquet")
     mape = pd.read_csv(d / "mape.csv")
+    bias = pd.read_csv(d / "bias.csv")
     tp = pd.read_csv(d / "step_vs_tp.csv")
     sections = [Section(f"{gpu}: predicted vs measured per op (leave one model out)",
                         "Each point is one op of one layer at one token count and TP degree, predicted by "
@@ -94,6 +102,10 @@ predict the one left out, over every token count and TP degree measured. MAPE = 
 error; "worst token count" = the largest MAPE at one token count (mean over left-out models and TP degrees).
 <code>layer</code> is one layer's whole non-attention time.</p>
 <h2>Errors</h2>{_mape_table(mape)}
+<h2>One layer's error by token range</h2>
+<p class="muted">Signed mean error of the fitted model (negative: predicted faster than measured) and its MAPE,
+over the left-out models and TP degrees, by the batch's token count: decode batches sit in the first ranges,
+prefill chunks in the last.</p>{_bias_table(bias)}
 <h2>Figures</h2>
 {chr(10).join(blocks)}
 <script type="text/javascript">const KVSIM_TEMPLATE = {_safe_json(template)};{RENDER_JS}</script>

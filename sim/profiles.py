@@ -365,6 +365,26 @@ def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
+TOKEN_RANGES = ((1, 16), (17, 128), (129, 512), (513, None))  # small decode batches .. prefill chunks
+
+
+def bias_table(loo: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU and token range, the fitted model's error on one layer's whole time (``layer``): signed mean
+    (%, negative: predicted faster than measured) and MAPE (%), over the left-out models and TP degrees. A
+    MAPE over every token count hides a bias where decode batches live (a handful of the measured counts)."""
+    layer = loo[(loo.op == "layer") & (loo.kind == "fitted")]
+    err = layer.predicted_ms / layer.measured_ms - 1.0
+    rows = []
+    for gpu in sorted(layer.gpu.unique()):
+        for lo, hi in TOKEN_RANGES:
+            m = (layer.gpu == gpu) & (layer.num_tokens >= lo) & ((layer.num_tokens <= hi) if hi else True)
+            if m.any():
+                e = err[m]
+                rows.append({"gpu": gpu, "tokens": f"{lo}-{hi}" if hi else f"{lo}+", "rows": int(m.sum()),
+                             "signed_error": float(e.mean() * 100), "mape": float(e.abs().mean() * 100)})
+    return pd.DataFrame(rows, columns=["gpu", "tokens", "rows", "signed_error", "mape"])
+
+
 def gpu_specs(ps: ProfileSet) -> dict[str, GpuSpec]:
     """The catalog GPU of each profile folder (Vidur's names, or a catalog name); an unknown one is an error."""
     from sim.catalog import GPUS
@@ -478,10 +498,11 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Pa
     commit = profile_commit(root)
     fits = fit_catalog_literals(ps, specs, commit)
     loo = leave_one_model_out(ps, specs)
-    paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "allreduce": out / "allreduce.parquet",
-             "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
+    paths = {"loo": out / "loo.parquet", "mape": out / "mape.csv", "bias": out / "bias.csv",
+             "allreduce": out / "allreduce.parquet", "step_vs_tp": out / "step_vs_tp.csv", "fits": out / "fits.json"}
     loo.to_parquet(paths["loo"])
     mape_table(loo).to_csv(paths["mape"], index=False)
+    bias_table(loo).to_csv(paths["bias"], index=False)
     nets = {n.topology: fit_allreduce(n) for n in ps.network}
     allreduce_errors(ps, nets).to_parquet(paths["allreduce"])
     step_vs_tp().to_csv(paths["step_vs_tp"], index=False)

@@ -410,6 +410,15 @@ def test_profiles_validate_writes_its_tables_and_report(tmp_path):
     fits = json.loads((tmp_path / "out" / "fits.json").read_text())
     assert fits["commit"] == (SHARED / "COMMIT").read_text().strip() and "a40" in fits["gpus"]
     assert (tmp_path / "out" / "report.html").stat().st_size > 100_000
+    # the layer's signed error by token range: each row the mean over exactly its token counts
+    bias, loo = pd.read_csv(tmp_path / "out" / "bias.csv"), pd.read_parquet(tmp_path / "out" / "loo.parquet")
+    assert list(bias.tokens) == ["1-16", "17-128", "129-512", "513+"]
+    layer = loo[(loo.op == "layer") & (loo.kind == "fitted") & (loo.num_tokens <= 16)]
+    assert bias.rows[0] == len(layer)
+    assert bias.signed_error[0] == pytest.approx(((layer.predicted_ms / layer.measured_ms).mean() - 1) * 100)
+    assert bias.rows.sum() == ((loo.op == "layer") & (loo.kind == "fitted")).sum()
+    assert "a40: layer MAPE" in r.output and f"1-16 {bias.signed_error[0]:+.1f} %" in r.output
+    assert "error by token range" in (tmp_path / "out" / "report.html").read_text()
     r = CliRunner().invoke(app, ["profiles", "fit", str(root)])
     assert r.exit_code == 0 and "OperatorFit(" in r.output
 
