@@ -523,16 +523,17 @@ class HybridPagedKv:
             extend_block_hashes(seq, self.block_size, min(seq.num_computed_tokens // self.block_size, st[0]))
         self.register(seq)
 
-    def register(self, seq: Sequence) -> None:
-        """Make ``seq``'s newly computed full prompt blocks (and those :meth:`keep` named) findable: each group's page of block ``i`` under
-        the block's hash, the class and the group (every group has its own copy of the block), its identity
-        and its parent's hash (a window page's parent page may be gone, so the parent is checked by hash)."""
+    def register(self, seq: Sequence, upto: int | None = None) -> None:
+        """Make ``seq``'s newly computed full prompt blocks (and those :meth:`keep` named) findable: each
+        group's page of block ``i`` under the block's hash, the class and the group (every group has its own
+        copy of the block), its identity and its parent's hash (a window page's parent page may be gone, so
+        the parent is checked by hash). ``upto``: as ``sharing.SharedPagedKv.register``."""
         st = self._st.get(seq)
         if not self.caching or st is None:
             return
         B = self.block_size
         hashes = prompt_block_hashes(seq, B)
-        done = min(len(hashes), seq.num_computed_tokens // B, st[0])
+        done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // B, st[0])
         register = self.blocks.register
         for i in range(seq.num_registered, done):
             hb, ident = hashes[i]

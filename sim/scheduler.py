@@ -237,6 +237,8 @@ class Scheduler:
                 self.blocked = True
                 break
             self._admit(self.waiting.popleft(), n, hits)
+            if chunked and self.kv.caching:  # vLLM v1 caches the blocks as it schedules them
+                self.kv.register(seq, seq.num_computed_tokens + n)
             budget -= n
             admitted = True
         return admitted
@@ -330,6 +332,8 @@ class Scheduler:
                 self._preempt(victim)
             else:
                 self.kv.grow(seq, n)
+                if chunked and self.kv.caching:  # (as in _admit_waiting)
+                    self.kv.register(seq, seq.num_computed_tokens + n)
                 self._entries.append((seq, n))
                 scheduled.add(seq)
                 budget -= n

@@ -551,12 +551,15 @@ class SharedPagedKv(PagedKv):
                                                        len(seq.block_table)))
         self.register(seq)
 
-    def register(self, seq: Sequence) -> None:
-        """Make ``seq``'s newly computed full prompt blocks findable (and those :meth:`keep` named)."""
+    def register(self, seq: Sequence, upto: int | None = None) -> None:
+        """Make ``seq``'s newly computed full prompt blocks findable (and those :meth:`keep` named); ``upto``:
+        its tokens computed once the step being planned runs (vLLM v1 caches a step's blocks as it schedules
+        them, so a request admitted later in the same step finds them)."""
         if not self.caching:
             return
         hashes = prompt_block_hashes(seq, self.block_size)
-        done = min(len(hashes), seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // self.block_size,
+                   len(seq.block_table))
         table = seq.block_table
         for i in range(seq.num_registered, done):
             h, ident = hashes[i]

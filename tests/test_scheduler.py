@@ -105,6 +105,23 @@ def test_with_prefix_caching_a_recomputed_request_finds_the_blocks_it_computed(n
     assert saved == found * 4 and plans[True] == plans[False] - saved
 
 
+@pytest.mark.parametrize("preset, hit", [("vllm-v1", 8), ("vllm", 0)])
+def test_v1_caches_blocks_as_it_schedules_them(preset, hit):
+    """Two requests with the same 10-token prompt, admitted in one step. vLLM v1 caches a step's full blocks
+    when it schedules them, so the second finds the first's two blocks at once (it computes 2 of its 10
+    tokens); v0 marks them computed after the step, so both prefill everything."""
+    import numpy as np
+
+    s = make({"preset": preset, "allocator": {"watermark": 0.0}, "prefix_caching": True}, num_blocks=16,
+             block_size=4)
+    a, b = (Sequence(i, 0.0, 10, 3, prefix_ids=np.array([7, 8, 9]), hash_block=4) for i in range(2))
+    s.add(a)
+    s.add(b)
+    plan = s.schedule()
+    assert plan.seq_ids == (0, 1) and plan.num_new_tokens == (10, 10 - hit)
+    assert b.prefix_hit_tokens == hit and s.rec.prefill_tokens_saved == hit
+
+
 def test_swap_moves_blocks_out_and_back_and_costs_transfer_time():
     s = make({"preset": "vllm", "preemption": "swap", "allocator": {"watermark": 0.0}}, num_blocks=4, block_size=4,
              swap_blocks=8)
