@@ -283,16 +283,16 @@ class Plan:
         """The run rejected requests that another deployment could serve (its KV pool or token budget is
         too small for them; the model's max length rejects alike everywhere). Unless the SLO bounds
         ``num_rejected`` itself, such a configuration does not serve the traffic: it fails, at every count
-        of its shape and every rate (each replica of a shape rejects the same requests)."""
+        of its shape (each replica of a shape rejects the same requests) and, as the search assumes of any
+        failure, at every higher rate."""
         return "num_rejected" not in self.spec.slo and \
             summary.get("num_rejected", 0) > summary.get("num_rejected_max_model_len", 0)
 
     def met(self, summary: dict | None) -> bool:
-        """Every SLO bound holds, no request was rejected for this deployment (:meth:`rejects`), and none
-        was left unfinished at a horizon (unless the SLO bounds ``num_unfinished``): latencies are over the
-        finished requests, so a run that serves less of the traffic would meet a bound more easily."""
+        """Every SLO bound holds and no request was rejected for this deployment (:meth:`rejects`):
+        latencies are over the finished requests, so one that served less of the traffic would meet a
+        bound more easily."""
         return summary is not None and not self.rejects(summary) and \
-            ("num_unfinished" in self.spec.slo or summary.get("num_unfinished", 0) == 0) and \
             all(b.holds(summary.get(m)) for m, b in self.spec.slo.items())
 
     def slo_text(self) -> str:

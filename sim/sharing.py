@@ -544,6 +544,15 @@ class SharedPagedKv(PagedKv):
                 hits.append((h, ident, parent_hash))
         return hits
 
+    def _reached(self, hashes: list, n: int) -> int | None:
+        """The cached block a lookup of the chain ``hashes[:n]`` reaches, or None."""
+        b = None
+        for h, ident in hashes[:n]:
+            b = self.pool.lookup(h, ident, b)
+            if b is None:
+                return None
+        return b
+
     def keep(self, seq: Sequence) -> None:
         """``seq`` is preempted by recompute: make every full block it computed findable before it is freed
         (:func:`extend_block_hashes`), so that coming back it finds what was not evicted meanwhile."""
@@ -560,8 +569,17 @@ class SharedPagedKv(PagedKv):
         hashes = prompt_block_hashes(seq, self.block_size)
         done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // self.block_size,
                    len(seq.block_table))
-        table = seq.block_table
+        table, pool = seq.block_table, self.pool
         for i in range(seq.num_registered, done):
             h, ident = hashes[i]
-            self.pool.register(table[i], h, ident, table[i - 1] if i else None, hashes[i - 1][0] if i else None)
+            parent = parent_hash = None
+            if i:
+                parent, parent_hash = table[i - 1], hashes[i - 1][0]
+                if pool.cache.get(parent_hash) != parent:
+                    # two requests computed the same block at once, and only the other's copy is cached: chain
+                    # to the copy a lookup reaches, or this chain could never be found (vLLM keeps both copies
+                    # under the hash, and its lookup follows hashes). Found as match_prefix walks, identities
+                    # and parents checked, so a hash collision still cannot join two chains.
+                    parent = self._reached(hashes, i) or parent
+            pool.register(table[i], h, ident, parent, parent_hash)
         seq.num_registered = max(seq.num_registered, done)

@@ -141,6 +141,25 @@ def test_a_request_the_decode_pool_can_never_hold_is_rejected_up_front():
     assert s["num_rejected"] == too_big.sum() and s["num_finished"] == (~too_big).sum()
 
 
+def test_a_request_over_the_models_length_is_rejected_for_that_as_on_one_server():
+    """The prefill pool sees one output token: a prompt that fits the model's length but not that pool's KV
+    gave `exceeds_kv_pool`, hiding that prompt + output exceed the length, which a colocated server says
+    (and `sim plan` holds only the former against a deployment)."""
+    from sim.config import parse_scenario
+
+    reasons = {}
+    for cluster in ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "nvlink"}, {"replicas": 1}):
+        s = parse_scenario({"name": "d", "decompose": False, "model": "opt-13b", "gpu": "a100-40gb",
+                            "gpu_memory_utilization": 0.65, "policies": ["vllm"], "cluster": cluster,
+                            "workload": {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 3, "seed": 1,
+                                         "prompt": {"kind": "fixed", "tokens": 1700},
+                                         "output": {"kind": "fixed", "tokens": 400}}})
+        res = run(s).policies["vllm"]
+        assert res.summary["num_rejected"] == res.summary["num_rejected_max_model_len"] == 3
+        reasons[len(cluster)] = list(res.requests.reason)
+    assert reasons[3] == reasons[1] == ["exceeds_max_model_len"] * 3
+
+
 def test_one_prefill_and_one_decode_replica_finish_every_request_consistently():
     res = run(scenario(pools(), n=150, rate=3.0)).policies["vllm"]
     req, s = res.requests, res.summary

@@ -148,6 +148,29 @@ def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_id
     assert kv.shared_filled == 0 and kv.capped == 0
 
 
+def test_a_chain_continuing_from_a_duplicate_block_stays_findable():
+    """A and B compute the same two named blocks at once (neither finds the other's): only A's copies are
+    cached. B's own later blocks chained to B's uncached copies could never be reached by a lookup (it
+    walks A's); they now chain to the copies a lookup reaches, so B, recomputed, finds all four."""
+    kv = SharedPagedKv(SharedBlockPool(64, 4), caching=True)
+    a, b = (Sequence(i, 0.0, 10, 20, prefix_ids=np.arange(2), hash_block=4) for i in range(2))
+    for s in (a, b):
+        assert kv.match_prefix(s) == []
+        kv.admit(s, 10)
+    for s in (a, b):
+        s.num_computed_tokens, s.num_output_tokens = 10, 1
+        kv.register(s)
+    for _ in range(9):  # b decodes to 19 computed tokens: 4 full blocks
+        kv.grow(b, 1)
+        b.num_computed_tokens += 1
+        b.num_output_tokens += 1
+    mine = list(b.block_table)
+    kv.keep(b)
+    kv.free(b)
+    b.num_computed_tokens = b.num_registered = 0
+    assert kv.match_prefix(b) == a.block_table[:2] + mine[2:4]
+
+
 def test_a_cached_block_is_never_evicted_while_held():
     kv = SharedPagedKv(SharedBlockPool(6, 4), caching=True)
     a = Sequence(0, 0.0, 9, 5, prefix_ids=np.array([1, 2]), hash_block=8)

@@ -210,6 +210,26 @@ def test_resume_skips_finished_runs_and_redoes_missing_ones(tmp_path):
     assert fresh.num_runs == 6
 
 
+def test_a_run_stored_by_other_code_is_not_reused(tmp_path, monkeypatch):
+    """A stored run is keyed by the code that decides results too (sim/ and traces/): after an engine change
+    (or a new summary metric) a rerun into the old folder runs again instead of reusing a stale result."""
+    import sim.sweep.tasks as tasks
+
+    path = sweep_file(tmp_path, "axes: {workload.arrival.rate: [1.0]}\n")
+    out = tmp_path / "out"
+    assert run_sweep(load_sweep(path), out, SerialExecutor()).num_runs == 2
+    monkeypatch.setattr(tasks, "_kvsim_version", lambda: "0.1.0+another")
+    assert run_sweep(load_sweep(path), out, SerialExecutor()).num_runs == 2
+    # the digest reads every source file: one byte changed anywhere changes it
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    before = tasks.code_digest(pkg)
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    assert tasks.code_digest(pkg) != before and tasks.code_digest(pkg) == tasks.code_digest(pkg)
+
+
 def test_a_failing_point_is_reported_and_the_others_kept(tmp_path):
     path = sweep_file(tmp_path, "axes: {gpu: [a100-40gb, l4, a100-80gb]}\n")  # OPT-13B's 26 GB do not fit an L4
     r = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])

@@ -3,6 +3,7 @@ results (so a second run finds finished tasks again)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -27,13 +28,29 @@ class Task:
         return out
 
 
+@functools.lru_cache(maxsize=1)
 def _kvsim_version() -> str:
+    """The package version and a digest of the code that decides a run's results (the simulator, ``sim/``,
+    and the trace readers, ``traces/``): a rerun into an old folder reuses a stored run only when both are
+    the same, so a change in the engine (or a new summary metric) never leaves a stale run in a table."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("kvsim")
+        v = version("kvsim")
     except PackageNotFoundError:
-        return "source"
+        v = "source"
+    sim = Path(__file__).resolve().parents[1]
+    return f"{v}+{code_digest(sim, sim.parent / 'traces')}"  # (the trace readers: a package beside sim/)
+
+
+def code_digest(*packages: Path) -> str:
+    """A digest of every ``.py`` file under the given package folders (names and bytes; a missing folder
+    adds nothing)."""
+    h = hashlib.sha256()
+    for pkg in packages:
+        for f in sorted(pkg.rglob("*.py")):
+            h.update(f"{pkg.name}/{f.relative_to(pkg).as_posix()}".encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _file_stamp(path: Path) -> list:
