@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.clock import DecodeClock, add_sorted, insert_by_arrival
 from sim.core import DONE, NEW, RUNNING, SWAPPED, WAITING, Sequence, StepPlan
-from sim.kv import KvManager, breakdown
+from sim.kv import KvManager, PagedKv, breakdown
 from sim.policy import Preemption, ResolvedPolicy
 
 if TYPE_CHECKING:  # (typed for the compiled build's direct calls)
@@ -277,6 +277,9 @@ class Scheduler:
                 return budget - n
         # the general path: one sequence at a time, oldest first, preempting the newest unscheduled
         order = sorted([*self.clock.members, *stragglers], key=lambda s: s.order)
+        # with the plain paged pool, a clocked member whose next token starts no block needs nothing and cannot
+        # fail: only the crossers ask the pool (the others' asking was most of a preempting step's cost)
+        crossing = set(self.clock.crossers(self.clock.ticks + 1)) if type(self.kv) is PagedKv else None
         scheduled: set[Sequence] = set()
         for seq in order:
             if seq.state != RUNNING:
@@ -285,6 +288,10 @@ class Scheduler:
                 if seq.clock is not None:  # skipped this step; it rejoins the clock after its next decode
                     self.clock.leave(seq)
                     self.explicit = add_sorted(self.explicit, seq)
+                continue
+            if crossing is not None and seq.clock is not None and seq not in crossing:
+                scheduled.add(seq)
+                budget -= 1
                 continue
             while not self.kv.can_grow(seq, 1):
                 victim = self._newest_unscheduled(scheduled)
