@@ -423,7 +423,7 @@ class Scheduler:
             if keep:
                 self.kv.keep(m)
             self.kv.free(m)
-            m.num_computed_tokens = 0
+            m.num_computed_tokens = m.num_registered = 0  # (coming back, it registers what it computes again)
             m.state = WAITING
             insert_by_arrival(self.waiting, m)
 

@@ -570,6 +570,7 @@ class SharedPagedKv(PagedKv):
         done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // self.block_size,
                    len(seq.block_table))
         table, pool = seq.block_table, self.pool
+        reached: int | None = -1  # the block a lookup of the chain so far reaches (None: none; -1: not known)
         for i in range(seq.num_registered, done):
             h, ident = hashes[i]
             parent = parent_hash = None
@@ -580,6 +581,10 @@ class SharedPagedKv(PagedKv):
                     # to the copy a lookup reaches, or this chain could never be found (vLLM keeps both copies
                     # under the hash, and its lookup follows hashes). Found as match_prefix walks, identities
                     # and parents checked, so a hash collision still cannot join two chains.
-                    parent = self._reached(hashes, i) or parent
+                    if reached == -1:
+                        reached = self._reached(hashes, i)
+                    if reached is not None:
+                        parent = reached
             pool.register(table[i], h, ident, parent, parent_hash)
+            reached = pool.lookup(h, ident, parent)  # (carried forward: no walk from the root per block)
         seq.num_registered = max(seq.num_registered, done)

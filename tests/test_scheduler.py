@@ -94,9 +94,15 @@ def test_with_prefix_caching_a_recomputed_request_finds_the_blocks_it_computed(n
         old, new = Sequence(0, 0, 6, 10 if num_blocks == 6 else 8), Sequence(1, 0.5, 6, 8)
         s.add(old)
         s.add(new)
-        seen = []
-        drive(s, 40, seen.append)
-        assert new.num_preemptions == 1 and old.num_preemptions == 0
+        seen, registered = [], []
+
+        def on_plan(plan):
+            seen.append(plan)
+            if plan.num_preempted:  # just preempted: it registers what it computes again from its first block
+                registered.append(new.num_registered)
+
+        drive(s, 40, on_plan)
+        assert new.num_preemptions == 1 and old.num_preemptions == 0 and registered == [0]
         after = seen[next(i for i, p in enumerate(seen) if p.num_preempted) + 1:]
         back = next(p for p in after if p.seq_ids == (1,))  # its first step after the preemption
         plans[caching] = back.num_new_tokens[0]

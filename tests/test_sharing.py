@@ -148,12 +148,14 @@ def test_reference_counts_equal_holders(num_blocks, block_size, steps, shared_id
     assert kv.shared_filled == 0 and kv.capped == 0
 
 
-def test_a_chain_continuing_from_a_duplicate_block_stays_findable():
-    """A and B compute the same two named blocks at once (neither finds the other's): only A's copies are
+@pytest.mark.parametrize("shared", [1, 2])
+def test_a_chain_continuing_from_a_duplicate_block_stays_findable(shared):
+    """A and B compute the same named blocks at once (neither finds the other's): only A's copies are
     cached. B's own later blocks chained to B's uncached copies could never be reached by a lookup (it
-    walks A's); they now chain to the copies a lookup reaches, so B, recomputed, finds all four."""
+    walks A's); they now chain to the copies a lookup reaches, so B, recomputed, finds all four (A's first
+    block is block 0, which a truth test once took for "none")."""
     kv = SharedPagedKv(SharedBlockPool(64, 4), caching=True)
-    a, b = (Sequence(i, 0.0, 10, 20, prefix_ids=np.arange(2), hash_block=4) for i in range(2))
+    a, b = (Sequence(i, 0.0, 10, 20, prefix_ids=np.arange(shared), hash_block=4) for i in range(2))
     for s in (a, b):
         assert kv.match_prefix(s) == []
         kv.admit(s, 10)
@@ -168,7 +170,32 @@ def test_a_chain_continuing_from_a_duplicate_block_stays_findable():
     kv.keep(b)
     kv.free(b)
     b.num_computed_tokens = b.num_registered = 0
-    assert kv.match_prefix(b) == a.block_table[:2] + mine[2:4]
+    assert a.block_table[0] == 0 and kv.match_prefix(b) == a.block_table[:shared] + mine[shared:4]
+
+
+def test_a_recomputed_request_caches_again_what_it_computes_again():
+    """A is preempted (its blocks kept), then its tail is evicted while it waits. Coming back it computes
+    those blocks again, and they must be cached again: its count of registered blocks had stayed at the
+    old number, so a request with the same prompt found 2 of A's 4 blocks."""
+    kv = SharedPagedKv(SharedBlockPool(8, 4), caching=True)
+    a = Sequence(0, 0.0, 17, 5, prefix_ids=np.arange(4), hash_block=4)
+    kv.admit(a, 17)
+    a.num_computed_tokens = 17
+    kv.register(a)
+    a.num_registered = 0
+    kv.keep(a)
+    kv.free(a)
+    a.num_computed_tokens = a.num_registered = 0  # as Scheduler._preempt leaves it (test_scheduler.py checks)
+    z = Sequence(9, 0.0, 24, 5)
+    kv.admit(z, 24)  # takes 6 blocks: A's last two are evicted
+    hits = kv.match_prefix(a)
+    assert len(hits) == 2
+    kv.free(z)
+    kv.admit(a, 17 - 8, hits)
+    a.num_computed_tokens = 17
+    kv.register(a)
+    c = Sequence(1, 0.0, 17, 5, prefix_ids=np.arange(4), hash_block=4)
+    assert kv.match_prefix(c) == a.block_table[:4]
 
 
 def test_a_cached_block_is_never_evicted_while_held():

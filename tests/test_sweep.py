@@ -230,6 +230,38 @@ def test_a_run_stored_by_other_code_is_not_reused(tmp_path, monkeypatch):
     assert tasks.code_digest(pkg) != before and tasks.code_digest(pkg) == tasks.code_digest(pkg)
 
 
+def test_a_sweep_reads_its_step_time_profile_and_model_folder_wherever_it_runs(tmp_path, monkeypatch):
+    """A calibration profile and a model folder given relative to the sweep file: the runs failed (workers
+    parse from "/", and neither path was made absolute), and a recalibrated profile reused the stale run (its
+    file was not stamped in the run's key)."""
+    import shutil
+    from pathlib import Path
+
+    from test_gpu_profile import write_profile
+
+    write_profile(tmp_path / "p.json")
+    (tmp_path / "m").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "gpu" / "configs" / "tiny-llama.json", tmp_path / "m" / "config.json")
+    (tmp_path / "s.yaml").write_text(
+        "base:\n  name: tiny\n  model: opt-13b\n  gpu: a100-40gb\n"
+        "  workload: {arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 20, seed: 1}\n"
+        "  policies: [vllm]\n  step_time: {kind: profile, path: p.json}\naxes: {workload.arrival.rate: [1.0]}\n")
+    monkeypatch.chdir(tmp_path.parent)  # nowhere near the files
+    first = run_sweep(load_sweep(tmp_path / "s.yaml"), tmp_path / "out", SerialExecutor())
+    assert first.num_runs == 1 and first.table.error.isna().all(), first.table.error.tolist()
+    write_profile(tmp_path / "p.json", paged_scale=3.0)  # recalibrated: another size or date
+    again = run_sweep(load_sweep(tmp_path / "s.yaml"), tmp_path / "out", SerialExecutor())
+    assert again.num_runs == 1 and again.table.mean_tpot_ms[0] > first.table.mean_tpot_ms[0]
+    # a model folder (its config.json), relative to the sweep file
+    (tmp_path / "t.yaml").write_text(
+        "base:\n  name: tiny\n  model: ./m\n  gpu: {name: dev, memory_gib: 2, hbm_gb_per_s: 50, tflops: 1}\n"
+        "  runtime_overhead_gib: 0\n"
+        "  workload: {arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 20, seed: 1}\n"
+        "  policies: [vllm]\naxes: {workload.arrival.rate: [1.0]}\n")
+    r = run_sweep(load_sweep(tmp_path / "t.yaml"), tmp_path / "out2", SerialExecutor())
+    assert r.num_runs == 1 and r.table.error.isna().all(), r.table.error.tolist()
+
+
 def test_a_failing_point_is_reported_and_the_others_kept(tmp_path):
     path = sweep_file(tmp_path, "axes: {gpu: [a100-40gb, l4, a100-80gb]}\n")  # OPT-13B's 26 GB do not fit an L4
     r = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])

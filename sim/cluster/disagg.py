@@ -55,7 +55,8 @@ from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
 from sim.engine import AHEAD, Engine, PolicyResult, paced_gc
 from sim.kv import MEMORY_CLASSES
-from sim.metrics import EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, PENDING, REJECTED, UNFINISHED, RequestLog
+from sim.metrics import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, PENDING,
+                         PREFILL_EXCEEDS_TOKEN_BUDGET, REASONS, REJECTED, UNFINISHED, RequestLog)
 from sim.policy import rejection_reasons, resolve_policy
 from sim.cluster.fleet import _imbalance, fleet_summary, merged_steps
 from sim.cluster.router import Replicas, make_router
@@ -164,9 +165,12 @@ class DisaggFleet:
         pe, de = self.prefill[0], self.decode[0]
         pre = rejection_reasons(pe.resolved, pe.kv, r.prompt_tokens, np.ones(n, dtype=r.output_tokens.dtype))
         dec = rejection_reasons(de.resolved, de.kv, r.prompt_tokens, r.output_tokens)
-        # either pool's reason; the model's max length first, as a colocated server gives it (the prefill
-        # pool sees one output token, so its own reason could hide the decode side's)
-        reason = np.where(dec == EXCEEDS_MAX_MODEL_LEN, dec, np.where(pre > 0, pre, dec))
+        # either pool's reason, the one a colocated server would give first (max length, then the KV pool,
+        # then the token budget: sim.policy.rejection_reasons; the prefill pool sees one output token, so
+        # its own reason could hide the decode side's)
+        rank = np.zeros(max(REASONS) + 1, dtype=np.int8)
+        rank[[PREFILL_EXCEEDS_TOKEN_BUDGET, EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN]] = (1, 2, 3)
+        reason = np.where(rank[dec] >= rank[pre], dec, pre)
         rejected = reason > 0
         horizon = self._horizon = math.inf if self.scenario.horizon_s is None else self.scenario.horizon_s
         routable = ~rejected & (r.arrival_s < horizon)

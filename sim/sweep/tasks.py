@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.catalog import MODELS
 from sim.config import Scenario
 
 @dataclass(frozen=True)
@@ -79,9 +80,14 @@ def resolved_mapping(scenario: Scenario) -> tuple[dict, list]:
         path = scenario.resolve_path(w["path"]).resolve()
         w["path"] = str(path)
         files.append(_file_stamp(path))
-    if data["model"].endswith(".json"):
+    if data["model"] not in MODELS:  # a config.json, or a folder holding one
         path = scenario.resolve_path(data["model"]).resolve()
         data["model"] = str(path)
+        files.append(_file_stamp(path / "config.json" if path.is_dir() else path))
+    st = data.get("step_time")
+    if isinstance(st, dict) and st.get("kind") == "profile":  # a calibration profile
+        path = scenario.resolve_path(st["path"]).resolve()
+        st["path"] = str(path)
         files.append(_file_stamp(path))
     return data, files
 
