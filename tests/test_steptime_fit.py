@@ -135,6 +135,14 @@ def test_reader_bad_folders(tmp_path):
         read_profiles(tmp_path / "nope")
     with pytest.raises(ProfileError, match="no compute/"):
         read_profiles(tmp_path)
+    # a parent of the layout (../shared/profiles holds vidur/): the error names the folder to pass
+    net = tmp_path / "up" / "vidur" / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text("num_workers,size,time_stats.all_reduce.median\n2,1024,0.02\n")
+    with pytest.raises(ProfileError, match=f"Vidur's layout is in {tmp_path / 'up' / 'vidur'}: pass that folder"):
+        read_profiles(tmp_path / "up")
+    with pytest.raises(ProfileError, match=f"Vidur's layout is in {tmp_path / 'up' / 'vidur'}: pass that folder"):
+        read_profiles(tmp_path)
     (tmp_path / "compute/a100/org/m").mkdir(parents=True)
     (tmp_path / "compute/a100/org/m/mlp.csv").write_bytes(b"\xff\xfe\x00bin")
     with pytest.raises(ProfileError, match="mlp.csv"):
