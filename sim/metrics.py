@@ -399,10 +399,14 @@ TIMELINE_COLUMNS = ("busy_s", "seq_s", "waiting_s", "num_steps", "num_sampled", 
                     "running_request_s")  # requests holding KV x time
 
 
+# the timeline's columns that integrate over time (the rest count events)
+_TIMED = tuple(i for i, c in enumerate(TIMELINE_COLUMNS) if c.endswith("_s"))
+
+
 class Timeline:
     """Fixed-width time bins of what happened, in bounded memory: when more than ``max_bins`` are
-    needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end;
-    idle gaps split across bins by time.
+    needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end; their
+    time (busy, batch, waiting and memory slot-seconds) and idle gaps split across bins by time.
 
     NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a float
     buffer (sim/buffers.py) and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a
@@ -454,8 +458,30 @@ class Timeline:
         # column still summed row after row, as before
         rows = np.frombuffer(memoryview(self.rows), dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS) + 1)
         self._index(float(rows[:, 0].max()))  # room (and width) for the latest
-        idx = (rows[:, 0] // self.bin_s).astype(np.int64)
+        w = self.bin_s
+        end = rows[:, 0]
+        idx = (end // w).astype(np.int64)
         data = self.data
+        # a row's steps run back to back from ``end - busy_s``: the part of a row's time-weighted columns before
+        # its bin goes to the bins it covers there (its counts stay where it ends), so that each bin's memory
+        # classes sum to its width (a step across an edge charged to one bin put up to +-60 % in each)
+        start = end - rows[:, 1]
+        first = np.maximum((start // w).astype(np.int64), 0)
+        if (first < idx).any():
+            rows = rows.copy()
+            timed = np.array(_TIMED) + 1
+            one = np.flatnonzero(first == idx - 1)  # across one edge (most): the share before it, in bulk
+            part = rows[np.ix_(one, timed)] * ((idx[one] * w - start[one]) / rows[one, 1])[:, None]
+            for k, j in enumerate(timed):
+                np.add.at(data[:, j - 1], idx[one] - 1, part[:, k])
+            rows[np.ix_(one, timed)] -= part
+            for r in np.flatnonzero(first < idx - 1).tolist():  # longer than a bin: each bin its overlap
+                s, e = float(start[r]), float(end[r])
+                share = rows[r, timed] / (e - s)
+                for b in range(int(first[r]), int(idx[r])):
+                    part = share * (min(e, (b + 1) * w) - max(s, b * w))
+                    data[b, timed - 1] += part
+                    rows[r, timed] -= part
         for j in range(1, rows.shape[1]):
             np.add.at(data[:, j - 1], idx, rows[:, j])
         self.rows = vec[float](capacity=self.flush_at)
