@@ -100,7 +100,7 @@ def test_the_decode_pool_draws_from_its_own_random_stream():
              "router_options": {"seed": 7}}
         req = run(scenario(c, n=300, rate=4.0, model="llama-3-8b", gpu="h100")).policies["vllm"].requests
         moved = req[req.replica >= 0]
-        same = (moved.replica == moved.prefill_replica).mean()
+        same = (moved.replica - 4 == moved.prefill_replica).mean()  # (decode replicas are 4-7: after the prefill pool)
         assert 0.15 < same < 0.4, (router, same)
 
 
@@ -297,3 +297,15 @@ def test_a_policy_a_pool_cannot_run_is_an_error_before_anything_runs():
         run(scenario(pools(), policies=["vllm", "fastertransformer"], n=20),
             progress=lambda name, done, total: started.append(name))
     assert started == []
+
+
+def test_requests_number_replicas_as_the_replica_table_does():
+    """``requests.replica`` and ``prefill_replica`` are rows of ``replicas.parquet`` (prefill pool first): the
+    decode replica was its index within its pool, so joining the tables landed on prefill replicas."""
+    c = {"prefill": {"replicas": 1}, "decode": {"replicas": 3}, "kv_transfer": LINK}
+    res = run(scenario(c, n=60, rate=4.0, model="llama-3-8b", gpu="h100")).policies["vllm"]
+    req, reps = res.requests, res.replicas.set_index("replica")
+    moved = req[req.replica >= 0]
+    assert set(moved.replica) <= {1, 2, 3} and (reps.loc[moved.replica, "pool"] == "decode").all()
+    assert (reps.loc[req.prefill_replica, "pool"] == "prefill").all()
+    assert (moved.groupby("replica").size() == reps.loc[sorted(set(moved.replica)), "num_routed"]).all()

@@ -301,7 +301,9 @@ class DisaggFleet:
         t = self.times
         with np.errstate(invalid="ignore"):
             frame = frame.assign(
-                replica=self.decode_of, prefill_replica=self.prefill_of, prefill_end_s=t["prefill_end_s"],
+                # ``replicas.parquet``'s numbering: the prefill pool's replicas first, then the decode pool's
+                replica=np.where(self.decode_of >= 0, self.decode_of + len(self.prefill), -1).astype(np.int16),
+                prefill_replica=self.prefill_of, prefill_end_s=t["prefill_end_s"],
                 decode_wait_ms=(t["admit_s"] - t["prefill_end_s"]) * 1e3,
                 transfer_queue_ms=(t["start_s"] - t["admit_s"]) * 1e3,
                 transfer_ms=(t["end_s"] - t["start_s"]) * 1e3,
