@@ -110,11 +110,58 @@ def _wrapped(line: str, width: int, indent: str = "      ") -> list[str]:
     return out
 
 
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def fleet_facts(fleet: dict) -> list[tuple[str, str]]:
+    """A fleet policy's own figures (summary.json's ``fleet[policy]``), as (label, value): the router, the
+    replicas and their load imbalance (max / mean over replicas; 1 = balanced), the prefix hit rate, and for
+    a disaggregated fleet each pool's busy share and the KV transfers' times."""
+    out = [("router", str(fleet.get("router")))]
+    if fleet.get("split") == "disaggregated":
+        for name in ("prefill", "decode"):
+            p = fleet.get(name) or {}
+            out.append((f"{name} pool", f"{p.get('num_replicas')} x {p.get('tensor_parallel')} x {p.get('gpu')}, "
+                                        f"busy {_pct(p.get('busy_fraction'))}, KV in use {_pct(p.get('kv_in_use'))}, "
+                                        f"imbalance req / KV {_x(p.get('load_imbalance_requests'))} / "
+                                        f"{_x(p.get('load_imbalance_kv'))}"))
+        t = fleet.get("kv_transfer") or {}
+        out += [("transfers", f"{t.get('num_transfers', 0):,} over {t.get('link')}"),
+                ("transfer ms mean / p99", f"{_ms(t.get('mean_transfer_ms'))} / {_ms(t.get('p99_transfer_ms'))}"),
+                ("transfer queue ms mean / p99",
+                 f"{_ms(t.get('mean_transfer_queue_ms'))} / {_ms(t.get('p99_transfer_queue_ms'))}"),
+                ("decode wait ms mean / p99",
+                 f"{_ms(t.get('mean_decode_wait_ms'))} / {_ms(t.get('p99_decode_wait_ms'))}")]
+    else:
+        out += [("replicas", str(fleet.get("num_replicas"))),
+                ("imbalance req / KV",
+                 f"{_x(fleet.get('load_imbalance_requests'))} / {_x(fleet.get('load_imbalance_kv'))}")]
+    if fleet.get("prefix_hit_rate_tokens") is not None:
+        out.append(("prefix hit rate", _pct(fleet["prefix_hit_rate_tokens"])))
+    if "num_prefix_affine" in fleet:
+        out.append(("followed prefix / load-capped", f"{fleet['num_prefix_affine']:,} / {fleet.get('num_load_capped', 0):,}"))
+    return out
+
+
 def print_summary(summary: dict, title: str = "", console: Console | None = None, report: bool = True) -> None:
-    """The table and its notes (``report`` false: no report.html was written, so the notes do not point to one)."""
+    """The table and its notes (``report`` false: no report.html was written, so the notes do not point to one);
+    a fleet's own figures, one line per policy."""
     console = console or Console()
     width = console.width
     console.print(summary_table(summary, title, width=width))
+    for name, fleet in (summary.get("fleet") or {}).items():
+        line = f"fleet {name}: " + "; ".join(f"{k} {v}" for k, v in fleet_facts(fleet)[1:])
+        for part in _wrapped(line, width):
+            console.print(part, highlight=False, markup=False)
     for line in SUMMARY_NOTE:
         console.print(line if report else line.removesuffix("; figures: report.html"), highlight=False, markup=False)
     if summary.get("decomposition"):

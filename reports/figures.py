@@ -493,7 +493,8 @@ def address_space(snapshots: pd.DataFrame, order: Sequence[str], max_runs: int =
     legend: set[str] = set()
     for name, g in groups:
         first = g.iloc[0]
-        tick = (f"{short[name]}<br><span style='font-size:10px'>t = {first['time_s']:,.1f} s · "
+        where = f"replica {int(first['replica'])} · " if "replica" in g and pd.notna(first["replica"]) else ""
+        tick = (f"{short[name]}<br><span style='font-size:10px'>{where}t = {first['time_s']:,.1f} s · "
                 f"{int(first['num_waiting']):,} waiting · {int(first['num_running']):,} running</span>")
         ticks.append(tick)
         runs, per_px = strip_runs(g, max_runs, pixels)

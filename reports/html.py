@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import figures
+from reports.console import fleet_facts
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
 from sim.schema import METRICS, TABLE_COLUMNS, plural
@@ -373,7 +374,8 @@ def _run_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[Sec
                 "Each policy's KV pool, slot 0 on the left, at the moment of most waiting requests: contiguous "
                 "policies hold one slab per request (reservation and internal fragmentation inside it, holes between "
                 "slabs), paged policies scatter blocks. External fragmentation: free slots while a request waits for "
-                "memory (kv_snapshots.parquet).",
+                "memory (kv_snapshots.parquet). A fleet's strip is the replica that had the most waiting requests, "
+                "named under it.",
                 figures.address_space(snapshots, list(colors)) if snapshots is not None else None,
                 "no snapshot was kept (no step ran)"),
         Section("Latency distributions",
@@ -523,6 +525,52 @@ def sweep_block(runs: Sequence[RunTables]) -> str:
     return "".join(out)
 
 
+REPLICA_COLUMNS = [  # replicas.parquet column, head, format
+    ("num_routed", "requests routed", "{:,}"), ("busy_fraction", "busy", "{:.1%}"), ("kv_in_use", "KV in use", "{:.1%}"),
+    ("request_throughput", "req/s", "{:.3f}"), ("median_ttft_ms", "median TTFT (ms)", "{:,.0f}"),
+    ("p99_ttft_ms", "p99 TTFT (ms)", "{:,.0f}"), ("median_tpot_ms", "median TPOT (ms)", "{:.1f}"),
+    ("num_preemptions", "preemptions", "{:,}"), ("prefix_hit_rate_tokens", "prefix hit", "{:.1%}"),
+]
+
+
+def fleet_block(runs: Sequence[RunTables]) -> str:
+    """A fleet's own figures (summary.json's ``fleet``): one row per policy (router, load imbalance, prefix hit
+    rate; a disaggregated fleet's pools and KV transfers), then each policy's replicas (replicas.parquet)."""
+    esc = html.escape
+    out = []
+    for r in runs:
+        fleet = (r.summary or {}).get("fleet") or {}
+        if not fleet:
+            continue
+        labels = dict(zip(r.policies["policy"], r.policies.index))
+        facts = {labels.get(p, p): dict(fleet_facts(f)) for p, f in fleet.items()}
+        heads = list(dict.fromkeys(k for f in facts.values() for k in f))
+        rows = "".join(f"<tr><td>{esc(str(p))}</td>" + "".join(f"<td>{esc(f.get(k, '-'))}</td>" for k in heads)
+                       + "</tr>" for p, f in facts.items())
+        out.append(f"<div class='wide'><table><thead><tr><th>policy</th>{''.join(f'<th>{esc(h)}</th>' for h in heads)}"
+                   f"</tr></thead><tbody>{rows}</tbody></table></div>")
+        reps = r.replicas
+        if reps is None or not len(reps):
+            continue
+        cols = [c for c in REPLICA_COLUMNS if c[0] in reps.columns and reps[c[0]].notna().any()]
+        pool = "pool" in reps.columns
+        for policy, g in reps.groupby("policy", sort=False):
+            body = "".join(
+                f"<tr><td>{int(x.replica)}</td>" + (f"<td>{esc(str(x.pool))}</td>" if pool else "")
+                + f"<td>{int(x.tensor_parallel)} x {esc(str(x.gpu))}</td>"
+                + "".join(f"<td>{_fmt(fmt, None if pd.isna(getattr(x, c)) else getattr(x, c))}</td>"
+                          for c, _, fmt in cols) + "</tr>" for x in g.itertuples(index=False))
+            out.append(f"<details><summary>{esc(str(policy))}: {plural(len(g), 'replica')}</summary>"
+                       f"<div class='wide'><table><thead><tr><th>replica</th>{'<th>pool</th>' if pool else ''}"
+                       f"<th>GPU</th>{''.join(f'<th>{esc(h)}</th>' for _, h, _ in cols)}</tr></thead>"
+                       f"<tbody>{body}</tbody></table></div></details>")
+    if not out:
+        return ""
+    return ("<p class='muted'>Load imbalance: max / mean over replicas of requests routed and of time-averaged KV "
+            "in use (1 = balanced). Each replica's metrics are over the fleet's window (replicas.parquet; "
+            "summary.json: fleet).</p>" + "".join(out))
+
+
 def _title(runs: Sequence[RunTables]) -> str:
     if len(runs) == 1:
         return str(runs[0].scenario.get("name") or (runs[0].sweep_info or {}).get("name") or runs[0].label)
@@ -551,6 +599,7 @@ def render(runs: Sequence[RunTables]) -> str:
     desc = html.escape(str(runs[0].scenario.get("description", "") or (runs[0].sweep_info or {}).get(
         "description", ""))) if len(runs) == 1 else ""
     sweeps = sweep_block(runs)
+    fleet = fleet_block(with_run)
     decomp = "".join((f"<h3>{html.escape(r.label)}</h3>" if len(with_run) > 1 else "")
                      + decomposition_table(r.summary["decomposition"])
                      for r in with_run if r.summary.get("decomposition"))
@@ -568,6 +617,7 @@ def render(runs: Sequence[RunTables]) -> str:
 for the page; each figure says where.</p>
 {"<h2>Scenario</h2>" + "".join(scenario_block(r) for r in with_run) if with_run else ""}
 {"<h2>Summary</h2>" + summary if summary else ""}
+{"<h2>Fleet</h2>" + fleet if fleet else ""}
 {"<h2>Decomposition: what each knob explains</h2>" + decomp if decomp else ""}
 {"<h2>Sweep</h2>" + sweeps if sweeps else ""}
 <h2>Figures</h2>

@@ -24,6 +24,7 @@ from reports import ResultsError  # noqa: F401 (declared where the command line 
 RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
 GROUPS_FILE = "kv_groups.parquet"  # policies of several KV groups (sim/hybrid.py): slots per group over time
+REPLICAS_FILE = "replicas.parquet"  # a fleet's policies (sim/cluster): one row per replica
 SWEEP_FILE = "sweep.parquet"
 CAPACITY_FILE = "capacity.parquet"
 SWEEP_INFO_FILE = "sweep.json"
@@ -49,6 +50,7 @@ class RunTables:
     capacity: pd.DataFrame | None
     sweep_info: dict | None = None  # sweep.json, when `sim sweep` wrote the folder
     groups: pd.DataFrame | None = None  # kv_groups.parquet, when some policy has several KV groups
+    replicas: pd.DataFrame | None = None  # replicas.parquet, when the scenario is a fleet
 
     @property
     def scenario(self) -> dict:
@@ -132,6 +134,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     labels = {n: (f"{label} / {n}" if label else n) for n in names}
     snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
     groups = _read_parquet(d / GROUPS_FILE) if has_run and (d / GROUPS_FILE).exists() else None
+    replicas = _read_parquet(d / REPLICAS_FILE) if has_run and (d / REPLICAS_FILE).exists() else None
     sweep_info = None
     if sweep is not None and (d / SWEEP_INFO_FILE).exists():
         try:
@@ -146,7 +149,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
         snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
         sweep_info=sweep_info if isinstance(sweep_info, dict) else None,
-        groups=_relabel(groups, labels, d / GROUPS_FILE))
+        groups=_relabel(groups, labels, d / GROUPS_FILE), replicas=_relabel(replicas, labels, d / REPLICAS_FILE))
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:

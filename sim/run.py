@@ -211,7 +211,9 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
                 "time_s": np.full(n, snap["time_s"], dtype=np.float64),
                 "num_waiting": np.full(n, snap["num_waiting"], dtype=np.int64),
                 "num_running": np.full(n, snap["num_running"], dtype=np.int64), "start": seg[:, 0],
-                "length": seg[:, 1], "memory_class": seg[:, 2]}, {"memory_class": list(MEMORY_CLASSES)})
+                "length": seg[:, 1], "memory_class": seg[:, 2],
+                **({"replica": np.full(n, snap["replica"], dtype=np.int16)} if "replica" in snap else {})},
+                {"memory_class": list(MEMORY_CLASSES)})
     if groups:
         tables["groups"] = groups
     for key, by_policy in tables.items():

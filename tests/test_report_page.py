@@ -252,3 +252,39 @@ def test_long_names_wrap_instead_of_widening_the_page():
     assert "grid-template-columns:max-content minmax(0,1fr)" in CSS
     assert re.search(r"dd\{[^}]*overflow-wrap:anywhere", CSS)
     assert re.search(r"\.summary td:first-child\{[^}]*overflow-wrap:anywhere", CSS)
+
+
+def test_a_fleet_report_shows_its_routers_pools_and_replicas(tmp_path):
+    """A fleet's own figures were only in summary.json: the page and the console now give each policy's
+    router, load imbalance and (disaggregated) pools and transfers, and each replica's row; the address
+    space names the replica it shows."""
+    from rich.console import Console
+
+    from reports.console import print_summary
+
+    base = {"model": "llama-3-8b", "gpu": "h100", "policies": ["vllm"],
+            "workload": {"arrival": {"kind": "poisson", "rate": 6.0}, "lengths": "sharegpt", "num_requests": 80,
+                         "seed": 3}}
+    for name, cluster, expect in (
+            ("colo", {"replicas": 3, "router": ["round-robin", "least-outstanding"]},
+             ["imbalance req / KV", "vllm/least-outstanding: 3 replicas"]),
+            ("disagg", {"prefill": {"replicas": 1}, "decode": {"replicas": 2},
+                        "kv_transfer": {"gb_per_s": 50, "latency_ms": 0.5}},
+             ["prefill pool", "decode wait ms mean / p99", "vllm: 3 replicas", "<td>decode</td>"])):
+        d = tmp_path / name
+        result = run(parse_scenario({"name": name, **base, "cluster": cluster}))
+        write_results(result, d, report=False)
+        page = write_report(d).read_text()
+        fleet = page[page.index("<h2>Fleet</h2>"):page.index("<h2>Figures</h2>")]
+        for text in expect:
+            assert text in fleet, (text, fleet[:2000])
+        reps = pd.read_parquet(d / "replicas.parquet")
+        assert fleet.count("<tr><td>") == len(reps) + reps.policy.nunique()  # a row per replica and per policy
+        snaps = pd.read_parquet(d / "kv_snapshots.parquet")
+        assert snaps.replica.between(0, 2).all()
+        console = Console(width=100, record=True)
+        summary = json.loads((d / "summary.json").read_text())
+        print_summary(summary, name, console)
+        text = console.export_text()
+        for policy in summary["fleet"]:
+            assert f"fleet {policy}: " in text, text

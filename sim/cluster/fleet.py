@@ -248,13 +248,17 @@ def fleet_summary(frame: Columns | pd.DataFrame, engines: list[Engine], requests
 
 
 def merged_steps(per: list[PolicyResult]) -> tuple[Columns, dict | None]:
-    """Every replica's steps (a ``replica`` column), and the snapshot of the replica with the longest queue."""
+    """Every replica's steps (a ``replica`` column), and the snapshot of the replica with the longest queue
+    (its ``replica`` named)."""
     parts = [Columns.of(p.table("steps")) for p in per]
     steps = Columns({**{k: np.concatenate([c[k] for c in parts]) for k in parts[0].data},
                      "replica": np.repeat(np.arange(len(parts), dtype=np.int16), [len(c) for c in parts])},
                     parts[0].categories)
     snaps = [(p.snapshot["num_waiting"], -k, p.snapshot) for k, p in enumerate(per) if p.snapshot is not None]
-    return steps, (max(snaps, key=lambda x: x[:2])[2] if snaps else None)
+    if not snaps:
+        return steps, None
+    waiting, k, snap = max(snaps, key=lambda x: x[:2])
+    return steps, {**snap, "replica": -k}
 
 
 def run_fleet(scenario: Scenario, model, policy: PolicyConfig, router: str, requests, executor,
