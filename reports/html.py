@@ -646,14 +646,23 @@ def default_output(run_dirs: Sequence[Path]) -> Path:
 def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """``sim report``: rebuild a run's report from its saved results, or compare several runs."""
     paths = [Path(p) for p in run_dirs]
-    runs = load_runs(paths)
-    target = Path(out) if out is not None else default_output(paths)
+    if len(paths) == 1 and (paths[0] / "plan.json").is_file():  # a `sim plan` folder: its own page
+        from reports.plan import render as render_plan
+
+        target = Path(out) if out is not None else paths[0] / "report.html"
+        draw, writer = (lambda: render_plan(paths[0])), "plan"  # noqa: E731
+    else:
+        runs = load_runs(paths)
+        target = Path(out) if out is not None else default_output(paths)
+        draw, writer = (lambda: render(runs)), "run"  # noqa: E731
     try:
-        page = render(runs)
+        page = draw()
+    except ResultsError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        # NOTE: the files were read, but are not what sim run/sweep writes (edited, truncated, another version)
-        raise ResultsError(f"{', '.join(map(str, paths))}: the result files are not as sim run writes them; cannot "
-                           f"draw the report ({e.__class__.__name__}: {str(e)[:120]})") from None
+        # NOTE: the files were read, but are not what sim run/sweep/plan writes (edited, truncated, another version)
+        raise ResultsError(f"{', '.join(map(str, paths))}: the result files are not as sim {writer} writes them; "
+                           f"cannot draw the report ({e.__class__.__name__}: {str(e)[:120]})") from None
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
     return target

@@ -31,8 +31,19 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(front)
 
 
-def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:
+WINNER_COLUMNS = [  # best.csv column, head, format (the configuration itself is one column, in words)
+    ("num_passing_shapes", "shapes passing", "{:,.0f}"), ("num_gpus", "GPUs", "{:,.0f}"),
+    ("usd_per_hour", "$ per hour", "${:,.2f}"), ("usd_per_million_tokens", "$ per M tokens", "${:,.3f}"),
+    ("request_throughput", "req/s served", "{:,.3f}"), ("offered_request_rate", "req/s offered", "{:,.3f}"),
+]
+
+
+def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure | None:
+    """Cost against requests served for every configuration that ran at this rate; the Pareto front of
+    those that meet the SLO (its goodput). None when none ran (all inferred by monotonicity)."""
     ran = t[t["ran"] & t["error"].isna()].copy()
+    if ran.empty:
+        return None
     fig = go.Figure()
     for passed, name, color in ((True, "meets the SLO", "#2a9d8f"), (False, "misses it", "#e76f51")):
         part = ran[ran["passed"] == passed]
@@ -43,37 +54,72 @@ def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure:
     front = pareto_front(ran[ran["passed"] == True])  # noqa: E712
     if len(front):
         fig.add_trace(go.Scatter(x=front["usd_per_hour"], y=front["goodput_request_rate"], mode="lines",
-                                 name="Pareto front", line={"color": "#264653", "shape": "hv"}))
-    fig.update_layout(title=f"{rate_col} {rate:g}: cost vs goodput", xaxis_title="$ per hour",
-                      yaxis_title="req/s served (goodput where the SLO is met)", height=420,
-                      template="plotly_white")
+                                 name="Pareto front (goodput)", line={"color": "#264653", "shape": "hv"}))
+    fig.update_layout(title=f"{rate_col} {rate:g}: cost vs requests served", xaxis_title="$ per hour",
+                      yaxis_title="requests per second served", height=420, template="plotly_white")
     return fig
 
 
+def _cell(fmt: str, v) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else html.escape(fmt.format(v))
+
+
+def _winners(best: pd.DataFrame, rate_col: str, slo: list[str]) -> str:
+    """best.csv as a table: the rate, the winning configuration in words, its cost and what it served, the
+    SLO's metrics, and the runner-up."""
+    esc = html.escape
+    cols = [c for c in WINNER_COLUMNS if c[0] in best] + [(m, m.replace("_", " "), "{:,.1f}") for m in slo if m in best]
+    head = (f"<th>{esc(rate_col.replace('_', ' '))}</th><th style='text-align:left'>cheapest configuration</th>"
+            + "".join(f"<th>{esc(h)}</th>" for _, h, _ in cols) + "<th style='text-align:left'>runner-up</th>")
+    rows = []
+    for _, r in best.iterrows():
+        if not bool(r["met"]):
+            rows.append(f"<tr><td>{r[rate_col]:g}</td><td colspan='{len(cols) + 2}'>nothing in the plan meets the SLO"
+                        "</td></tr>")
+            continue
+        rows.append(f"<tr><td>{r[rate_col]:g}</td><td style='text-align:left'>{esc(plan_label(r))}</td>"
+                    + "".join(f"<td>{_cell(fmt, r[c])}</td>" for c, _, fmt in cols)
+                    + f"<td style='text-align:left'>{esc(str(r['runner_up'])) if isinstance(r.get('runner_up'), str) else ''}"
+                    "</td></tr>")
+    return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+
+
 def render(folder: Path) -> str:
+    from plotly.offline import get_plotlyjs
+
+    from reports.html import CSS
+
     try:
         info = json.loads((folder / "plan.json").read_text())
         table = pd.read_parquet(folder / "plan.parquet")
         best = pd.read_csv(folder / "best.csv")
     except (OSError, ValueError) as e:
-        raise ResultsError(f"{folder}: not a plan folder ({e})") from None
+        raise ResultsError(f"{folder}: not a plan folder ({e.__class__.__name__}: {str(e)[:200]})") from None
+    if not isinstance(info, dict) or "rate_column" not in info:
+        raise ResultsError(f"{folder / 'plan.json'}: not written by `sim plan` (no 'rate_column')")
     rate_col = info["rate_column"]
+    slo = [m for m in (info.get("slo_metrics") or []) if m in best] or [
+        c for c in best.columns if c.endswith("_ms") or c.endswith("_s")]
     esc = html.escape
     parts = [f"<h1>{esc(info['name'])}: the cheapest deployment that meets the SLO</h1>",
              f"<p>SLO: {esc(info['slo'])}. Router: {esc(info['router'])}. Replicas {info['replicas'][0]} to "
-             f"{info['replicas'][1]}; {info['num_shapes']} shapes; {info['num_configurations']:,} configurations, "
+             f"{info['replicas'][1]}; {plural(info['num_shapes'], 'shape')}; "
+             f"{plural(info['num_configurations'], 'configuration')}, "
              f"{info['num_runs'] + info['num_reused']:,} simulated ({info['num_runs']:,} now, "
              f"{info['num_reused']:,} reused), the rest inferred by monotonicity; {info['wall_s']:.1f} s "
              f"({esc(info['executor'])}). Prices ($/GPU-hour): "
              + ", ".join(f"{esc(g)} {p:.2f}" for g, p in info["gpus"].items()) + ".</p>",
-             "<h2>Winners</h2>", "<div style='overflow-x:auto'>"
-             + best.to_html(index=False, na_rep="", float_format=lambda v: f"{v:,.3f}", classes="best", border=0)
-             + "</div>"]
-    first = True
-    for rate, t in table.groupby(rate_col, sort=True):
+             "<h2>Winners</h2>", _winners(best, rate_col, slo),
+             "<p class='muted'>Every configuration tried, with its metrics, cost, pass or fail and why it was pruned: "
+             "plan.parquet; the winners: best.csv.</p>"]
+    for i, (rate, t) in enumerate(table.groupby(rate_col, sort=True)):
         parts.append(f"<h2>{esc(rate_col)} {rate:g}</h2>")
-        parts.append(_figure(rate_col, rate, t).to_html(full_html=False, include_plotlyjs=first))
-        first = False
+        fig = _figure(rate_col, rate, t)
+        if fig is None:
+            parts.append("<p class='missing'>Not drawn: no configuration ran at this rate (each was inferred by "
+                         "monotonicity from another rate's runs).</p>")
+        else:
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plan{i}"))
         w = best[best[rate_col] == rate]
         if len(w) and bool(w.iloc[0]["met"]):
             r = w.iloc[0]
@@ -81,10 +127,9 @@ def render(folder: Path) -> str:
                          f"${r['usd_per_hour']:.2f}/h, ${r['usd_per_million_tokens']:.3f} per million tokens.</p>")
         else:
             parts.append("<p>No configuration in the plan meets the SLO at this rate.</p>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table.best{border-collapse:collapse;"
-             "font-size:12px}table.best td,table.best th{padding:2px 6px;border-bottom:1px solid #ddd}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(info['name'])}</title>"
-            f"<style>{style}</style></head><body>" + "\n".join(parts) + "</body></html>")
+            f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+            + "\n".join(parts) + "</body></html>")
 
 
 def write_plan_report(folder: str | Path) -> Path:

@@ -593,7 +593,7 @@ def write_plan(result: PlanResult, out_dir: str | Path, executor_name: str, repo
     result.best.to_csv(paths["best"], index=False)
     p, spec = result.plan, result.plan.spec
     info = {"name": p.name, "description": spec.description, "source": p.source, "kind": "plan",
-            "rate_column": p.rate_column, "rates": p.rate_values, "slo": p.slo_text(),
+            "rate_column": p.rate_column, "rates": p.rate_values, "slo": p.slo_text(), "slo_metrics": list(spec.slo),
             "gpus": {g: spec.price(g) for g in spec.gpus}, "tensor_parallel": spec.tensor_parallel,
             "replicas": [spec.replicas.min, spec.replicas.max], "router": spec.router, "split": spec.split,
             "prefill_decode": [f"{a}:{b}" for a, b in spec.ratios] if p.disaggregated else None,

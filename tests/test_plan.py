@@ -136,6 +136,32 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     assert list(zip(best["gpu"], best["replicas"])) == [("a100-40gb", 2), ("h100", 1)]
     page = (out / "report.html").read_text()
     assert "Pareto front" in page and "Winner:" in page and "plotly" in page
+    winners = page[page.index("<h2>Winners</h2>"):page.index("</table>")]
+    for head in ("cheapest configuration", "$ per hour", "$ per M tokens", "runner-up"):
+        assert head in winners
+    assert "point_key" not in winners and "usd_per_hour" not in winners  # (the raw best.csv header)
+    assert " 1 shapes" not in page
+    # `sim report` rebuilds the page from the folder, as it does a run's
+    (out / "report.html").unlink()
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Winner:" in (out / "report.html").read_text()
+
+
+def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searched, tmp_path):
+    """Every configuration at a rate inferred by monotonicity: no run, so no figure (it drew empty axes)."""
+    from reports.plan import render
+
+    _, out, _ = searched
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in ("plan.json", "best.csv"):
+        (d / f).write_text((out / f).read_text())
+    table = pd.read_parquet(out / "plan.parquet")
+    table.loc[table["rate"] == table["rate"].max(), "ran"] = False
+    table.to_parquet(d / "plan.parquet")
+    page = render(d)
+    assert page.count("Not drawn: no configuration ran at this rate") == 1
 
 
 @pytest.mark.parametrize("replace, message", [
