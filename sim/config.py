@@ -914,8 +914,32 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     return data, lines
 
 
+# top-level keys that only a plan or a sweep file has (each has ``base:``; a scenario has none)
+_KIND_KEYS = {"plan": ("gpus", "replicas", "rates", "rate_scales", "prices", "split", "prefill_decode"),
+              "sweep": ("axes", "zip", "capacity")}
+_KIND_COMMAND = {"scenario": "sim run", "sweep": "sim sweep", "plan": "sim plan"}
+
+
+def file_kind(data: Any) -> str | None:
+    """What a user's YAML file is, by its top-level keys: ``plan``, ``sweep`` or ``scenario``; None when it
+    cannot tell (a ``base:`` and nothing else that a plan or sweep has)."""
+    if not isinstance(data, dict) or "base" not in data:
+        return "scenario"
+    return next((kind for kind, keys in _KIND_KEYS.items() if any(k in data for k in keys)), None)
+
+
+def check_kind(data: Any, path: str | Path, expected: str) -> None:
+    """One clear error for a file of another kind (a plan given to ``sim run``), instead of one per key."""
+    kind = file_kind(data)
+    if kind is not None and kind != expected:
+        keys = ", ".join(f"{k}:" for k in list(data)[:5])
+        raise ScenarioError(f"{path}: a {kind} file ({keys} ...), not a {expected} file: run it with "
+                            f"`{_KIND_COMMAND[kind]} {path}`")
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; every problem raises :class:`ScenarioError` naming file and key."""
     path = Path(path)
     data, lines = read_yaml(path)
+    check_kind(data, path, "scenario")
     return parse_scenario(data, str(path), lines, base_dir=str(path.parent))

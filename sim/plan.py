@@ -48,8 +48,8 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, Real, Scenario, ScenarioError, Strict,
-                        _known_link, _number, check_unique_names, format_validation_error, parse_scenario, read_yaml,
-                        validate_mapping)
+                        _known_link, _number, check_kind, check_unique_names, format_validation_error, parse_scenario,
+                        read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, write_result_table
@@ -317,6 +317,7 @@ def load_plan(path: str | Path) -> Plan:
     :class:`ScenarioError` naming the file, the line and the key."""
     path = Path(path)
     data, lines = read_yaml(path, "plan")
+    check_kind(data, path, "plan")
     source = str(path)
     spec = validate_mapping(PlanFile, data, source, lines,
                             keys="plan keys (base, rates or rate_scales, slo, gpus, replicas, ...)")

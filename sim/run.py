@@ -336,7 +336,22 @@ def resolve_all(scenario: Scenario, model: ModelSpec, gpu: GpuSpec) -> list[tupl
 
 
 def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = None) -> list[str]:
-    """``sim check``: validate everything a run would need, without simulating."""
+    """``sim check``: validate everything a run would need, without simulating (a sweep or plan file: every
+    point or configuration, as ``sim sweep`` and ``sim plan`` do before they run)."""
+    from sim.config import file_kind, read_yaml
+
+    kind = file_kind(read_yaml(Path(scenario_path))[0])
+    if kind == "sweep":
+        from sim.sweep.spec import load_sweep
+
+        sweep = load_sweep(scenario_path)
+        return [f"{scenario_path}: ok (a sweep: {plural(len(sweep.points), 'point')})"]
+    if kind == "plan":
+        from sim.plan import load_plan
+
+        plan = load_plan(scenario_path)
+        return [f"{scenario_path}: ok (a plan: {plural(len(plan.shapes), 'shape')}, "
+                f"{plural(len(plan.rate_values), 'rate')})"]
     scenario = load_scenario(scenario_path)
     try:
         return _check(scenario, scenario_path, read_trace)

@@ -104,3 +104,21 @@ def test_help_texts_print_brackets_as_written():
     """Typer reads help text as rich markup: `pip install 'kvsim[native]'` printed as 'kvsim'."""
     r = runner.invoke(app, ["compile", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "kvsim[native]" in r.output, r.output
+
+
+def test_a_file_of_another_kind_gets_one_line_naming_the_command(tmp_path):
+    """A plan given to `sim run`, a scenario to `sim plan`, a plan to `sim sweep`: one error naming the file's
+    kind and the command that runs it (each printed about ten key errors); `sim check` checks all three."""
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    plan, sweep, scenario = (root / "cluster/plan-azure.yaml", root / "vllm-paper/opt-13b-sharegpt.sweep.yaml",
+                             root / "quickstart.yaml")
+    for args, kind, command in ((["run", str(plan)], "a plan file", "sim plan"),
+                                (["plan", str(scenario)], "a scenario file", "sim run"),
+                                (["sweep", str(plan)], "a plan file", "sim plan"),
+                                (["run", str(sweep)], "a sweep file", "sim sweep")):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, r.output
+        lines = [x for x in r.output.splitlines() if x.startswith("error:")]
+        assert len(lines) == 1 and kind in lines[0] and f"`{command} {args[1]}`" in r.output.replace("\n", ""), r.output
+    r = CliRunner().invoke(app, ["check", str(sweep)])
+    assert r.exit_code == 0 and "ok (a sweep: " in r.output, r.output

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sim.config import (PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
-                        read_yaml, validate_mapping)
+                        check_kind, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
 RATE_AXIS = "workload.arrival.rate"
@@ -375,6 +375,7 @@ def load_sweep(path: str | Path) -> Sweep:
     naming the file, the line and the key."""
     path = Path(path)
     data, lines = read_yaml(path, "sweep")
+    check_kind(data, path, "sweep")
     source = str(path)
     spec = validate_mapping(SweepFile, data, source, lines, keys="sweep keys (base, axes, zip, capacity)")
     base, base_lines, base_source, base_dir = read_base(path, spec.base, lines)
