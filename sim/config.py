@@ -523,6 +523,9 @@ class RouterOptions(Strict):
     seed: Seed = Field(0, description="random and power-of-two: the router's random stream")
 
 
+ROUTER_OPTION_USERS = {"load_cap": ("prefix-affinity",), "seed": ("random", "power-of-two")}
+
+
 def _replicas(v: Any) -> Any:
     if isinstance(v, int) and not isinstance(v, bool) and v < 1:
         raise ValueError("a fleet needs at least one replica")
@@ -538,6 +541,9 @@ def _routers(v: Any) -> Any:
                              f"{', '.join(ROUTERS)}")
     if isinstance(v, list) and not v:
         raise ValueError("give at least one router")
+    if isinstance(v, list) and len(set(map(str, v))) < len(v):
+        twice = next(str(x) for i, x in enumerate(v) if str(x) in map(str, v[:i]))
+        raise ValueError(f"router {twice!r} is listed twice (each router runs the policies once)")
     return v
 
 
@@ -588,6 +594,11 @@ class ClusterConfig(Strict):
 
     @model_validator(mode="after")
     def _split(self) -> "ClusterConfig":
+        for option, users in ROUTER_OPTION_USERS.items():  # (a dump writes the defaults out: those pass)
+            if getattr(self.router_options, option) != RouterOptions.model_fields[option].default and not (
+                    set(users) & set(self.routers)):
+                raise ValueError(f"router_options.{option} applies to {' and '.join(users)} only; the router here is "
+                                 f"{', '.join(self.routers)}: drop it, or choose a router that reads it")
         total = (self.prefill.replicas + self.decode.replicas if self.prefill is not None and self.decode is not None
                  else sum(g.count for g in self.groups))
         if total > MAX_REPLICAS:
@@ -624,7 +635,7 @@ class ClusterConfig(Strict):
 
     @property
     def routers(self) -> list[str]:
-        return [self.router] if isinstance(self.router, str) else list(dict.fromkeys(self.router))
+        return [self.router] if isinstance(self.router, str) else list(self.router)
 
     @property
     def groups(self) -> list[ReplicaGroup]:

@@ -347,6 +347,21 @@ def load_plan(path: str | Path) -> Plan:
             if hasattr(e, "errors"):
                 raise ScenarioError(format_validation_error(_Under("base", e), source, lines)) from None
             raise
+    # what the plan leaves out, the base gives (its policies, tensor parallelism, router: they ran as the plan's
+    # defaults, vllm at TP 1 behind least-outstanding, whatever the base said); what both give, the plan does
+    given, inherit = spec.model_fields_set, {}
+    if "policies" not in given and isinstance(base.get("policies"), list) and base["policies"]:
+        inherit["policies"] = list(base["policies"])
+    if "tensor_parallel" not in given and base.get("tensor_parallel") is not None:
+        inherit["tensor_parallel"] = [int(base["tensor_parallel"])]
+    router = cluster.get("router") if isinstance(cluster, dict) else None
+    if "router" not in given and router is not None:
+        if not isinstance(router, str):
+            raise ScenarioError(f"{base_source}: {at}cluster.router: a plan runs one router; give it as the plan's "
+                                "router:")
+        inherit["router"] = router
+    if inherit:
+        spec = spec.model_copy(update=inherit)
     workload = base.get("workload")
     recorded = isinstance(workload, dict) and workload.get("kind") in ("trace", "table")  # its own arrival times
     if spec.rates is not None and recorded:

@@ -287,6 +287,12 @@ def test_every_request_is_accounted_for_once(n_rep, router, rate, seed, exact):
     ({"prefill": {"replicas": 1000}, "decode": {"replicas": 100}, "kv_transfer": "nvlink"},
      "cluster: 1100 replicas in all: at most 1024"),
     ({"replicas": [{"count": 0}]}, "cluster.replicas[0].count: Input should be greater than 0 (got 0)"),
+    # options a router does not read, and a router twice, were silently ignored or collapsed
+    ({"replicas": 2, "router": "least-outstanding", "router_options": {"load_cap": 1.5}},
+     "router_options.load_cap applies to prefix-affinity only; the router here is least-outstanding"),
+    ({"replicas": 2, "router_options": {"seed": 3}},
+     "router_options.seed applies to random and power-of-two only; the router here is round-robin"),
+    ({"replicas": 2, "router": ["round-robin", "round-robin"]}, "router 'round-robin' is listed twice"),
 ])
 def test_bad_cluster_input_is_a_clear_error(cluster, message):
     with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")

@@ -186,6 +186,8 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: 24.5, request_throughput: {min: 8}}"},
      "slo: request_throughput: min 8: the plan's search assumes a configuration that fails at a rate fails above it"),
     ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: {min: 100, max: 10}}"}, "min 100 is above max 10"),
+    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: -5}"}, "mean_tpot_ms: at most -5 can never be met"),
+    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: 0}"}, "mean_tpot_ms: at most 0 can never be met"),
     ({"    seed: 1": "    seed: 1\n  cluster: {prefill: {replicas: 1, gpu: l4}, decode: {replicas: 1},"
                     " kv_transfer: nvlink}"},
      "base.cluster.prefill: the plan sets every configuration's replicas and pools"),
@@ -267,3 +269,25 @@ def test_max_length_rejections_are_held_against_no_deployment(tmp_path):
     # requests left at a horizon are not held against one (those arriving after it, or still running, count too)
     assert plan.met({**ok, "num_unfinished": 3})
 
+
+
+def test_what_the_plan_leaves_out_the_base_gives(tmp_path):
+    """The base's policies, tensor parallelism and router ran as the plan's defaults (vllm, TP 1,
+    least-outstanding) with no notice; the plan's own keys still win where both give them."""
+    from sim.plan import load_plan
+
+    base = ("base: {model: llama-3-8b, tensor_parallel: 2, policies: [orca-oracle], cluster: {router: random},\n"
+            "       workload: {arrival: {kind: poisson, rate: 2}, lengths: sharegpt, num_requests: 20, seed: 1}}\n"
+            "rates: [2]\nslo: {p99_ttft_ms: 5000}\ngpus: [h100]\nreplicas: {min: 1, max: 2}\n")
+    p = tmp_path / "p.yaml"
+    p.write_text(base)
+    plan = load_plan(p)
+    assert [(s.tensor_parallel, s.policy_name) for s in plan.shapes] == [(2, "orca-oracle")]
+    assert plan.spec.router == "random"
+    p.write_text(base + "tensor_parallel: [1]\npolicies: [vllm]\nrouter: least-kv\n")
+    plan = load_plan(p)
+    assert [(s.tensor_parallel, s.policy_name) for s in plan.shapes] == [(1, "vllm")]
+    assert plan.spec.router == "least-kv"
+    p.write_text(base.replace("router: random", "router: [random, least-kv]"))
+    with pytest.raises(ScenarioError, match=r"base.cluster.router: a plan runs one router"):
+        load_plan(p)

@@ -41,6 +41,11 @@ def known_slo_metrics(slo: dict) -> dict:
             hint = difflib.get_close_matches(metric, names, 1)
             raise ValueError(f"unknown metric {metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else
                              f"; expected a summary metric such as {', '.join(names[8:14])}"))
+        top = getattr(slo[metric], "max", None)
+        # every summary metric is >= 0, and a time > 0: such a bound fails every run, whatever it serves
+        if top is not None and (top < 0 or (top == 0 and metric.endswith(("_ms", "_s")))):
+            raise ValueError(f"{metric}: at most {top:g} can never be met (it is never "
+                             f"{'negative' if top < 0 else '0'}); expected a bound above 0")
     return slo
 
 
@@ -284,7 +289,13 @@ class Sweep:
             axis = by_column[column]
             apply_axis(data, axis.target, value, f"{self.source}: {axis.key}")
         where = f"{self.source}: point " + ", ".join(f"{c}={_display(v)}" for c, v in values.items())
-        return parse_scenario(data, where, base_dir=self.base_dir)
+        scenario = parse_scenario(data, where, base_dir=self.base_dir)
+        if scenario.cluster is not None and len(scenario.cluster.routers) > 1:
+            # (a list runs each router as its own policy, named policy/router: a point's task runs one policy)
+            raise ScenarioError(f"{where}: cluster.router: a sweep point runs one router, not "
+                                f"{', '.join(scenario.cluster.routers)}; sweep them as an axis "
+                                "(axes: {cluster.router: [...]})")
+        return scenario
 
 
 def _line_of(lines: dict, *path: Any) -> str:
@@ -310,7 +321,11 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
         for other_target, other_key in seen.items():
             n = min(len(target), len(other_target))
             whole_list = n == 1 and target[0] == "policies"  # which policies run, and a field of them: fine
-            if target[:n] == other_target[:n] and not whole_list:
+            # ("policies", "*", f): that field of every policy, so also of each named one (block_size and
+            # policies.vllm.block_size: the later one silently won)
+            same = all(a == b or (i == 1 and target[0] == "policies" and "*" in (a, b))
+                       for i, (a, b) in enumerate(zip(target[:n], other_target[:n])))
+            if same and not whole_list:
                 raise ScenarioError(f"{where}: sets the same field as {other_key}")
         seen[target] = key
         column = "seed" if target == ("workload", "seed") else path
