@@ -3,6 +3,7 @@ path that cannot be written is one clear error (naming it and why), not a traceb
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -167,6 +168,12 @@ def write_result_table(df, path: str | Path) -> None:
 
     from sim.schema import RESULT_COLUMN_TYPES
 
+    for c in df.columns:  # a swept field whose values mix kinds (a count, a list of groups): all as JSON text
+        if df[c].dtype == object and c not in RESULT_COLUMN_TYPES:
+            kinds = {type(v) for v in df[c] if v is not None and v == v}
+            if len(kinds) > 1:
+                df = df.assign(**{c: [v if v is None or v != v or isinstance(v, str)
+                                      else json.dumps(v.item() if hasattr(v, "item") else v) for v in df[c]]})
     schema = pa.Schema.from_pandas(df, preserve_index=False)
     for i, name in enumerate(schema.names):
         declared = RESULT_COLUMN_TYPES.get(name)

@@ -472,3 +472,13 @@ def test_result_tables_have_one_schema_whatever_their_rows_hold(tmp_path):
     assert both.num_rows == 3
     joined = pd.concat([pd.read_parquet(tmp_path / d / "sweep.parquet") for d in "ab"])
     assert joined["prefix_hit_rate_tokens"].dtype == np.float64
+
+
+def test_an_axis_mixing_a_count_and_replica_groups_is_written_as_text(tmp_path):
+    """`cluster.replicas: [3, [{gpu: h100, count: 1}]]`: every run finished, then writing sweep.parquet
+    failed (Arrow cannot hold an int and a string in one column); such a column is written as JSON text."""
+    f = sweep_file(tmp_path, "axes: {cluster.replicas: [3, [{gpu: a100-40gb, count: 2}]]}\n",
+                   base=base_yaml("[vllm]", num_requests=12), name="m.yaml")
+    sweep_to_dir(f, tmp_path / "m", workers=1)
+    table = pd.read_parquet(tmp_path / "m" / "sweep.parquet")
+    assert table["cluster.replicas"].tolist() == ["3", '[{"count": 2, "gpu": "a100-40gb"}]']
