@@ -47,8 +47,8 @@ import pandas as pd
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
-from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, Real, Scenario, ScenarioError, Strict,
-                        _known_link, _number, check_kind, check_unique_names, format_validation_error, parse_scenario,
+from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
+                        Strict, _known_link, _number, check_kind, check_unique_names, format_validation_error, parse_scenario,
                         read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
@@ -59,6 +59,7 @@ from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, k
                              read_base)
 from sim.sweep.tables import _metric_row
 from sim.sweep.tasks import make_task
+from sim.steptime import load_profile
 from sim.workload import TraceReader, load_requests
 
 PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", "plan.json"
@@ -413,6 +414,13 @@ def load_plan(path: str | Path) -> Plan:
         except ScenarioError as e:
             raise ScenarioError(f"{source}{_line_of(lines, key)}: {key}: {r:g}: {str(e).split(': ', 1)[-1]}") from None
     model = probe_scenario.model_spec()
+    st = probe_scenario.step_time
+    if isinstance(st, ProfileConfig):  # a calibration profile prices one GPU's steps: not the other GPUs'
+        for gpu in spec.gpus:
+            try:
+                load_profile(probe_scenario.resolve_path(st.path), model, gpu)
+            except ScenarioError as e:
+                raise ScenarioError(f"{source}{_line_of(lines, 'gpus')}: gpus: {gpu}: {e}") from None
     for tp in spec.tensor_parallel:
         try:
             check_tensor_parallel(model, tp)

@@ -36,6 +36,7 @@ closed form.
 from __future__ import annotations
 
 import math
+import re
 from bisect import bisect_left
 from itertools import accumulate
 from pathlib import Path
@@ -515,8 +516,20 @@ def profile_model(model: ModelSpec) -> dict:
     return {"name": model.name, **{k: getattr(model, k) for k in PROFILE_MODEL_KEYS}}
 
 
-def load_profile(path: str | Path, model: ModelSpec | None = None) -> dict:
-    """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape."""
+def measured_gpu(device: str) -> str | None:
+    """The catalog GPU a profile's ``provenance.device`` names (``torch.cuda.get_device_name``: "NVIDIA
+    A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"): the one whose name's parts are all words of it; None when
+    none is (a CPU, a test device, an unlisted GPU)."""
+    from sim.catalog import GPUS
+
+    words = set(re.split(r"[^a-z0-9]+", device.lower()))
+    found = [g for g in GPUS if set(g.split("-")) <= words]
+    return found[0] if len(found) == 1 else None
+
+
+def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None) -> dict:
+    """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape, and
+    when ``gpu`` (a catalog name) is, the profile must not have been measured on another catalog GPU."""
     path = Path(path)
     prof = read_json(path, "step-time profile", ScenarioError, " (write one with sim calibrate)")
     if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
@@ -552,6 +565,11 @@ def load_profile(path: str | Path, model: ModelSpec | None = None) -> dict:
             shown = ", ".join(f"{k} {got.get(k)} vs {want[k]}" for k in diff)
             raise ScenarioError(f"{path}: profiled model {got.get('name')!r} is not the scenario's {model.name!r} "
                                 f"({shown}); calibrate this model")
+    device = (prof.get("provenance") or {}).get("device") if isinstance(prof.get("provenance"), dict) else None
+    on = measured_gpu(device) if isinstance(device, str) else None
+    if gpu is not None and on is not None and on != gpu:
+        raise ScenarioError(f"{path}: measured on {device!r} ({on}), and this run's GPU is {gpu}: its step times "
+                            f"are {on}'s; calibrate on {gpu}, or use the roofline (step_time: {{kind: roofline}})")
     return prof
 
 

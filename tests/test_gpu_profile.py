@@ -117,3 +117,32 @@ def test_profile_kind_in_scenario_files(tmp_path, make_scenario):
         make_scenario(step_time={"kind": "profile"})
     with pytest.raises(ScenarioError, match="no such step-time profile"):
         run(s)
+
+
+def test_a_profile_measured_on_another_gpu_is_refused(tmp_path):
+    """A profile prices its own GPU's steps: an H100's applied to an L4 replica (or a plan's L4) gave the L4
+    the H100's step times, and a plan picked the L4 for it. A device the catalog cannot name (a CPU, a test
+    device) is not checked."""
+    import yaml
+
+    from sim.plan import load_plan
+    from sim.run import check_scenario
+    from sim.steptime import measured_gpu
+
+    assert [measured_gpu(d) for d in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe",
+                                      "NVIDIA L40S", "test")] == ["h100", "a100-40gb", "a100-80gb", None, None]
+    write_profile(tmp_path / "p.json", model="llama-3-8b", provenance={"device": "NVIDIA H100 80GB HBM3"})
+    base = {"model": "llama-3-8b", "step_time": {"kind": "profile", "path": "p.json"},
+            "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "alpaca", "num_requests": 10}}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump({"name": "ok", "gpu": "h100", "policies": ["vllm"], **base}))
+    check_scenario(tmp_path / "ok.yaml")
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump({
+        "name": "fleet", "gpu": "h100", "policies": ["vllm"], **base,
+        "cluster": {"replicas": [{"gpu": "h100", "count": 1}, {"gpu": "l4", "count": 1}]}}))
+    with pytest.raises(ScenarioError, match=r"measured on 'NVIDIA H100 80GB HBM3' \(h100\), and this run's GPU is l4"):
+        check_scenario(tmp_path / "fleet.yaml")
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump({
+        "base": base, "rates": [2.0], "slo": {"p99_ttft_ms": 5000}, "gpus": ["h100", "l4"], "prices": {"l4": 1.0},
+        "replicas": {"min": 1, "max": 2}}))
+    with pytest.raises(ScenarioError, match=r"gpus: l4: .*measured on 'NVIDIA H100 80GB HBM3'"):
+        load_plan(tmp_path / "plan.yaml")
