@@ -69,16 +69,17 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
         kinds = sorted({g.kind for g in layout.groups})
         groups = (f"{model.name} has {len(layout.groups)} KV groups ({', '.join(kinds)})" if len(layout.groups) > 1
                   else f"{model.name}'s one KV group is {kinds[0]}")
+        # (Mamba layers have no full-attention form: hybrid_allocator: false is no way out for them)
+        unhybrid = "" if "mamba" in kinds else "set hybrid_allocator: false or "
         if width > 1:
             raise ScenarioError(f"{where}: parallel sampling and beam search are not simulated with sliding-window, "
-                                f"chunked or Mamba KV groups yet ({groups}); set hybrid_allocator: false "
-                                f"or drop sampling")
+                                f"chunked or Mamba KV groups yet ({groups}); {unhybrid}drop sampling")
         if policy.prefix_caching and any(g.kind == "mamba" for g in layout.groups):
             raise ScenarioError(f"{where}: prefix_caching: {model.name} has Mamba layers, whose state is not cached "
                                 f"by prefix (only its attention groups could be); set prefix_caching: false")
         if policy.kv_offload is not None:
             raise ScenarioError(f"{where}: kv_offload (a CPU tier) is not simulated with sliding-window, chunked or "
-                                f"Mamba KV groups yet ({groups}); set hybrid_allocator: false or drop it")
+                                f"Mamba KV groups yet ({groups}); {unhybrid}drop it")
     try:
         pool = kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
                        block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,

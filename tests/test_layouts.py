@@ -822,3 +822,27 @@ def test_spans_wait_for_a_window_to_free_what_admits_a_waiting_request():
     exact = run(s.model_copy(update={"exact": True})).policies["p"].requests
     assert np.allclose(fast.first_scheduled_s, exact.first_scheduled_s, rtol=0, atol=1e-9)
     assert np.allclose(fast.finish_s, exact.finish_s, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("model, extra, says, not_says", [
+    ("jamba-v0.1", {"sampling": {"kind": "parallel", "n": 2}}, "drop sampling", "hybrid_allocator"),
+    ("gemma-3-27b", {"sampling": {"kind": "parallel", "n": 2}}, "set hybrid_allocator: false or drop sampling", None),
+    ("jamba-v0.1", {"cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "nvlink"}},
+     "its Mamba layers have no other form: run it colocated", "hybrid_allocator"),
+    ("gemma-3-27b", {"cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": "nvlink"}},
+     "(set hybrid_allocator: false)", None),
+])
+def test_what_several_kv_groups_cannot_do_says_a_way_out_that_exists(tmp_path, model, extra, says, not_says):
+    """A Mamba model was told to set hybrid_allocator: false, itself an error for Mamba layers."""
+    import yaml
+
+    from sim.config import ScenarioError
+    from sim.run import check_scenario
+
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "s", "model": model, "gpu": "h100", "tensor_parallel": 2, "policies": ["vllm"],
+                                 "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "alpaca",
+                                              "num_requests": 5}, **extra}))
+    with pytest.raises(ScenarioError) as e:
+        check_scenario(p)
+    assert says in str(e.value) and (not_says is None or not_says not in str(e.value)), str(e.value)

@@ -89,8 +89,10 @@ def pool_policy(name: str, sc: Scenario, model, policy: PolicyConfig):
         raise ScenarioError(f"{where}: policy {policy.name}: static batching is not simulated with prefill/decode "
                             f"disaggregation (use continuous batching)")
     if r.layout is not None and not r.layout.single:
+        fix = ("its Mamba layers have no other form: run it colocated" if any(g.kind == "mamba" for g in r.layout.groups)
+               else "set hybrid_allocator: false")
         raise ScenarioError(f"{where}: policy {policy.name}: {model.name}'s several KV groups are not simulated with "
-                            f"prefill/decode disaggregation (set hybrid_allocator: false)")
+                            f"prefill/decode disaggregation ({fix})")
     return r
 
 
