@@ -95,7 +95,8 @@ def check(scenario: Path = typer.Argument(..., help="scenario YAML file")) -> No
 
 @app.command()
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="result folders written by `sim run` or `sim sweep` (several: compared), or one by `sim plan`"),
+    run_dirs: list[Path] = typer.Argument(..., help="result folders written by `sim run` or `sim sweep` (several: "
+                                          "compared), or one by `sim plan`"),
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/report.html; "
                                             "several folders: compare-<names>.html beside the first)"),
 ) -> None:

@@ -148,7 +148,8 @@ def fleet_facts(fleet: dict) -> list[tuple[str, str]]:
     if fleet.get("prefix_hit_rate_tokens") is not None:
         out.append(("prefix hit rate", _pct(fleet["prefix_hit_rate_tokens"])))
     if "num_prefix_affine" in fleet:
-        out.append(("followed prefix / load-capped", f"{fleet['num_prefix_affine']:,} / {fleet.get('num_load_capped', 0):,}"))
+        out.append(("followed prefix / load-capped",
+                    f"{fleet['num_prefix_affine']:,} / {fleet.get('num_load_capped', 0):,}"))
     return out
 
 

@@ -79,8 +79,8 @@ def _winners(best: pd.DataFrame, rate_col: str, slo: list[str]) -> str:
             continue
         rows.append(f"<tr><td>{r[rate_col]:g}</td><td style='text-align:left'>{esc(plan_label(r))}</td>"
                     + "".join(f"<td>{_cell(fmt, r[c])}</td>" for c, _, fmt in cols)
-                    + f"<td style='text-align:left'>{esc(str(r['runner_up'])) if isinstance(r.get('runner_up'), str) else ''}"
-                    "</td></tr>")
+                    + "<td style='text-align:left'>"
+                    + (esc(r["runner_up"]) if isinstance(r.get("runner_up"), str) else "") + "</td></tr>")
     return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
 
 

@@ -566,7 +566,8 @@ class KvTransferConfig(Strict):
     """A KV-transfer link given by its figures: one direction, decimal GB/s per GPU (each GPU has its own
     link); how long a transfer takes, with tensor parallelism on either side, is ``sim/cluster/disagg.py``'s."""
 
-    gb_per_s: PosFloat
+    # (at 1e-12 GB/s a transfer took 10^14 s; 0.001 GB/s, a megabyte a second, is below any real link)
+    gb_per_s: Annotated[float, BeforeValidator(_number), Field(ge=1e-3, le=1e6)]
     latency_ms: Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)] = 0.0
 
 

@@ -48,8 +48,8 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
-                        Strict, _known_link, _number, check_kind, check_unique_names, format_validation_error, parse_scenario,
-                        read_yaml, validate_mapping)
+                        Strict, _known_link, _number, _routers, check_kind, check_unique_names, format_validation_error,
+                        parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, write_result_table
@@ -163,12 +163,19 @@ class PlanFile(Strict):
                 raise ValueError(f"gpu {g!r} has no price in the catalog: give prices: {{{g}: <$/GPU-hour>}}")
         return prices
 
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, v: str) -> str:
+        return _routers(v)  # (by the plan's own line: it was found in a generated point's scenario)
+
     @field_validator("rates", "rate_scales")
     @classmethod
     def _positive(cls, v: list[float] | None) -> list[float] | None:
         if v is not None and any(x <= 0 for x in v):
             raise ValueError(f"every value must be above 0 (got {v})")
-        return None if v is None else sorted(set(v))
+        if v is not None and len(set(v)) < len(v):
+            raise ValueError(f"a value is listed twice (got {v})")
+        return None if v is None else sorted(v)
 
     @field_validator("tensor_parallel", "max_num_seqs", "block_size")
     @classmethod

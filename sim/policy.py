@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.catalog import GIB, GpuSpec, ModelSpec
+from sim.catalog import GIB, GPUS, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.hybrid import HybridContiguousKv, HybridPagedKv
 from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FifoBlockPool, FirstFitAllocator, KvManager,
@@ -98,8 +98,9 @@ def policy_layout(where: str, model: ModelSpec, gpu: GpuSpec, policy: PolicyConf
     """The policy's KV layout (``sim/layouts.py``); None for a classic model at its own dtype (as before)."""
     fp8 = policy.kv_cache_dtype == "fp8"
     if fp8 and not gpu.fp8:
+        has = "none in the catalog" if gpu.name in GPUS else "none (an inline gpu gets it with fp8: true)"
         raise ScenarioError(f"{where}: policy {policy.name}: kv_cache_dtype: fp8 needs a GPU with fp8 support; "
-                            f"{gpu.name} has none in the catalog (use kv_cache_dtype: auto)")
+                            f"{gpu.name} has {has} (use kv_cache_dtype: auto)")
     if not model.modern and not fp8:
         return None
     try:

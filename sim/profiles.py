@@ -167,10 +167,9 @@ def read_profiles(root: str | Path) -> ProfileSet:
     out.network = [read_network_profile(p) for p in sorted(root.glob("network/*/all_reduce.csv"))]
     if not out.compute and not out.network:
         # a parent of the layout (``../shared/profiles`` holds ``vidur/``): name the folders that hold it
-        below = sorted({str(p.parents[up]) for pat, up in (("*/compute/*/*/*/mlp.csv", 4), ("*/*/compute/*/*/*/mlp.csv", 4),
-                                                           ("*/network/*/all_reduce.csv", 2),
-                                                           ("*/*/network/*/all_reduce.csv", 2))
-                        for p in root.glob(pat)})
+        found = (("*/compute/*/*/*/mlp.csv", 4), ("*/*/compute/*/*/*/mlp.csv", 4), ("*/network/*/all_reduce.csv", 2),
+                 ("*/*/network/*/all_reduce.csv", 2))  # (pattern, the layout's root: that many folders up)
+        below = sorted({str(p.parents[up]) for pat, up in found for p in root.glob(pat)})
         raise ProfileError(f"{root}: no compute/<gpu>/<org>/<model>/mlp.csv or network/<topology>/all_reduce.csv "
                            f"files found" + (f"; Vidur's layout is in {' and '.join(below)}: pass that folder"
                                              if below else ""))

@@ -258,6 +258,9 @@ cluster:
     ({"replicas": 4, "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": LINK}, "not both"),
     ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}}, "need kv_transfer"),
     ({"replicas": 2, "kv_transfer": "nvlink"}, "kv_transfer is the link between"),
+    # (1e-12 GB/s was taken: a time to first token of 10^14 s)
+    ({"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kv_transfer": {"gb_per_s": 1e-12}},
+     r"kv_transfer\.gb_per_s: Input should be greater than or equal to 0\.001"),
 ])
 def test_bad_cluster_is_a_clear_error(cluster, message):
     with pytest.raises(ScenarioError, match=message):

@@ -2,6 +2,7 @@
 (hypothesis), capacity by hand, bad input, and exact-vs-fast equivalence with window freeing, MLA and Mamba."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -284,8 +285,12 @@ def test_fp8_kv_on_a_gpu_without_fp8_names_the_key():
     s = parse_scenario({"name": "t", "model": "llama-3-8b", "gpu": "a100-80gb", "policies": [
         {"preset": "vllm", "kv_cache_dtype": "fp8"}], "workload": {"arrival": {"kind": "poisson", "rate": 1},
                                                                    "lengths": "sharegpt", "num_requests": 5}})
-    with pytest.raises(ScenarioError, match="kv_cache_dtype: fp8 needs a GPU with fp8 support; a100-80gb"):
+    with pytest.raises(ScenarioError, match="kv_cache_dtype: fp8 needs a GPU with fp8 support; a100-80gb has none "
+                                            "in the catalog"):
         resolve_policy(s, s.model_spec(), s.gpu_spec(), s.policies[0])
+    inline = replace(s.gpu_spec(), name="mine")  # an inline gpu: {name: mine, ...}, fp8 not given
+    with pytest.raises(ScenarioError, match=r"mine has none \(an inline gpu gets it with fp8: true\)"):
+        resolve_policy(s, s.model_spec(), inline, s.policies[0])
 
 
 # ------------------------------------------------------------------------------------------ allocators (hypothesis)

@@ -196,6 +196,9 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
      "122,880 configurations (shapes x replica counts x rates): at most 100,000"),
     ({"policies: [vllm]": "kv_transfer: nvlink"}, "kv_transfer and prefill_decode apply to split: disaggregated"),
     ({"rates: [4, 16]": "rate_scales: [1]\nrates: [2]"}, "give one of 'rates'"),
+    ({"rates: [4, 16]": "rates: [4, 4, 16]"}, "rates: a value is listed twice"),
+    ({"policies: [vllm]": "policies: [vllm]\nrouter: least-outstandin"},
+     "router: unknown router 'least-outstandin'; did you mean 'least-outstanding'"),
     ({"policies: [vllm]": "policies: [vllm, orca-maxx]"}, "orca-maxx"),
     # the plan's policies by the plan's lines and keys (they read "base.policies[0]", "base: policy names ...")
     ({"policies: [vllm]": "policies: [{preset: vllm, blok_size: 32}]"},

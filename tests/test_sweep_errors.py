@@ -64,8 +64,9 @@ BAD_INPUT = {
     "capacity axis zipped with another": ("zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n" + CAP + "}\n",
                                           "capacity.axis: workload.arrival.rate is zipped with other axes"),
     "unknown sweep key": ("axis:\n  seed: [0, 1]\n", ":8: axis: unknown key"),
-    "a field of every policy and of a named one": ("axes:\n  policies.vllm.block_size: [8, 16]\n  block_size: [32]\n",
-                                                   "axes.block_size: sets the same field as axes.policies.vllm.block_size"),
+    "a field of every policy and of a named one": (
+        "axes:\n  policies.vllm.block_size: [8, 16]\n  block_size: [32]\n",
+        "axes.block_size: sets the same field as axes.policies.vllm.block_size"),
     "several routers in one point": ("axes:\n  cluster.router: [round-robin, [least-kv, random]]\n",
                                      "cluster.router: a sweep point runs one router, not least-kv, random; sweep them "
                                      "as an axis"),
