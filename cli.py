@@ -183,12 +183,13 @@ def plan(
         if r["met"]:
             out.print(f"{rate_col} {r[rate_col]:g}: {plan_label(r)}: {plural(int(r['num_gpus']), 'GPU')}, "
                       f"${r['usd_per_hour']:,.2f}/h, "
-                      f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False, markup=False)
+                      f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False, markup=False, soft_wrap=True)
         else:
-            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False, markup=False)
+            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False, markup=False,
+                      soft_wrap=True)
     out.print(f"{result.plan.name}: {plural(result.num_configurations, 'configuration')}, "
               f"{plural(result.num_runs, 'run')} now, {result.num_reused:,} reused, the rest inferred; "
-              f"{result.wall_s:,.1f} s", highlight=False, markup=False)
+              f"{result.wall_s:,.1f} s", highlight=False, markup=False, soft_wrap=True)
     print_paths(paths, out)
     for what, error in result.failures:
         err.print(failed_line(what, error), highlight=False, soft_wrap=True)

@@ -53,7 +53,7 @@ from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConf
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, write_result_table
-from sim.schema import plan_label
+from sim.schema import plan_label, plural
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -535,6 +535,9 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
                     s.fail = n
         for si, s in current.items():
             searches[(ri, si)] = s
+        passing = sum(s.ok <= bounds[si][1] and s.error is None and not s.rejects for si, s in current.items())
+        progress.note(f"{plan.rate_column} {rate:g} searched: shapes meeting the SLO {passing} of "
+                      f"{len(plan.shapes)}; {plural(len(outcomes), 'run')} so far, {time.perf_counter() - t0:,.1f} s")
     table = _table(plan, searches, outcomes)
     best = _best(plan, table)
     failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel}"

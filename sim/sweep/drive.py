@@ -76,6 +76,9 @@ class Progress:
     def advance(self, outcome: Outcome) -> None:
         """One run finished (or was read back from an earlier run)."""
 
+    def note(self, line: str) -> None:
+        """A milestone in words (a plan's rate searched), for a log that outlives the bar."""
+
 
 class SweepInterrupted(Exception):
     """Stopped by the user; every finished task is stored."""

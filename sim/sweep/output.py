@@ -157,3 +157,6 @@ class _BarProgress(Progress):
 
     def advance(self, outcome: Outcome) -> None:
         self.bar.advance(self.task_id)
+
+    def note(self, line: str) -> None:
+        self.bar.console.print(line, highlight=False, markup=False, soft_wrap=True)
