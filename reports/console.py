@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sim.schema import METRICS, TABLE_COLUMNS, plural, varying_axes
+from sim.schema import METRICS, TABLE_COLUMNS, plural, sig4, varying_axes
 
 # The columns ``sim run`` prints, most important first; the rest are in summary.json and report.html.
 # (summary key, format); the head (short label, unit) comes from METRICS. A column that does not fit the
@@ -87,7 +87,7 @@ def decomposition_lines(decomp: dict, metrics: tuple[str, ...] = ("request_throu
     metrics = tuple(m for m in metrics if m in decomp.get("metrics", []))
 
     def fmt(values: dict) -> str:
-        return ", ".join("-" if values.get(m) is None else f"{values[m]:+.4g} {METRICS[m].unit}" for m in metrics)
+        return ", ".join("-" if values.get(m) is None else f"{sig4(values[m], True)} {METRICS[m].unit}" for m in metrics)
 
     lines = [f"what each knob explains, from {decomp['base']} (summary.json: decomposition):"]
     for target, t in decomp.get("targets", {}).items():

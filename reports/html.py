@@ -25,7 +25,7 @@ from reports import figures
 from reports.console import fleet_facts
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.schema import METRICS, TABLE_COLUMNS, plural
+from sim.schema import METRICS, TABLE_COLUMNS, plural, sig4
 
 GB = 1e9
 GIB = 1 << 30
@@ -152,8 +152,7 @@ def _num(v: object, signed: bool = False) -> str:
     """A metric value: 4 significant digits, whole numbers from 10,000 up; ``signed``: with its sign."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
-    sign = "+" if signed else ""
-    return f"{v:{sign},.0f}" if abs(v) >= 1e4 else f"{v:{sign}.4g}"
+    return sig4(v, signed)
 
 
 def _change_text(changes: dict) -> str:
@@ -180,7 +179,7 @@ def decomposition_table(decomp: dict) -> str:
             cells = []
             for m in metrics:
                 share, total = st["share"].get(m), t["total"].get(m)
-                pct = (f" ({100 * share / total:.0f} %)" if share is not None and total else "")
+                pct = (f" ({100 * share / total:.0f}\u00a0%)" if share is not None and total else "")  # (no break)
                 cells.append(f"<td>{_num(st['metrics'].get(m))}<br><span class='muted'>{_num(share, True)}{pct}"
                              "</span></td>")
             same = f" = {esc(str(st['same_as']))}" if st.get("same_as") else ""
@@ -222,6 +221,10 @@ def _sig(v: object, fmt: str = "{:,.0f}") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return fmt.format(v) if v == 0 or abs(v) >= 1 else f"{v:.3g}"
+
+
+def _count(n: object) -> str:
+    return f"{n:,}" if isinstance(n, int) else str(n)
 
 
 def _params(n: object) -> str:
@@ -284,8 +287,8 @@ def scenario_block(run: RunTables) -> str:
     workload = (f"{plural(w.get('num_requests') or 0, 'request')} from {w.get('source')} over "
                 f"{_sig(w.get('span_s') or 0)} s"
                 + (f" (mean {rate:.3f} req/s)" if rate else "") + f"; arrivals: {arrival}; lengths: {lengths}, mean "
-                f"prompt {w.get('mean_prompt_tokens') or 0:.1f} and output {w.get('mean_output_tokens') or 0:.1f} "
-                f"tokens (max {w.get('max_prompt_tokens')} / {w.get('max_output_tokens')})")
+                f"prompt {w.get('mean_prompt_tokens') or 0:,.1f} and output {w.get('mean_output_tokens') or 0:,.1f} "
+                f"tokens (max {_count(w.get('max_prompt_tokens'))} / {_count(w.get('max_output_tokens'))})")
     cluster = s.get("cluster")
     tp = s.get("tensor_parallel") or 1
     fleet = []  # a fleet: its replicas or pools; the KV row is one replica's pool (the first; a decode one)

@@ -7,6 +7,7 @@ without loading the simulator (see the README's Architecture section).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -163,6 +164,18 @@ def plan_label(row) -> str:
     knobs = "".join(f" {k}={int(v)}" for k in ("max_num_seqs", "block_size")
                     if (v := row.get(k)) is not None and v == v)  # a plan's knobs, where it has them
     return f"{count} x {row['gpu']} tp{row['tensor_parallel']} {row['policy']}{knobs}"
+
+
+def sig4(v: float, signed: bool = False) -> str:
+    """A value in 4 significant digits that keeps them (1.000245 reads 1.000, not 1), thousands separated
+    (6,949), whole from 10,000 up; ``signed``: with its sign."""
+    sign = "+" if signed else ""
+    a = abs(v)
+    if a >= 1e4 or a == 0:
+        return f"{v:{sign},.0f}"
+    if a < 1e-3:
+        return f"{v:{sign}.4g}"
+    return f"{v:{sign},.{max(0, 3 - math.floor(math.log10(a)))}f}"
 
 
 def plural(n: int, word: str) -> str:

@@ -207,3 +207,15 @@ def test_file_labels_line_up_and_one_is_singular():
     assert lines == ["  summary: a/summary.json", "snapshots: a [/x]/kv_snapshots.parquet",
                      "   report: a/report.html"], lines
     assert (plural(1, "request"), plural(0, "GPU"), plural(1234, "run")) == ("1 request", "0 GPUs", "1,234 runs")
+
+
+def test_decomposition_shares_keep_their_significant_digits():
+    """A share of 1.000245 req/s printed "+1 req/s" beside "+1.016" (4 significant digits without their
+    zeros); the report's table printed 6949 beside 849,394."""
+    from reports.console import decomposition_lines
+    from reports.html import _num
+
+    d = {"base": "a", "metrics": ["request_throughput"], "targets": {"b": {
+        "total": {"request_throughput": 1.016}, "steps": [{"label": "batching", "share": {"request_throughput": 1.000245}}]}}}
+    assert decomposition_lines(d)[1] == "  b: +1.016 req/s = batching +1.000 req/s"
+    assert (_num(6949.0), _num(849394.2), _num(0.24117), _num(-2.0, True)) == ("6,949", "849,394", "0.2412", "-2.000")
