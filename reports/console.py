@@ -130,7 +130,8 @@ def fleet_facts(fleet: dict) -> list[tuple[str, str]]:
     if fleet.get("split") == "disaggregated":
         for name in ("prefill", "decode"):
             p = fleet.get(name) or {}
-            out.append((f"{name} pool", f"{p.get('num_replicas')} x {p.get('tensor_parallel')} x {p.get('gpu')}, "
+            out.append((f"{name} pool", f"{plural(p.get('num_replicas') or 0, 'replica')} of {p.get('tensor_parallel')} "
+                                        f"x {p.get('gpu')}, "
                                         f"busy {_pct(p.get('busy_fraction'))}, KV in use {_pct(p.get('kv_in_use'))}, "
                                         f"imbalance req / KV {_x(p.get('load_imbalance_requests'))} / "
                                         f"{_x(p.get('load_imbalance_kv'))}"))

@@ -306,7 +306,9 @@ def scenario_block(run: RunTables) -> str:
         ("KV cache", _kv_line(r.get("kv_pools", {}), where)),
         ("workload", workload),
         ("policies", "; ".join(_policy_line(p) for p in s.get("policies", []))),
-        ("step time", ", ".join(f"{k} {v}" for k, v in (s.get("step_time") or {}).items() if v is not None)),
+        # (engine: the host-cost profile every policy's steps pay, not the policy's scheduler)
+        ("step time", ", ".join(f"{'host-cost engine' if k == 'engine' else k} {v}"
+                                for k, v in (s.get("step_time") or {}).items() if v is not None)),
         ("generated", f"{s.get('generated_at', '?')} (Python {s.get('python', '?')})"),
     ]
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items)

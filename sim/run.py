@@ -391,19 +391,19 @@ def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReade
         from sim.cluster.disagg import pool_scenarios
 
         c = scenario.cluster
-        parts = [f"{n} {cfg.replicas} x {sc.tensor_parallel} x {sc.gpu_spec().name}"
+        parts = [f"{n}: {plural(cfg.replicas, 'replica')} of {sc.tensor_parallel} x {sc.gpu_spec().name}"
                  for n, cfg, sc in pool_scenarios(scenario)]
-        lines.append(f"fleet, disaggregated: {', '.join(parts)}; KV transfer {c.link.name} "
+        lines.append(f"fleet, disaggregated: {'; '.join(parts)}; KV transfer {c.link.name} "
                      f"{c.link.bytes_per_s / 1e9:g} GB/s + {c.link.latency_s * 1e3:g} ms; "
                      f"router {', '.join(c.routers)}")
     elif scenario.cluster is not None:  # the fleet in one line
         from sim.cluster.fleet import replica_scenarios
 
         reps = replica_scenarios(scenario)
-        kinds = ", ".join(f"{g.count} x {g.tensor_parallel or scenario.tensor_parallel} x "
+        kinds = ", ".join(f"{plural(g.count, 'replica')} of {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)
-        lines.append(f"fleet: {len(reps)} replicas ({kinds}), router {', '.join(scenario.cluster.routers)}")
+        lines.append(f"fleet: {kinds}; router {', '.join(scenario.cluster.routers)}")
     whose = "" if scenario.cluster is None else " (a decode replica's)" if disaggregated else " (the first replica's)"
     same = len({kv(p) for p in pools.values()}) == 1  # one KV line for all: the policy lines stay short
     if same:

@@ -358,7 +358,7 @@ def test_a_replica_gpu_that_cannot_hold_the_model_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match=r"cluster.replicas\[1\]"):
         check_scenario(path)
     path.write_text(yaml.safe_dump({**data, "cluster": {"replicas": 3, "router": "least-kv"}}))
-    assert "fleet: 3 replicas (3 x 4 x h100), router least-kv" in check_scenario(path)
+    assert "fleet: 3 replicas of 4 x h100; router least-kv" in check_scenario(path)
 
 
 def test_a_sweep_reaches_the_fleet_fields(tmp_path):

@@ -242,7 +242,8 @@ cluster:
   kv_transfer: nvlink
 """)
     lines = check_scenario(path)
-    assert ("fleet, disaggregated: prefill 2 x 1 x h100, decode 3 x 1 x a100-80gb; KV transfer nvlink 450 GB/s "
+    assert ("fleet, disaggregated: prefill: 2 replicas of 1 x h100; decode: 3 replicas of 1 x a100-80gb; KV transfer "
+            "nvlink 450 GB/s "
             "+ 0.01 ms; router round-robin") in lines
 
 
