@@ -238,6 +238,8 @@ def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, E
                 y.append(g[op].to_numpy(np.float64) / 1e3)
         b, y = np.concatenate(b), np.concatenate(y)
         ok = y > 0  # NaN (an op the model lacks) compares False
+        if not ok.any():  # measured on no model: not fitted (the datasheet roofline prices it; ``fit_notes``)
+            continue
 
         def resid(x):
             return np.log((x[0] * 1e-6 + b[ok] / (x[1] * gpu.hbm_bytes_per_s)) / y[ok])
@@ -425,6 +427,18 @@ def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: 
     return out
 
 
+def fit_notes(fits: dict[str, OperatorFit]) -> list[str]:
+    """What a reader of the fitted coefficients must know (``sim profiles fit`` and ``validate`` print it): the
+    ops measured on no model of a GPU, which the datasheet roofline prices (``OpPricer.elementwise_s``)."""
+    notes = []
+    for name, fit in fits.items():
+        missing = [op for op in ELEMENTWISE_OPS if op not in fit.elementwise]
+        if missing:
+            notes.append(f"warning: {name}: {', '.join(missing)} measured on no model (no file has its column): "
+                         f"not fitted; the datasheet roofline prices {'it' if len(missing) == 1 else 'them'}")
+    return notes
+
+
 def fit_to_dict(fit: OperatorFit) -> dict:
     d = asdict(fit)
     d["allreduce"] = {str(k): v for k, v in d["allreduce"].items()}
@@ -445,6 +459,8 @@ def fit_literal(fit: OperatorFit) -> str:
              "    elementwise={"]
     for op, e in fit.elementwise.items():
         lines.append(f"        {op!r}: ElementwiseFit({_round(e.launch_s)!r}, {_round(e.bandwidth_efficiency)!r}),")
+    lines += [f"        # {op!r}: not measured on this GPU: priced by the datasheet roofline"
+              for op in ELEMENTWISE_OPS if op not in fit.elementwise]
     lines.append("    },")
     lines.append("    allreduce={" + ", ".join(
         f"{w}: AllReduceFit({_round(a.latency_s)!r}, {_round(a.bus_bytes_per_s)!r}, {_round(a.sharpness)!r})"
@@ -490,11 +506,11 @@ def step_vs_tp() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
+def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Path], list[str], list[str]]:
     """``sim profiles validate``: leave-one-model-out on every GPU of ``root``; writes ``loo.parquet``
     (every prediction), ``mape.csv`` (per GPU and op), ``allreduce.parquet``, ``step_vs_tp.csv`` and
-    ``fits.json`` (each GPU fitted on all its models). Returns the paths and the GPUs left out of the
-    validation (one model measured: nothing to fit on when it is left out)."""
+    ``fits.json`` (each GPU fitted on all its models). Returns the paths, the GPUs left out of the
+    validation (one model measured: nothing to fit on when it is left out) and the fits' notes (``fit_notes``)."""
     import json
 
     ps = read_profiles(root)
@@ -516,4 +532,4 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Pa
                                          "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
                                          "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
                                                        for t, f in nets.items()}}, indent=1))
-    return paths, loo.attrs["single_model_gpus"]
+    return paths, loo.attrs["single_model_gpus"], fit_notes(fits)

@@ -187,6 +187,29 @@ def test_fit_recovers_known_coefficients(tmp_path):
         assert fit.elementwise[op].launch_s == pytest.approx(TRUE.elementwise[op].launch_s, rel=0.05)
 
 
+def test_an_op_measured_on_no_model_is_not_fitted_and_the_roofline_prices_it(tmp_path):
+    """attn_rope absent from every model of a GPU: the fit printed the optimizer's starting guess,
+    ElementwiseFit(5e-06, 0.5), as fitted coefficients; now the op is left out of the fit, the literal and a
+    warning say so, and the step-time model prices it by the datasheet roofline."""
+    spec = GPUS["a100-80gb"]
+    for name, shape in SHAPES.items():
+        path = write_profile(tmp_path, "a100", name, shape, TRUE, spec, tps=(1, 2))
+        pd.read_csv(path).drop(columns=["time_stats.attn_rope.median"]).to_csv(path, index=False)
+    fit = fit_gpu(read_profiles(tmp_path).compute, spec)
+    assert "attn_rope" not in fit.elementwise and set(fit.elementwise) == set(ELEMENTWISE_OPS) - {"attn_rope"}
+    model = MODELS["llama-2-7b"]
+    ops = predict_ops(fit, spec, model, 1, TOKENS)
+    assert np.allclose(ops["attn_rope"], predict_ops(None, spec, model, 1, TOKENS)["attn_rope"])
+    r = CliRunner().invoke(app, ["profiles", "fit", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "'attn_rope': ElementwiseFit" not in r.output and "# 'attn_rope': not measured on this GPU" in r.output
+    assert "warning: a100-80gb: attn_rope measured on no model" in r.output
+    r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "warning: a100-80gb: attn_rope measured on no model" in r.output
+    assert "attn_rope" not in json.loads((tmp_path / "out" / "fits.json").read_text())["gpus"]["a100-80gb"]["elementwise"]
+
+
 @pytest.mark.parametrize("gpu", [g for g in GPUS if GPUS[g].operators is not None])
 def test_fitted_layer_time_is_smooth_in_tokens(gpu):
     """No jump of more than 2 % between adjacent token counts, for any catalog model and TP degree."""
