@@ -130,7 +130,13 @@ def read_network_profile(path: str | Path) -> NetworkProfile:
     path = Path(path)
     df = _read_csv(path, NETWORK_COLUMNS)
     if "devices_per_node" in df.columns:
-        df = df[pd.to_numeric(df.devices_per_node, errors="coerce") >= df.num_workers]
+        single = pd.to_numeric(df.devices_per_node, errors="coerce") >= df.num_workers
+        if not single.any():  # a topology with no fit of its own would still be claimed by its GPU's fit
+            pairs = sorted({(int(w), str(d)) for w, d in zip(df.num_workers, df.devices_per_node)})
+            raise ProfileError(f"{path}: no usable rows: the fit uses all-reduces within one node (devices_per_node "
+                               f"≥ num_workers), and every row spans nodes (num_workers/devices_per_node: "
+                               f"{', '.join(f'{w}/{d}' for w, d in pairs[:6])}{', ...' if len(pairs) > 6 else ''})")
+        df = df[single]
     table = pd.DataFrame({"num_workers": df.num_workers.astype(np.int64), "size": df["size"].astype(np.int64),
                           "time_ms": df["time_stats.all_reduce.median"].astype(np.float64)})
     return NetworkProfile(topology=path.parent.name, path=path, table=table.reset_index(drop=True))

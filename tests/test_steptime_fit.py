@@ -130,6 +130,21 @@ def test_reader_rejects_a_zero_time_and_keeps_absent_elementwise_ops(tmp_path):
         read_network_profile(net)
 
 
+def test_network_file_with_no_single_node_rows_is_an_error(tmp_path):
+    """Every row a multi-node group (devices_per_node < num_workers): the reader kept none, and the GPU's fit
+    claimed topology a100_dgx with allreduce={}; now an error naming the file and why no row is usable."""
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"], tps=(1,))
+    net = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text("num_workers,size,time_stats.all_reduce.median,devices_per_node\n2,1024,0.02,1\n2,2048,0.03,1\n")
+    for args in (["fit", str(tmp_path)], ["validate", str(tmp_path), "--out", str(tmp_path / "out")]):
+        r = CliRunner().invoke(app, ["profiles", *args])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert f"{net}: no usable rows: the fit uses all-reduces within one node (devices_per_node ≥ num_workers), " \
+               "and every row spans nodes (num_workers/devices_per_node: 2/1)" in r.output
+
+
 def test_reader_bad_folders(tmp_path):
     with pytest.raises(ProfileError, match="no such profile folder"):
         read_profiles(tmp_path / "nope")
