@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sim.catalog import AllReduceFit, ElementwiseFit, GemmFit, GpuSpec, ModelSpec, OperatorFit
+from sim.kv import CapacityError, check_tensor_parallel
 
 # The ops of one layer as Vidur names them; ``add`` (a residual add) runs twice per layer.
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -45,6 +46,16 @@ NETWORK_COLUMNS = ("num_workers", "size", "time_stats.all_reduce.median")
 # Vidur's GPU folder names -> catalog GPUs; network topologies -> the GPU whose tensor-parallel group uses it.
 PROFILE_GPUS = {"a100": "a100-80gb", "h100": "h100", "a40": "a40"}
 TOPOLOGY_GPUS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100"}
+
+# The largest value a column may hold: above it a figure is no measurement (a typo, a unit mix-up) and would drag
+# the fit to its bounds. A batch of 2**24 tokens holds any catalog model's whole context (Llama-4-Scout:
+# 10,485,760); a scenario's tensor_parallel is at most 1,024. Vidur's slowest op takes 39 ms (a 70B layer's
+# gate/up at 4,096 tokens on an A40); even a 400B-class layer's gate/up at 2**24 tokens on an A40 takes
+# about 390 s, under the 10**6 ms allowed for one op of one layer.
+LIMITS = {"num_tokens": (2**24, "tokens in one batch"),
+          "num_tensor_parallel_workers": (1024, "(a scenario's limit on tensor_parallel)"),
+          "num_workers": (1024, "(a scenario's limit on tensor_parallel)"),
+          "time_stats": (1e6, "ms (17 minutes for one op of one layer: no kernel time)")}
 
 
 class ProfileError(ValueError):
@@ -84,20 +95,25 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] =
     if not len(df):
         raise ProfileError(f"{path}: no rows")
     for col in required + tuple(c for c in optional if c in df.columns):
-        v = pd.to_numeric(df[col], errors="coerce")
-        bad = ~np.isfinite(v.to_numpy(dtype=np.float64)) | (v.to_numpy(dtype=np.float64) < 0)
-        if col in ("num_tokens", "num_tensor_parallel_workers", "num_workers", "size") or col in SHAPE_COLUMNS:
-            bad |= (v.to_numpy(dtype=np.float64) % 1 != 0) & ~bad
-        if col != "use_gated_mlp":  # counts and sizes are positive; a 0-ms time is no measurement (log-time fit)
-            bad |= v.to_numpy(dtype=np.float64) <= 0
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            what = ("a whole number ≥ 0" if col == "use_gated_mlp" else
-                    "a positive whole number" if col in KEY_COLUMNS + SHAPE_COLUMNS + ("num_workers", "size")
-                    else "a time > 0 ms")
+        raw = df[col]
+        if col == "use_gated_mlp" and not pd.api.types.is_numeric_dtype(raw):  # true/false among 0/1 (alone: bool)
+            raw = raw.map(lambda s: {"true": 1, "false": 0}.get(str(s).strip().lower(), s))
+        v = pd.to_numeric(raw, errors="coerce")
+        x = v.to_numpy(dtype=np.float64)
+        if col == "use_gated_mlp":
+            what, bad = "0 or 1 (false or true)", (x != 0) & (x != 1)
+        elif col.startswith("time_stats."):  # a 0-ms time is no measurement (log-time fit)
+            what, bad = "a time > 0 ms", ~(np.isfinite(x) & (x > 0))
+        else:  # counts and sizes
+            what, bad = "a positive whole number", ~(np.isfinite(x) & (x > 0)) | (x % 1 != 0)
+        limit, why = LIMITS.get("time_stats" if col.startswith("time_stats.") else col, (np.inf, ""))
+        over = ~bad & (x > limit)
+        if (bad | over).any():
+            i = int(np.flatnonzero(bad | over)[0])
             got = df[col].iloc[i]
             got = got.item() if isinstance(got, np.generic) else got  # 3.5, nan: not np.float64(3.5)
-            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected {what}, got {got!r}")
+            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected "
+                               f"{what if bad[i] else f'at most {limit:,.0f} {why}'}, got {got!r}")
         df[col] = v
     return df
 
@@ -116,13 +132,19 @@ def read_compute_profile(path: str | Path) -> ComputeProfile:
         raise ProfileError(f"{path}: line {i + 2}: the model's shape columns ({', '.join(SHAPE_COLUMNS)}) "
                            f"differ from the first row's: one file holds one model")
     table = df[list(KEY_COLUMNS + SHAPE_COLUMNS)].astype(np.int64).copy()
+    name = "/".join(path.parts[-3:-1])
+    model = profile_model(table, name)
+    for tp in table.num_tensor_parallel_workers.unique():  # heads split over the ranks, as a run requires
+        try:
+            check_tensor_parallel(model, int(tp))
+        except CapacityError as e:
+            i = int(np.flatnonzero(table.num_tensor_parallel_workers == tp)[0])
+            raise ProfileError(f"{path}: line {i + 2}, column 'num_tensor_parallel_workers': {e}") from None
     for op in LAYER_OPS:
         table[op] = df[f"time_stats.{op}.median"].astype(np.float64) if op in present else np.nan
     # NOTE: Vidur's files repeat some (num_tokens, tp) rows (measured twice): their mean is the measurement
     table = table.groupby(list(KEY_COLUMNS + SHAPE_COLUMNS), as_index=False, dropna=False)[list(LAYER_OPS)].mean()
-    parts = path.parts
-    return ComputeProfile(gpu=parts[-4] if len(parts) >= 4 else "?", model="/".join(parts[-3:-1]),
-                          path=path, table=table)
+    return ComputeProfile(gpu=path.parts[-4] if len(path.parts) >= 4 else "?", model=name, path=path, table=table)
 
 
 def read_network_profile(path: str | Path) -> NetworkProfile:

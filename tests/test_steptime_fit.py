@@ -4,6 +4,7 @@ the host cost, `sim steptime`, and (with ../shared/profiles) the leave-one-model
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,13 +105,40 @@ def test_reader_averages_repeated_measurements(tmp_path):
     (lambda df: df.assign(**{"time_stats.add.median": [-1.0] + [1.0] * (len(df) - 1)}), "column 'time_stats.add.median'"),
     (lambda df: df.assign(n_embd=[8192] * 3 + [4096] * (len(df) - 3)), "line 5: the model's shape columns"),
     (lambda df: df.iloc[0:0], "no rows"),
+    # absurd values: the fit ended at its bounds (launch 200 µs, efficiencies 0.05, tile 2,000 tokens)
+    (lambda df: df.assign(**{"time_stats.attn_pre_proj.median": 1e300}),
+     "line 2, column 'time_stats.attn_pre_proj.median': expected at most 1,000,000 ms (17 minutes for one op of one "
+     "layer: no kernel time), got 1e+300"),
+    (lambda df: df.assign(use_gated_mlp=2), "line 2, column 'use_gated_mlp': expected 0 or 1 (false or true), got 2"),
+    (lambda df: df.assign(num_tensor_parallel_workers=[1, 1, 10**12] + [1] * (len(df) - 3)),
+     "line 4, column 'num_tensor_parallel_workers': expected at most 1,024 (a scenario's limit on tensor_parallel), "
+     "got 1000000000000"),
+    (lambda df: df.assign(num_tokens=list(df.num_tokens[:4]) + [10**15] + list(df.num_tokens[5:])),
+     "line 6, column 'num_tokens': expected at most 16,777,216 tokens in one batch, got 1000000000000000"),
 ])
 def test_reader_names_file_line_and_column(tmp_path, edit, message):
     path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
     edit(pd.read_csv(path)).to_csv(path, index=False)
-    with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(ProfileError, match=re.escape(message)) as e:
         read_compute_profile(path)
     assert str(path) in str(e.value) and "np." not in str(e.value)  # plain values, not numpy reprs
+
+
+def test_reader_heads_must_split_over_tp_and_gated_mlp_may_read_true_false(tmp_path):
+    """n_head 7 at TP 2 was fitted as 3 heads per rank; now the error a run gives, naming the line. A
+    use_gated_mlp column mixing true/false with 0/1 reads as 0/1."""
+    path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1, 2))
+    df = pd.read_csv(path)
+    df.assign(n_head=7, n_kv_head=7).to_csv(path, index=False)
+    with pytest.raises(ProfileError, match=f"line {len(TOKENS) + 2}, column 'num_tensor_parallel_workers': org/mid: "
+                                           f"7 attention heads do not split over tensor_parallel=2"):
+        read_compute_profile(path)
+    df.assign(use_gated_mlp=["true", "0", " False", "1"] * (len(df) // 4) + ["1"] * (len(df) % 4)).to_csv(path,
+                                                                                                        index=False)
+    with pytest.raises(ProfileError, match="line 3: the model's shape columns"):  # read as 1, 0, 0, 1: two shapes
+        read_compute_profile(path)
+    df.assign(use_gated_mlp=["true", "1"] * (len(df) // 2)).to_csv(path, index=False)
+    assert (read_compute_profile(path).table.use_gated_mlp == 1).all()
 
 
 def test_reader_rejects_a_zero_time_and_keeps_absent_elementwise_ops(tmp_path):
