@@ -218,10 +218,49 @@ def profile_model(table: pd.DataFrame, name: str) -> ModelSpec:
 # ---------------------------------------------------------------------------------------------- fitting
 
 
-def _least_squares(fun, x0, lower, upper):
+@dataclass(frozen=True)
+class Coef:
+    """One fitted coefficient: the optimizer's start and bounds, in ``unit`` (the fit's field is the value times
+    ``unit``). A ``floor`` lower bound is where a term of the model vanishes (no launch cost, no tile term; at
+    sharpness 1 the two regimes add): a fit may well end there. Ending at any other bound says the measurements
+    are beyond what the model fits, and ``fit_notes`` says so."""
+
+    name: str
+    start: float
+    lower: float
+    upper: float
+    unit: float = 1.0
+    floor: bool = False
+
+
+GEMM_COEFS = (Coef("launch_s", 8.0, 0.0, 200.0, 1e-6, floor=True), Coef("compute_efficiency", 0.7, 0.05, 1.0),
+              Coef("bandwidth_efficiency", 0.8, 0.05, 1.2), Coef("sharpness", 2.0, 1.0, 20.0, floor=True),
+              Coef("tile_tokens", 10.0, 0.0, 2000.0, floor=True))
+ELEMENTWISE_COEFS = (Coef("launch_s", 5.0, 0.0, 200.0, 1e-6, floor=True), Coef("bandwidth_efficiency", 0.5, 0.01, 1.2))
+ALLREDUCE_COEFS = (Coef("latency_s", 20.0, 0.1, 1000.0, 1e-6), Coef("bus_bytes_per_s", 100.0, 0.1, 5000.0, 1e9),
+                   Coef("sharpness", 2.0, 1.0, 20.0, floor=True))
+
+
+def _least_squares(fun, cls, coefs):
+    """``cls`` with the coefficients that minimise ``fun(cls(...))`` (residuals) within their bounds."""
     from scipy.optimize import least_squares  # NOTE: only fitting needs scipy; pricing a step does not
 
-    return least_squares(fun, x0, bounds=(lower, upper), x_scale="jac").x
+    def make(x):
+        return cls(**{c.name: v * c.unit for c, v in zip(coefs, x)})
+
+    x = least_squares(lambda x: fun(make(x)), [c.start for c in coefs],
+                      bounds=([c.lower for c in coefs], [c.upper for c in coefs]), x_scale="jac").x
+    return make([float(v) for v in x])
+
+
+def at_bounds(fit, coefs) -> list[str]:
+    """The coefficients of ``fit`` that ended at a bound other than a floor (within 1e-6 of their range)."""
+    out = []
+    for c in coefs:
+        v, tol = getattr(fit, c.name) / c.unit, 1e-6 * (c.upper - c.lower)
+        if v >= c.upper - tol or (v <= c.lower + tol and not c.floor):
+            out.append(f"{c.name}={getattr(fit, c.name):.4g} (its {'upper' if v >= c.upper - tol else 'lower'} bound)")
+    return out
 
 
 def _gemm_rows(profiles: list[ComputeProfile]):
@@ -244,14 +283,10 @@ def fit_gemm(profiles: list[ComputeProfile], gpu: GpuSpec) -> GemmFit:
     M, N, K, y = _gemm_rows(profiles)
     ok = y > 0
 
-    def resid(x):
-        fit = GemmFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], bandwidth_efficiency=x[2], sharpness=x[3],
-                      tile_tokens=x[4])
+    def resid(fit):
         return np.log(fit.time_s(M[ok], N[ok], K[ok], gpu) / y[ok])
 
-    x = _least_squares(resid, [8.0, 0.7, 0.8, 2.0, 10.0], [0.0, 0.05, 0.05, 1.0, 0.0], [200.0, 1.0, 1.2, 20.0, 2000.0])
-    return GemmFit(launch_s=float(x[0]) * 1e-6, compute_efficiency=float(x[1]), bandwidth_efficiency=float(x[2]),
-                   sharpness=float(x[3]), tile_tokens=float(x[4]))
+    return _least_squares(resid, GemmFit, GEMM_COEFS)
 
 
 def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, ElementwiseFit]:
@@ -269,11 +304,10 @@ def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, E
         if not ok.any():  # measured on no model: not fitted (the datasheet roofline prices it; ``fit_notes``)
             continue
 
-        def resid(x):
-            return np.log((x[0] * 1e-6 + b[ok] / (x[1] * gpu.hbm_bytes_per_s)) / y[ok])
+        def resid(e):
+            return np.log((e.launch_s + b[ok] / (e.bandwidth_efficiency * gpu.hbm_bytes_per_s)) / y[ok])
 
-        x = _least_squares(resid, [5.0, 0.5], [0.0, 0.01], [200.0, 1.2])
-        out[op] = ElementwiseFit(launch_s=float(x[0]) * 1e-6, bandwidth_efficiency=float(x[1]))
+        out[op] = _least_squares(resid, ElementwiseFit, ELEMENTWISE_COEFS)
     return out
 
 
@@ -284,13 +318,10 @@ def fit_allreduce(net: NetworkProfile) -> dict[int, AllReduceFit]:
         s, y = g["size"].to_numpy(np.float64), g.time_ms.to_numpy(np.float64) / 1e3
         ok = y > 0
 
-        def resid(x):
-            fit = AllReduceFit(latency_s=x[0] * 1e-6, bus_bytes_per_s=x[1] * 1e9, sharpness=x[2])
+        def resid(fit):
             return np.log(fit.time_array(s[ok]) / y[ok])
 
-        x = _least_squares(resid, [20.0, 100.0, 2.0], [0.1, 0.1, 1.0], [1000.0, 5000.0, 20.0])
-        out[int(w)] = AllReduceFit(latency_s=float(x[0]) * 1e-6, bus_bytes_per_s=float(x[1]) * 1e9,
-                                   sharpness=float(x[2]))
+        out[int(w)] = _least_squares(resid, AllReduceFit, ALLREDUCE_COEFS)
     return out
 
 
@@ -457,9 +488,16 @@ def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: 
 
 def fit_notes(fits: dict[str, OperatorFit]) -> list[str]:
     """What a reader of the fitted coefficients must know (``sim profiles fit`` and ``validate`` print it): the
-    ops measured on no model of a GPU, which the datasheet roofline prices (``OpPricer.elementwise_s``)."""
+    coefficients that ended at a bound of the optimizer (``Coef``), and the ops measured on no model of a GPU,
+    which the datasheet roofline prices (``OpPricer.elementwise_s``)."""
     notes = []
     for name, fit in fits.items():
+        stuck = ([f"GEMM {c}" for c in at_bounds(fit.gemm, GEMM_COEFS)]
+                 + [f"{op} {c}" for op, e in fit.elementwise.items() for c in at_bounds(e, ELEMENTWISE_COEFS)]
+                 + [f"all-reduce x{w} {c}" for w, a in fit.allreduce.items() for c in at_bounds(a, ALLREDUCE_COEFS)])
+        if stuck:
+            notes.append(f"warning: {name}: the fit ended at its bounds, not at a fit of the measurements: "
+                         f"{', '.join(stuck)}; check the profile's times")
         missing = [op for op in ELEMENTWISE_OPS if op not in fit.elementwise]
         if missing:
             notes.append(f"warning: {name}: {', '.join(missing)} measured on no model (no file has its column): "

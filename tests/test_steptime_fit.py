@@ -253,6 +253,27 @@ def test_an_op_measured_on_no_model_is_not_fitted_and_the_roofline_prices_it(tmp
     assert "attn_rope" not in json.loads((tmp_path / "out" / "fits.json").read_text())["gpus"]["a100-80gb"]["elementwise"]
 
 
+def test_a_coefficient_ending_at_its_bound_is_a_warning(tmp_path):
+    """GEMMs 50x slower than the datasheet allows at any efficiency within bounds: the fit ended at
+    compute_efficiency=0.05 and printed it as a fit; now a warning names the GPU and the coefficients. A floor
+    (tile_tokens 0: no tile term) is a result, not a warning."""
+    from sim.profiles import fit_notes
+
+    spec = GPUS["a100-80gb"]
+    slow = replace(TRUE, gemm=GemmFit(8e-6, 0.01, 0.01, 2.5, 0.0))
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, slow, spec, tps=(1, 2))
+    r = CliRunner().invoke(app, ["profiles", "fit", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    warning = [line for line in r.output.splitlines() if line.startswith("warning: a100-80gb: the fit ended at its bounds")]
+    assert len(warning) == 1 and "GEMM compute_efficiency=0.05 (its lower bound)" in warning[0]
+    assert "GEMM bandwidth_efficiency=0.05 (its lower bound)" in warning[0] and "tile_tokens" not in warning[0]
+    assert "input_layernorm" not in warning[0]  # the elementwise ops fitted well
+    r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0 and warning[0] in r.output, r.output
+    assert fit_notes({"a100-80gb": TRUE}) == []
+
+
 @pytest.mark.parametrize("gpu", [g for g in GPUS if GPUS[g].operators is not None])
 def test_fitted_layer_time_is_smooth_in_tokens(gpu):
     """No jump of more than 2 % between adjacent token counts, for any catalog model and TP degree."""
