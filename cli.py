@@ -389,7 +389,7 @@ def profiles_fit(root: ProfileDir) -> None:
         fits = fit_catalog_literals(ps, gpu_specs(ps), profile_commit(root))
     for name, fit in fits.items():
         print(f"# {name}\n{fit_literal(fit)}")
-    for line in fit_notes(fits):  # on stderr: stdout is the literals, to paste
+    for line in fit_notes(ps, fits):  # on stderr: stdout is the literals, to paste
         err.print(line, highlight=False, soft_wrap=True)
 
 

@@ -486,11 +486,19 @@ def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: 
     return out
 
 
-def fit_notes(fits: dict[str, OperatorFit]) -> list[str]:
+def fit_notes(ps: ProfileSet, fits: dict[str, OperatorFit]) -> list[str]:
     """What a reader of the fitted coefficients must know (``sim profiles fit`` and ``validate`` print it): the
-    coefficients that ended at a bound of the optimizer (``Coef``), and the ops measured on no model of a GPU,
-    which the datasheet roofline prices (``OpPricer.elementwise_s``)."""
+    coefficients that ended at a bound of the optimizer (``Coef``), the ops measured on no model of a GPU,
+    which the datasheet roofline prices (``OpPricer.elementwise_s``), and the network files no GPU's fit uses."""
     notes = []
+    unused = [n for n in ps.network if n.topology not in {f.topology for f in fits.values()}]
+    other = [str(n.path.relative_to(ps.root)) for n in unused if n.topology not in TOPOLOGY_GPUS]
+    parts = [f"{', '.join(other)} (a GPU's all-reduce comes from "
+             f"{', '.join(f'{t} for {g}' for t, g in TOPOLOGY_GPUS.items())} only)"] if other else []
+    parts += [f"{n.path.relative_to(ps.root)} (no {TOPOLOGY_GPUS[n.topology]} compute profiles)"
+              for n in unused if n.topology in TOPOLOGY_GPUS]
+    if parts:
+        notes.append(f"note: not used by any GPU's fit: {'; '.join(parts)}")
     for name, fit in fits.items():
         stuck = ([f"GEMM {c}" for c in at_bounds(fit.gemm, GEMM_COEFS)]
                  + [f"{op} {c}" for op, e in fit.elementwise.items() for c in at_bounds(e, ELEMENTWISE_COEFS)]
@@ -598,4 +606,4 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Pa
                                          "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
                                          "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
                                                        for t, f in nets.items()}}, indent=1))
-    return paths, loo.attrs["single_model_gpus"], fit_notes(fits)
+    return paths, loo.attrs["single_model_gpus"], fit_notes(ps, fits)

@@ -173,6 +173,24 @@ def test_network_file_with_no_single_node_rows_is_an_error(tmp_path):
                "and every row spans nodes (num_workers/devices_per_node: 2/1)" in r.output
 
 
+def test_network_files_no_gpu_uses_are_named(tmp_path):
+    """A topology no GPU is fitted with (l40s_pcie), or whose GPU has no compute profiles here (h100_dgx), was
+    silently unused; now one line names each file and why."""
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"], tps=(1,))
+    for topology in ("a100_dgx", "h100_dgx", "l40s_pcie", "a100_pairwise_nvlink"):
+        net = tmp_path / "network" / topology / "all_reduce.csv"
+        net.parent.mkdir(parents=True)
+        net.write_text("num_workers,size,time_stats.all_reduce.median\n2,1024,0.02\n2,2048,0.03\n2,4096,0.04\n")
+    line = ("note: not used by any GPU's fit: network/a100_pairwise_nvlink/all_reduce.csv, network/l40s_pcie/"
+            "all_reduce.csv (a GPU's all-reduce comes from a100_dgx for a100-80gb, h100_dgx for h100 only); "
+            "network/h100_dgx/all_reduce.csv (no h100 compute profiles)")
+    for args in (["fit", str(tmp_path)], ["validate", str(tmp_path), "--out", str(tmp_path / "out")]):
+        r = CliRunner().invoke(app, ["profiles", *args])
+        assert r.exit_code == 0 and line in r.output.splitlines(), r.output
+        assert "topology='a100_dgx'" in r.output or args[0] == "validate"
+
+
 def test_reader_bad_folders(tmp_path):
     with pytest.raises(ProfileError, match="no such profile folder"):
         read_profiles(tmp_path / "nope")
@@ -271,7 +289,7 @@ def test_a_coefficient_ending_at_its_bound_is_a_warning(tmp_path):
     assert "input_layernorm" not in warning[0]  # the elementwise ops fitted well
     r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0 and warning[0] in r.output, r.output
-    assert fit_notes({"a100-80gb": TRUE}) == []
+    assert fit_notes(read_profiles(tmp_path), {"a100-80gb": TRUE}) == []
 
 
 @pytest.mark.parametrize("gpu", [g for g in GPUS if GPUS[g].operators is not None])
