@@ -268,7 +268,8 @@ def test_an_op_measured_on_no_model_is_not_fitted_and_the_roofline_prices_it(tmp
     r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert "warning: a100-80gb: attn_rope measured on no model" in r.output
-    assert "attn_rope" not in json.loads((tmp_path / "out" / "fits.json").read_text())["gpus"]["a100-80gb"]["elementwise"]
+    fits = json.loads((tmp_path / "out" / "fits.json").read_text())
+    assert "attn_rope" not in fits["gpus"]["a100-80gb"]["elementwise"]
 
 
 def test_a_coefficient_ending_at_its_bound_is_a_warning(tmp_path):
@@ -283,7 +284,8 @@ def test_a_coefficient_ending_at_its_bound_is_a_warning(tmp_path):
         write_profile(tmp_path, "a100", name, shape, slow, spec, tps=(1, 2))
     r = CliRunner().invoke(app, ["profiles", "fit", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    warning = [line for line in r.output.splitlines() if line.startswith("warning: a100-80gb: the fit ended at its bounds")]
+    warning = [line for line in r.output.splitlines()
+               if line.startswith("warning: a100-80gb: the fit ended at its bounds")]
     assert len(warning) == 1 and "GEMM compute_efficiency=0.05 (its lower bound)" in warning[0]
     assert "GEMM bandwidth_efficiency=0.05 (its lower bound)" in warning[0] and "tile_tokens" not in warning[0]
     assert "input_layernorm" not in warning[0]  # the elementwise ops fitted well
