@@ -384,13 +384,15 @@ def profile_errors():
 @profiles_app.command("fit")
 def profiles_fit(root: ProfileDir) -> None:
     """Fit every GPU's coefficients on all its models; print them as catalog literals (sim/catalog.py)."""
-    from sim.profiles import fit_catalog_literals, fit_literal, gpu_specs, profile_commit, read_profiles
+    from sim.profiles import fit_catalog_literals, fit_literal, fit_notes, gpu_specs, profile_commit, read_profiles
 
     with profile_errors():
         ps = read_profiles(root)
         fits = fit_catalog_literals(ps, gpu_specs(ps), profile_commit(root))
     for name, fit in fits.items():
         print(f"# {name}\n{fit_literal(fit)}")
+    for line in fit_notes(ps, fits):  # on stderr: stdout is the literals, to paste
+        err.print(line, highlight=False, soft_wrap=True)
 
 
 @profiles_app.command("validate")
@@ -406,7 +408,7 @@ def profiles_validate(
     with profile_errors():
         from sim.outputs import out_dir as checked_dir
 
-        paths, alone = validate_to_dir(root, checked_dir(out_dir))
+        paths, alone, notes = validate_to_dir(root, checked_dir(out_dir))
     import pandas as pd
 
     mape = pd.read_csv(paths["mape"])
@@ -421,6 +423,8 @@ def profiles_validate(
     if alone:
         out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
                   highlight=False)
+    for line in notes:
+        err.print(line, highlight=False, soft_wrap=True)
     paths["report"] = write_profiles_report(out_dir)
     from reports.console import print_paths
 

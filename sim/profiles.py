@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sim.catalog import AllReduceFit, ElementwiseFit, GemmFit, GpuSpec, ModelSpec, OperatorFit
+from sim.kv import CapacityError, check_tensor_parallel
 
 # The ops of one layer as Vidur names them; ``add`` (a residual add) runs twice per layer.
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -45,6 +46,16 @@ NETWORK_COLUMNS = ("num_workers", "size", "time_stats.all_reduce.median")
 # Vidur's GPU folder names -> catalog GPUs; network topologies -> the GPU whose tensor-parallel group uses it.
 PROFILE_GPUS = {"a100": "a100-80gb", "h100": "h100", "a40": "a40"}
 TOPOLOGY_GPUS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100"}
+
+# The largest value a column may hold: above it a figure is no measurement (a typo, a unit mix-up) and would drag
+# the fit to its bounds. A batch of 2**24 tokens holds any catalog model's whole context (Llama-4-Scout:
+# 10,485,760); a scenario's tensor_parallel is at most 1,024. Vidur's slowest op takes 39 ms (a 70B layer's
+# gate/up at 4,096 tokens on an A40); even a 400B-class layer's gate/up at 2**24 tokens on an A40 takes
+# about 390 s, under the 10**6 ms allowed for one op of one layer.
+LIMITS = {"num_tokens": (2**24, "tokens in one batch"),
+          "num_tensor_parallel_workers": (1024, "(a scenario's limit on tensor_parallel)"),
+          "num_workers": (1024, "(a scenario's limit on tensor_parallel)"),
+          "time_stats": (1e6, "ms (17 minutes for one op of one layer: no kernel time)")}
 
 
 class ProfileError(ValueError):
@@ -84,20 +95,25 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...] =
     if not len(df):
         raise ProfileError(f"{path}: no rows")
     for col in required + tuple(c for c in optional if c in df.columns):
-        v = pd.to_numeric(df[col], errors="coerce")
-        bad = ~np.isfinite(v.to_numpy(dtype=np.float64)) | (v.to_numpy(dtype=np.float64) < 0)
-        if col in ("num_tokens", "num_tensor_parallel_workers", "num_workers", "size") or col in SHAPE_COLUMNS:
-            bad |= (v.to_numpy(dtype=np.float64) % 1 != 0) & ~bad
-        if col != "use_gated_mlp":  # counts and sizes are positive; a 0-ms time is no measurement (log-time fit)
-            bad |= v.to_numpy(dtype=np.float64) <= 0
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            what = ("a whole number ≥ 0" if col == "use_gated_mlp" else
-                    "a positive whole number" if col in KEY_COLUMNS + SHAPE_COLUMNS + ("num_workers", "size")
-                    else "a time > 0 ms")
+        raw = df[col]
+        if col == "use_gated_mlp" and not pd.api.types.is_numeric_dtype(raw):  # true/false among 0/1 (alone: bool)
+            raw = raw.map(lambda s: {"true": 1, "false": 0}.get(str(s).strip().lower(), s))
+        v = pd.to_numeric(raw, errors="coerce")
+        x = v.to_numpy(dtype=np.float64)
+        if col == "use_gated_mlp":
+            what, bad = "0 or 1 (false or true)", (x != 0) & (x != 1)
+        elif col.startswith("time_stats."):  # a 0-ms time is no measurement (log-time fit)
+            what, bad = "a time > 0 ms", ~(np.isfinite(x) & (x > 0))
+        else:  # counts and sizes
+            what, bad = "a positive whole number", ~(np.isfinite(x) & (x > 0)) | (x % 1 != 0)
+        limit, why = LIMITS.get("time_stats" if col.startswith("time_stats.") else col, (np.inf, ""))
+        over = ~bad & (x > limit)
+        if (bad | over).any():
+            i = int(np.flatnonzero(bad | over)[0])
             got = df[col].iloc[i]
             got = got.item() if isinstance(got, np.generic) else got  # 3.5, nan: not np.float64(3.5)
-            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected {what}, got {got!r}")
+            raise ProfileError(f"{path}: line {i + 2}, column {col!r}: expected "
+                               f"{what if bad[i] else f'at most {limit:,.0f} {why}'}, got {got!r}")
         df[col] = v
     return df
 
@@ -116,13 +132,19 @@ def read_compute_profile(path: str | Path) -> ComputeProfile:
         raise ProfileError(f"{path}: line {i + 2}: the model's shape columns ({', '.join(SHAPE_COLUMNS)}) "
                            f"differ from the first row's: one file holds one model")
     table = df[list(KEY_COLUMNS + SHAPE_COLUMNS)].astype(np.int64).copy()
+    name = "/".join(path.parts[-3:-1])
+    model = profile_model(table, name)
+    for tp in table.num_tensor_parallel_workers.unique():  # heads split over the ranks, as a run requires
+        try:
+            check_tensor_parallel(model, int(tp))
+        except CapacityError as e:
+            i = int(np.flatnonzero(table.num_tensor_parallel_workers == tp)[0])
+            raise ProfileError(f"{path}: line {i + 2}, column 'num_tensor_parallel_workers': {e}") from None
     for op in LAYER_OPS:
         table[op] = df[f"time_stats.{op}.median"].astype(np.float64) if op in present else np.nan
     # NOTE: Vidur's files repeat some (num_tokens, tp) rows (measured twice): their mean is the measurement
     table = table.groupby(list(KEY_COLUMNS + SHAPE_COLUMNS), as_index=False, dropna=False)[list(LAYER_OPS)].mean()
-    parts = path.parts
-    return ComputeProfile(gpu=parts[-4] if len(parts) >= 4 else "?", model="/".join(parts[-3:-1]),
-                          path=path, table=table)
+    return ComputeProfile(gpu=path.parts[-4] if len(path.parts) >= 4 else "?", model=name, path=path, table=table)
 
 
 def read_network_profile(path: str | Path) -> NetworkProfile:
@@ -130,7 +152,13 @@ def read_network_profile(path: str | Path) -> NetworkProfile:
     path = Path(path)
     df = _read_csv(path, NETWORK_COLUMNS)
     if "devices_per_node" in df.columns:
-        df = df[pd.to_numeric(df.devices_per_node, errors="coerce") >= df.num_workers]
+        single = pd.to_numeric(df.devices_per_node, errors="coerce") >= df.num_workers
+        if not single.any():  # a topology with no fit of its own would still be claimed by its GPU's fit
+            pairs = sorted({(int(w), str(d)) for w, d in zip(df.num_workers, df.devices_per_node)})
+            raise ProfileError(f"{path}: no usable rows: the fit uses all-reduces within one node (devices_per_node "
+                               f"≥ num_workers), and every row spans nodes (num_workers/devices_per_node: "
+                               f"{', '.join(f'{w}/{d}' for w, d in pairs[:6])}{', ...' if len(pairs) > 6 else ''})")
+        df = df[single]
     table = pd.DataFrame({"num_workers": df.num_workers.astype(np.int64), "size": df["size"].astype(np.int64),
                           "time_ms": df["time_stats.all_reduce.median"].astype(np.float64)})
     return NetworkProfile(topology=path.parent.name, path=path, table=table.reset_index(drop=True))
@@ -189,10 +217,49 @@ def profile_model(table: pd.DataFrame, name: str) -> ModelSpec:
 # ---------------------------------------------------------------------------------------------- fitting
 
 
-def _least_squares(fun, x0, lower, upper):
+@dataclass(frozen=True)
+class Coef:
+    """One fitted coefficient: the optimizer's start and bounds, in ``unit`` (the fit's field is the value times
+    ``unit``). A ``floor`` lower bound is where a term of the model vanishes (no launch cost, no tile term; at
+    sharpness 1 the two regimes add): a fit may well end there. Ending at any other bound says the measurements
+    are beyond what the model fits, and ``fit_notes`` says so."""
+
+    name: str
+    start: float
+    lower: float
+    upper: float
+    unit: float = 1.0
+    floor: bool = False
+
+
+GEMM_COEFS = (Coef("launch_s", 8.0, 0.0, 200.0, 1e-6, floor=True), Coef("compute_efficiency", 0.7, 0.05, 1.0),
+              Coef("bandwidth_efficiency", 0.8, 0.05, 1.2), Coef("sharpness", 2.0, 1.0, 20.0, floor=True),
+              Coef("tile_tokens", 10.0, 0.0, 2000.0, floor=True))
+ELEMENTWISE_COEFS = (Coef("launch_s", 5.0, 0.0, 200.0, 1e-6, floor=True), Coef("bandwidth_efficiency", 0.5, 0.01, 1.2))
+ALLREDUCE_COEFS = (Coef("latency_s", 20.0, 0.1, 1000.0, 1e-6), Coef("bus_bytes_per_s", 100.0, 0.1, 5000.0, 1e9),
+                   Coef("sharpness", 2.0, 1.0, 20.0, floor=True))
+
+
+def _least_squares(fun, cls, coefs):
+    """``cls`` with the coefficients that minimise ``fun(cls(...))`` (residuals) within their bounds."""
     from scipy.optimize import least_squares  # NOTE: only fitting needs scipy; pricing a step does not
 
-    return least_squares(fun, x0, bounds=(lower, upper), x_scale="jac").x
+    def make(x):
+        return cls(**{c.name: v * c.unit for c, v in zip(coefs, x)})
+
+    x = least_squares(lambda x: fun(make(x)), [c.start for c in coefs],
+                      bounds=([c.lower for c in coefs], [c.upper for c in coefs]), x_scale="jac").x
+    return make([float(v) for v in x])
+
+
+def at_bounds(fit, coefs) -> list[str]:
+    """The coefficients of ``fit`` that ended at a bound other than a floor (within 1e-6 of their range)."""
+    out = []
+    for c in coefs:
+        v, tol = getattr(fit, c.name) / c.unit, 1e-6 * (c.upper - c.lower)
+        if v >= c.upper - tol or (v <= c.lower + tol and not c.floor):
+            out.append(f"{c.name}={getattr(fit, c.name):.4g} (its {'upper' if v >= c.upper - tol else 'lower'} bound)")
+    return out
 
 
 def _gemm_rows(profiles: list[ComputeProfile]):
@@ -215,14 +282,10 @@ def fit_gemm(profiles: list[ComputeProfile], gpu: GpuSpec) -> GemmFit:
     M, N, K, y = _gemm_rows(profiles)
     ok = y > 0
 
-    def resid(x):
-        fit = GemmFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], bandwidth_efficiency=x[2], sharpness=x[3],
-                      tile_tokens=x[4])
+    def resid(fit):
         return np.log(fit.time_s(M[ok], N[ok], K[ok], gpu) / y[ok])
 
-    x = _least_squares(resid, [8.0, 0.7, 0.8, 2.0, 10.0], [0.0, 0.05, 0.05, 1.0, 0.0], [200.0, 1.0, 1.2, 20.0, 2000.0])
-    return GemmFit(launch_s=float(x[0]) * 1e-6, compute_efficiency=float(x[1]), bandwidth_efficiency=float(x[2]),
-                   sharpness=float(x[3]), tile_tokens=float(x[4]))
+    return _least_squares(resid, GemmFit, GEMM_COEFS)
 
 
 def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, ElementwiseFit]:
@@ -237,12 +300,13 @@ def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, E
                 y.append(g[op].to_numpy(np.float64) / 1e3)
         b, y = np.concatenate(b), np.concatenate(y)
         ok = y > 0  # NaN (an op the model lacks) compares False
+        if not ok.any():  # measured on no model: not fitted (the datasheet roofline prices it; ``fit_notes``)
+            continue
 
-        def resid(x):
-            return np.log((x[0] * 1e-6 + b[ok] / (x[1] * gpu.hbm_bytes_per_s)) / y[ok])
+        def resid(e):
+            return np.log((e.launch_s + b[ok] / (e.bandwidth_efficiency * gpu.hbm_bytes_per_s)) / y[ok])
 
-        x = _least_squares(resid, [5.0, 0.5], [0.0, 0.01], [200.0, 1.2])
-        out[op] = ElementwiseFit(launch_s=float(x[0]) * 1e-6, bandwidth_efficiency=float(x[1]))
+        out[op] = _least_squares(resid, ElementwiseFit, ELEMENTWISE_COEFS)
     return out
 
 
@@ -253,13 +317,10 @@ def fit_allreduce(net: NetworkProfile) -> dict[int, AllReduceFit]:
         s, y = g["size"].to_numpy(np.float64), g.time_ms.to_numpy(np.float64) / 1e3
         ok = y > 0
 
-        def resid(x):
-            fit = AllReduceFit(latency_s=x[0] * 1e-6, bus_bytes_per_s=x[1] * 1e9, sharpness=x[2])
+        def resid(fit):
             return np.log(fit.time_array(s[ok]) / y[ok])
 
-        x = _least_squares(resid, [20.0, 100.0, 2.0], [0.1, 0.1, 1.0], [1000.0, 5000.0, 20.0])
-        out[int(w)] = AllReduceFit(latency_s=float(x[0]) * 1e-6, bus_bytes_per_s=float(x[1]) * 1e9,
-                                   sharpness=float(x[2]))
+        out[int(w)] = _least_squares(resid, AllReduceFit, ALLREDUCE_COEFS)
     return out
 
 
@@ -424,6 +485,33 @@ def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: 
     return out
 
 
+def fit_notes(ps: ProfileSet, fits: dict[str, OperatorFit]) -> list[str]:
+    """What a reader of the fitted coefficients must know (``sim profiles fit`` and ``validate`` print it): the
+    coefficients that ended at a bound of the optimizer (``Coef``), the ops measured on no model of a GPU,
+    which the datasheet roofline prices (``OpPricer.elementwise_s``), and the network files no GPU's fit uses."""
+    notes = []
+    unused = [n for n in ps.network if n.topology not in {f.topology for f in fits.values()}]
+    other = [str(n.path.relative_to(ps.root)) for n in unused if n.topology not in TOPOLOGY_GPUS]
+    parts = [f"{', '.join(other)} (a GPU's all-reduce comes from "
+             f"{', '.join(f'{t} for {g}' for t, g in TOPOLOGY_GPUS.items())} only)"] if other else []
+    parts += [f"{n.path.relative_to(ps.root)} (no {TOPOLOGY_GPUS[n.topology]} compute profiles)"
+              for n in unused if n.topology in TOPOLOGY_GPUS]
+    if parts:
+        notes.append(f"note: not used by any GPU's fit: {'; '.join(parts)}")
+    for name, fit in fits.items():
+        stuck = ([f"GEMM {c}" for c in at_bounds(fit.gemm, GEMM_COEFS)]
+                 + [f"{op} {c}" for op, e in fit.elementwise.items() for c in at_bounds(e, ELEMENTWISE_COEFS)]
+                 + [f"all-reduce x{w} {c}" for w, a in fit.allreduce.items() for c in at_bounds(a, ALLREDUCE_COEFS)])
+        if stuck:
+            notes.append(f"warning: {name}: the fit ended at its bounds, not at a fit of the measurements: "
+                         f"{', '.join(stuck)}; check the profile's times")
+        missing = [op for op in ELEMENTWISE_OPS if op not in fit.elementwise]
+        if missing:
+            notes.append(f"warning: {name}: {', '.join(missing)} measured on no model (no file has its column): "
+                         f"not fitted; the datasheet roofline prices {'it' if len(missing) == 1 else 'them'}")
+    return notes
+
+
 def fit_to_dict(fit: OperatorFit) -> dict:
     d = asdict(fit)
     d["allreduce"] = {str(k): v for k, v in d["allreduce"].items()}
@@ -444,6 +532,8 @@ def fit_literal(fit: OperatorFit) -> str:
              "    elementwise={"]
     for op, e in fit.elementwise.items():
         lines.append(f"        {op!r}: ElementwiseFit({_round(e.launch_s)!r}, {_round(e.bandwidth_efficiency)!r}),")
+    lines += [f"        # {op!r}: not measured on this GPU: priced by the datasheet roofline"
+              for op in ELEMENTWISE_OPS if op not in fit.elementwise]
     lines.append("    },")
     lines.append("    allreduce={" + ", ".join(
         f"{w}: AllReduceFit({_round(a.latency_s)!r}, {_round(a.bus_bytes_per_s)!r}, {_round(a.sharpness)!r})"
@@ -489,11 +579,11 @@ def step_vs_tp() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
+def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Path], list[str], list[str]]:
     """``sim profiles validate``: leave-one-model-out on every GPU of ``root``; writes ``loo.parquet``
     (every prediction), ``mape.csv`` (per GPU and op), ``allreduce.parquet``, ``step_vs_tp.csv`` and
-    ``fits.json`` (each GPU fitted on all its models). Returns the paths and the GPUs left out of the
-    validation (one model measured: nothing to fit on when it is left out)."""
+    ``fits.json`` (each GPU fitted on all its models). Returns the paths, the GPUs left out of the
+    validation (one model measured: nothing to fit on when it is left out) and the fits' notes (``fit_notes``)."""
     import json
 
     ps = read_profiles(root)
@@ -515,4 +605,4 @@ def validate_to_dir(root: str | Path, out_dir: str | Path) -> tuple[dict[str, Pa
                                          "gpus": {k: fit_to_dict(v) for k, v in fits.items()},
                                          "allreduce": {t: {str(w): asdict(a) for w, a in f.items()}
                                                        for t, f in nets.items()}}, indent=1))
-    return paths, loo.attrs["single_model_gpus"]
+    return paths, loo.attrs["single_model_gpus"], fit_notes(ps, fits)

@@ -4,6 +4,7 @@ the host cost, `sim steptime`, and (with ../shared/profiles) the leave-one-model
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,13 +105,40 @@ def test_reader_averages_repeated_measurements(tmp_path):
     (lambda df: df.assign(**{"time_stats.add.median": [-1.0] + [1.0] * (len(df) - 1)}), "column 'time_stats.add.median'"),
     (lambda df: df.assign(n_embd=[8192] * 3 + [4096] * (len(df) - 3)), "line 5: the model's shape columns"),
     (lambda df: df.iloc[0:0], "no rows"),
+    # absurd values: the fit ended at its bounds (launch 200 µs, efficiencies 0.05, tile 2,000 tokens)
+    (lambda df: df.assign(**{"time_stats.attn_pre_proj.median": 1e300}),
+     "line 2, column 'time_stats.attn_pre_proj.median': expected at most 1,000,000 ms (17 minutes for one op of one "
+     "layer: no kernel time), got 1e+300"),
+    (lambda df: df.assign(use_gated_mlp=2), "line 2, column 'use_gated_mlp': expected 0 or 1 (false or true), got 2"),
+    (lambda df: df.assign(num_tensor_parallel_workers=[1, 1, 10**12] + [1] * (len(df) - 3)),
+     "line 4, column 'num_tensor_parallel_workers': expected at most 1,024 (a scenario's limit on tensor_parallel), "
+     "got 1000000000000"),
+    (lambda df: df.assign(num_tokens=list(df.num_tokens[:4]) + [10**15] + list(df.num_tokens[5:])),
+     "line 6, column 'num_tokens': expected at most 16,777,216 tokens in one batch, got 1000000000000000"),
 ])
 def test_reader_names_file_line_and_column(tmp_path, edit, message):
     path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
     edit(pd.read_csv(path)).to_csv(path, index=False)
-    with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(ProfileError, match=re.escape(message)) as e:
         read_compute_profile(path)
     assert str(path) in str(e.value) and "np." not in str(e.value)  # plain values, not numpy reprs
+
+
+def test_reader_heads_must_split_over_tp_and_gated_mlp_may_read_true_false(tmp_path):
+    """n_head 7 at TP 2 was fitted as 3 heads per rank; now the error a run gives, naming the line. A
+    use_gated_mlp column mixing true/false with 0/1 reads as 0/1."""
+    path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1, 2))
+    df = pd.read_csv(path)
+    df.assign(n_head=7, n_kv_head=7).to_csv(path, index=False)
+    with pytest.raises(ProfileError, match=f"line {len(TOKENS) + 2}, column 'num_tensor_parallel_workers': org/mid: "
+                                           f"7 attention heads do not split over tensor_parallel=2"):
+        read_compute_profile(path)
+    df.assign(use_gated_mlp=["true", "0", " False", "1"] * (len(df) // 4) + ["1"] * (len(df) % 4)).to_csv(path,
+                                                                                                        index=False)
+    with pytest.raises(ProfileError, match="line 3: the model's shape columns"):  # read as 1, 0, 0, 1: two shapes
+        read_compute_profile(path)
+    df.assign(use_gated_mlp=["true", "1"] * (len(df) // 2)).to_csv(path, index=False)
+    assert (read_compute_profile(path).table.use_gated_mlp == 1).all()
 
 
 def test_reader_rejects_a_zero_time_and_keeps_absent_elementwise_ops(tmp_path):
@@ -128,6 +156,39 @@ def test_reader_rejects_a_zero_time_and_keeps_absent_elementwise_ops(tmp_path):
     with pytest.raises(ProfileError, match=r"all_reduce.csv: line 3, column 'time_stats.all_reduce.median': "
                                            r"expected a time > 0 ms, got 0.0$"):
         read_network_profile(net)
+
+
+def test_network_file_with_no_single_node_rows_is_an_error(tmp_path):
+    """Every row a multi-node group (devices_per_node < num_workers): the reader kept none, and the GPU's fit
+    claimed topology a100_dgx with allreduce={}; now an error naming the file and why no row is usable."""
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"], tps=(1,))
+    net = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text("num_workers,size,time_stats.all_reduce.median,devices_per_node\n2,1024,0.02,1\n2,2048,0.03,1\n")
+    for args in (["fit", str(tmp_path)], ["validate", str(tmp_path), "--out", str(tmp_path / "out")]):
+        r = CliRunner().invoke(app, ["profiles", *args])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert f"{net}: no usable rows: the fit uses all-reduces within one node (devices_per_node ≥ num_workers), " \
+               "and every row spans nodes (num_workers/devices_per_node: 2/1)" in r.output
+
+
+def test_network_files_no_gpu_uses_are_named(tmp_path):
+    """A topology no GPU is fitted with (l40s_pcie), or whose GPU has no compute profiles here (h100_dgx), was
+    silently unused; now one line names each file and why."""
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, TRUE, GPUS["a100-80gb"], tps=(1,))
+    for topology in ("a100_dgx", "h100_dgx", "l40s_pcie", "a100_pairwise_nvlink"):
+        net = tmp_path / "network" / topology / "all_reduce.csv"
+        net.parent.mkdir(parents=True)
+        net.write_text("num_workers,size,time_stats.all_reduce.median\n2,1024,0.02\n2,2048,0.03\n2,4096,0.04\n")
+    line = ("note: not used by any GPU's fit: network/a100_pairwise_nvlink/all_reduce.csv, network/l40s_pcie/"
+            "all_reduce.csv (a GPU's all-reduce comes from a100_dgx for a100-80gb, h100_dgx for h100 only); "
+            "network/h100_dgx/all_reduce.csv (no h100 compute profiles)")
+    for args in (["fit", str(tmp_path)], ["validate", str(tmp_path), "--out", str(tmp_path / "out")]):
+        r = CliRunner().invoke(app, ["profiles", *args])
+        assert r.exit_code == 0 and line in r.output.splitlines(), r.output
+        assert "topology='a100_dgx'" in r.output or args[0] == "validate"
 
 
 def test_reader_bad_folders(tmp_path):
@@ -185,6 +246,52 @@ def test_fit_recovers_known_coefficients(tmp_path):
         assert fit.elementwise[op].bandwidth_efficiency == pytest.approx(TRUE.elementwise[op].bandwidth_efficiency,
                                                                          rel=0.02)
         assert fit.elementwise[op].launch_s == pytest.approx(TRUE.elementwise[op].launch_s, rel=0.05)
+
+
+def test_an_op_measured_on_no_model_is_not_fitted_and_the_roofline_prices_it(tmp_path):
+    """attn_rope absent from every model of a GPU: the fit printed the optimizer's starting guess,
+    ElementwiseFit(5e-06, 0.5), as fitted coefficients; now the op is left out of the fit, the literal and a
+    warning say so, and the step-time model prices it by the datasheet roofline."""
+    spec = GPUS["a100-80gb"]
+    for name, shape in SHAPES.items():
+        path = write_profile(tmp_path, "a100", name, shape, TRUE, spec, tps=(1, 2))
+        pd.read_csv(path).drop(columns=["time_stats.attn_rope.median"]).to_csv(path, index=False)
+    fit = fit_gpu(read_profiles(tmp_path).compute, spec)
+    assert "attn_rope" not in fit.elementwise and set(fit.elementwise) == set(ELEMENTWISE_OPS) - {"attn_rope"}
+    model = MODELS["llama-2-7b"]
+    ops = predict_ops(fit, spec, model, 1, TOKENS)
+    assert np.allclose(ops["attn_rope"], predict_ops(None, spec, model, 1, TOKENS)["attn_rope"])
+    r = CliRunner().invoke(app, ["profiles", "fit", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "'attn_rope': ElementwiseFit" not in r.output and "# 'attn_rope': not measured on this GPU" in r.output
+    assert "warning: a100-80gb: attn_rope measured on no model" in r.output
+    r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "warning: a100-80gb: attn_rope measured on no model" in r.output
+    fits = json.loads((tmp_path / "out" / "fits.json").read_text())
+    assert "attn_rope" not in fits["gpus"]["a100-80gb"]["elementwise"]
+
+
+def test_a_coefficient_ending_at_its_bound_is_a_warning(tmp_path):
+    """GEMMs 50x slower than the datasheet allows at any efficiency within bounds: the fit ended at
+    compute_efficiency=0.05 and printed it as a fit; now a warning names the GPU and the coefficients. A floor
+    (tile_tokens 0: no tile term) is a result, not a warning."""
+    from sim.profiles import fit_notes
+
+    spec = GPUS["a100-80gb"]
+    slow = replace(TRUE, gemm=GemmFit(8e-6, 0.01, 0.01, 2.5, 0.0))
+    for name, shape in SHAPES.items():
+        write_profile(tmp_path, "a100", name, shape, slow, spec, tps=(1, 2))
+    r = CliRunner().invoke(app, ["profiles", "fit", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    warning = [line for line in r.output.splitlines()
+               if line.startswith("warning: a100-80gb: the fit ended at its bounds")]
+    assert len(warning) == 1 and "GEMM compute_efficiency=0.05 (its lower bound)" in warning[0]
+    assert "GEMM bandwidth_efficiency=0.05 (its lower bound)" in warning[0] and "tile_tokens" not in warning[0]
+    assert "input_layernorm" not in warning[0]  # the elementwise ops fitted well
+    r = CliRunner().invoke(app, ["profiles", "validate", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0 and warning[0] in r.output, r.output
+    assert fit_notes(read_profiles(tmp_path), {"a100-80gb": TRUE}) == []
 
 
 @pytest.mark.parametrize("gpu", [g for g in GPUS if GPUS[g].operators is not None])
