@@ -264,6 +264,15 @@ TS = "2023-11-16 18:15:47.0000000"
      "dupcol.csv:1: column 'ContextTokens' appears more than once"),
     ("dupkey.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "input_length": 7}\n',
      "dupkey.jsonl:1: column 'input_length' appears more than once"),
+    # arrivals more than 1e9 s after the start: times in a finer unit, as a rule (they crashed trace info)
+    ("late.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,10\n1.0,200,20\n1e300,50,5\n",
+     "late.csv:4: arrived_at = 1e+300, expected an arrival at most 1,000,000,000 s (about 32 years) after the "
+     "trace's start (are the times in a finer unit than s?)"),
+    ("late.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1e20, "input_length": 5, '
+     '"output_length": 1}\n', "late.jsonl:2: timestamp = 1e+20, expected an arrival at most 1,000,000,000 s"),
+    ("year.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,374,44\n9999-12-31 23:59:59,396,109\n",
+     "year.csv:3: TIMESTAMP = '9999-12-31 23:59:59', expected an arrival at most 1,000,000,000 s (about 32 years) "
+     "after the trace's start"),
 ])
 def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message):
     p = write(tmp_path, name, text)
@@ -299,6 +308,19 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_minute(tmp_path):
+    """An arrival more than 1e9 s after the start is a bad value (dropped and counted as too_large); the
+    peak rate counts runs of sorted arrivals, so a span stretched by rate_scale allocates nothing per minute
+    (np.bincount over 1e300 s raised, over 9999 years ran out of memory)."""
+    p = write(tmp_path, "late.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n0.5,1,1\n59.9,1,1\n"
+              "60,1,1\n1e9,1,1\n1e9,1,1\n1000000000.5,1,1\n")
+    t = load(p, "bad_rows=drop")
+    assert len(t) == 6 and t.dropped == {"too_large": 1}
+    assert trace_stats(t, timed=True)["peak_rate_per_min"] == 3
+    r = runner.invoke(app, ["trace", "info", str(p), "-w", "bad_rows=drop", "-w", "rate_scale=1e-9"])
+    assert r.exit_code == 0 and "span            1,000,000,000,000,000,000.0 s" in r.output and "peak 2 /min" in r.output
 
 
 def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):

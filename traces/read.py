@@ -7,8 +7,8 @@ next is read. A 16.8M-row Azure file needs about 0.4 GB for its result (``benchm
 Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in = requests + dropped):
 
 - structural problems (missing column, empty file, arrivals out of order) stop with an error;
-- a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, invalid JSON,
-  malformed hash ids) stops with an error naming file, line, column and what was expected, or with
+- a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, an arrival more
+  than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
 - a CSV line with more fields than the header stops with an error naming the line, or with
   ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from sim.config import ScenarioError
+from sim.config import MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
 
@@ -237,8 +237,11 @@ def _show(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def _expected(fmt: TraceFormat, column: str) -> str:
+def _expected(fmt: TraceFormat, column: str, code: int) -> str:
     if column == fmt.arrival:
+        if code == TOO_LARGE:
+            finer = "" if fmt.arrival_unit == "datetime" else f" (are the times in a finer unit than {fmt.arrival_unit}?)"
+            return f"an arrival at most {MAX_SECONDS:,.0f} s (about 32 years) after the trace's start{finer}"
         if fmt.arrival_unit == "datetime":
             return "a date and time such as 2023-11-16 18:15:46.6805900"
         return f"a number of {fmt.arrival_unit} >= 0"
@@ -279,20 +282,25 @@ class _Collector:
         self.count(reason)
 
     def _arrivals(self, col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds from the trace's start, and problem codes: an arrival more than MAX_SECONDS (about 32
+        years) after the start is too large (times in a finer unit than the format's, as a rule)."""
         fmt = self.tf.fmt
         if fmt.arrival_unit == "datetime":
             ts, codes = _timestamps(col)
             if self.t0 is None and (codes == 0).any():
                 self.t0 = ts[codes == 0].iloc[0]
-            return ((ts - self.t0).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
-                    if self.t0 is not None else np.full(len(col), np.nan)), codes
-        if col.dtype.kind == "M":  # a timestamp column (parquet) is not seconds since 1970
-            raise ScenarioError(f"{self.tf.path}: column {fmt.arrival!r} holds date-times, but the format reads it "
-                                f"as a number in {fmt.arrival_unit}; set columns.arrival_unit: datetime")
-        values, codes = _numbers(col, integer=False)
-        if self.t0 is None and (codes == 0).any():
-            self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
-        return (values - (self.t0 or 0.0)) * SECONDS_PER_UNIT[fmt.arrival_unit], codes
+            seconds = ((ts - self.t0).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
+                       if self.t0 is not None else np.full(len(col), np.nan))
+        else:
+            if col.dtype.kind == "M":  # a timestamp column (parquet) is not seconds since 1970
+                raise ScenarioError(f"{self.tf.path}: column {fmt.arrival!r} holds date-times, but the format reads "
+                                    f"it as a number in {fmt.arrival_unit}; set columns.arrival_unit: datetime")
+            values, codes = _numbers(col, integer=False)
+            if self.t0 is None and (codes == 0).any():
+                self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
+            seconds = (values - (self.t0 or 0.0)) * SECONDS_PER_UNIT[fmt.arrival_unit]
+        codes[(codes == 0) & (seconds > MAX_SECONDS)] = TOO_LARGE
+        return seconds, codes
 
     def add(self, chunk: Chunk) -> None:
         fmt, frame, n = self.tf.fmt, chunk.frame, len(chunk.frame)
@@ -353,7 +361,7 @@ class _Collector:
                 value = chunk.frame[col].iloc[i]
                 got = "is empty" if code == MISSING else f"= {_show(value)}"
                 raise ScenarioError(f"{self.tf.where(int(chunk.lines[i]))}: {col} {got}, expected "
-                                    f"{_expected(self.tf.fmt, col)}{BAD_ROWS_HINT}")
+                                    f"{_expected(self.tf.fmt, col, code)}{BAD_ROWS_HINT}")
             return
         for _, c in checks:
             mark = (drop == 0) & (c != 0)
