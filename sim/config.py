@@ -201,6 +201,19 @@ class TraceColumns(Strict):
             raise ValueError("give 'hash_ids' and 'hash_block_size' together")
         return self
 
+    @model_validator(mode="after")
+    def _distinct(self) -> "TraceColumns":
+        """Each field reads its own column: two naming one column is a slip (and pandas gives a table, not a
+        column, for a name selected twice)."""
+        seen: dict[str, str] = {}
+        for key in ("arrival", "prompt_tokens", "output_tokens", "hash_ids", "session_id"):
+            column = getattr(self, key)
+            if column in seen:
+                raise ValueError(f"{seen[column]} and {key} both read column {column!r}; expected a column per field")
+            if column is not None:
+                seen[column] = key
+        return self
+
 
 class TimeWindow(Strict):
     """Arrivals in [start_s, end_s) of the trace's own clock, re-based so the window starts at 0."""

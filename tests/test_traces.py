@@ -376,7 +376,14 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
                               (["arrival={kind: poisson, rate: 1}", "rate_scale=2"], "give either 'arrival'"),
                               (["format=azure", "columns={prompt_tokens: a, output_tokens: b}"], "give either 'format'"),
                               (["columns={prompt_tokens: a, output_tokens: b, hash_ids: h}"], "give 'hash_ids' and "
-                               "'hash_block_size' together")]:
+                               "'hash_block_size' together"),
+                              # one column for two fields (a DataFrame's AttributeError before)
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: p}"],
+                               "-w: columns: prompt_tokens and output_tokens both read column 'p'; expected a column per field"),
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: ts}"],
+                               "columns: arrival and output_tokens both read column 'ts'"),
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: o, session_id: p}"],
+                               "columns: prompt_tokens and session_id both read column 'p'")]:
         with pytest.raises(ScenarioError, match=re.escape(message)):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
