@@ -49,6 +49,7 @@ def _number(v: Any) -> Any:
 MAX_TOKENS = 2**31 - 1  # int32's largest
 MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
+MAX_HASH_BLOCK_SIZE = 1 << 20  # tokens per hashed prompt block of a trace (Mooncake: 512)
 MAX_REPLICAS = 1024  # a fleet's replicas: every one's state is held, and stepped, on one core
 Int = Annotated[int, BeforeValidator(_number)]
 Real = Annotated[float, BeforeValidator(_number)]
@@ -192,7 +193,7 @@ class TraceColumns(Strict):
     prompt_tokens: str
     output_tokens: str
     hash_ids: str | None = Field(None, description="list column: one hash id per prompt block")
-    hash_block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 20)] | None = Field(None, description="tokens per hashed block")
+    hash_block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_HASH_BLOCK_SIZE)] | None = Field(None, description="tokens per hashed block")
     session_id: str | None = None
 
     @model_validator(mode="after")

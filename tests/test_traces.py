@@ -407,6 +407,24 @@ def test_parquet_timestamps_are_not_seconds(tmp_path):
         load(p)
 
 
+@pytest.mark.parametrize("size", [b"abc", b"0", b"-5", b"99999999999999999999", b"\xff"])
+def test_a_parquet_tables_hash_block_size_is_checked(tmp_path, size):
+    """Not a whole number was a ValueError traceback; 0 passed sim check, then divided by zero in the run;
+    negative or huge ones were taken as they were."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [1, 2],
+                      "hash_ids": [[1], [1]]})
+    p = tmp_path / "t.parquet"
+    pq.write_table(table.replace_schema_metadata({b"kvsim.hash_block_size": size}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: metadata kvsim.hash_block_size = ")) as e:
+        load(p)
+    assert "expected a whole number of tokens per hashed block from 1 to 1,048,576" in str(e.value)
+    pq.write_table(table.replace_schema_metadata({b"kvsim.hash_block_size": b"16"}), p)
+    assert load(p).prefix_hashes.block_size == 16
+
+
 def test_a_max_model_len_below_two_is_refused(tmp_path):
     """Truncation keeps max_model_len - 1 prompt tokens: at 1 it made empty prompts that 'finished'."""
     p = write(tmp_path, "a.csv", HEAD)

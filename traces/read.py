@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from sim.config import MAX_SECONDS, ScenarioError
+from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
 
@@ -405,6 +405,20 @@ class _Collector:
 # ---------------------------------------------------------------------------------------------- API
 
 
+def _block_size(tf: TraceFile, raw: bytes) -> int:
+    """A parquet table's hash block size, from its metadata: a whole number of tokens, bounded as in a
+    column mapping."""
+    text = raw.decode(errors="replace")
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 0 < size <= MAX_HASH_BLOCK_SIZE:
+        raise ScenarioError(f"{tf.path}: metadata {BLOCK_SIZE_KEY.decode()} = {text!r}, expected a whole number of "
+                            f"tokens per hashed block from 1 to {MAX_HASH_BLOCK_SIZE:,}")
+    return size
+
+
 def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
                filters: dict[str, list[str]] | None = None, chunk_rows: int = CHUNK_ROWS) -> RequestTable:
     """Read a trace file (see :func:`traces.formats.open_trace`) into the canonical request table.
@@ -424,7 +438,7 @@ def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
         import pyarrow.parquet as pq
 
         meta = pq.read_schema(tf.path).metadata or {}
-        block_size = int(meta[BLOCK_SIZE_KEY]) if BLOCK_SIZE_KEY in meta else None
+        block_size = _block_size(tf, meta[BLOCK_SIZE_KEY]) if BLOCK_SIZE_KEY in meta else None
     rows = _Collector(tf, bad_rows, filters, block_size)
     if tf.container == "csv":
         text = [c for c in (fmt.session_id, *(fmt.filters[k] for k in filters)) if c in columns]
