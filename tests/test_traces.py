@@ -264,6 +264,9 @@ TS = "2023-11-16 18:15:47.0000000"
      "dupcol.csv:1: column 'ContextTokens' appears more than once"),
     ("dupkey.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "input_length": 7}\n',
      "dupkey.jsonl:1: column 'input_length' appears more than once"),
+    # one hash id per 512-token block: more ids than the prompt's blocks were taken as they were
+    ("ids.jsonl", '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": ' + str(list(range(3))) + '}\n',
+     "ids.jsonl:1: hash_ids has 3 ids, expected at most 2, one per 512-token block of the 1,000-token prompt"),
     # arrivals more than 1e9 s after the start: times in a finer unit, as a rule (they crashed trace info)
     ("late.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,10\n1.0,200,20\n1e300,50,5\n",
      "late.csv:4: arrived_at = 1e+300, expected an arrival at most 1,000,000,000 s (about 32 years) after the "
@@ -321,6 +324,20 @@ def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_
     assert trace_stats(t, timed=True)["peak_rate_per_min"] == 3
     r = runner.invoke(app, ["trace", "info", str(p), "-w", "bad_rows=drop", "-w", "rate_scale=1e-9"])
     assert r.exit_code == 0 and "span            1,000,000,000,000,000,000.0 s" in r.output and "peak 2 /min" in r.output
+
+
+def test_hash_ids_name_at_most_the_prompts_blocks(tmp_path):
+    """ceil(prompt / 512) ids, or fewer (a named prefix: the rest matches no other prompt); more are a bad
+    value, dropped and counted with bad_rows: drop."""
+    lines = [(1, [1]), (512, [1]), (513, [1, 2]), (513, [1]), (513, []), (100, list(range(50))), (1000, [1, 2, 3])]
+    p = write(tmp_path, "m.jsonl", "".join(json.dumps({"timestamp": i, "input_length": n, "output_length": 1,
+                                                       "hash_ids": ids}) + "\n" for i, (n, ids) in enumerate(lines)))
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:6: hash_ids has 50 ids, expected at most 1, one per "
+                                                      "512-token block of the 100-token prompt (or set bad_rows")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert list(t.prompt_tokens) == [1, 512, 513, 513, 513] and t.dropped == {"too_many_hash_ids": 2}
+    assert list(np.diff(t.prefix_hashes.offsets)) == [1, 1, 2, 1, 0]
 
 
 def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):

@@ -8,7 +8,8 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 
 - structural problems (missing column, empty file, arrivals out of order) stop with an error;
 - a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, an arrival more
-  than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids) stops with an error naming file, line, column and what was expected, or with
+  than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids, more hash ids than the
+  prompt has blocks) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
 - a CSV line with more fields than the header stops with an error naming the line, or with
   ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
@@ -39,8 +40,8 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 
 # Row problems: code -> reason counted in RequestTable.dropped (code 0: none).
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
-            "bad_hash_ids", "too_large")
-MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE = range(1, 8)
+            "bad_hash_ids", "too_large", "too_many_hash_ids")
+MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES = range(1, 9)
 MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
@@ -218,8 +219,9 @@ def _timestamps(col: pd.Series) -> tuple[pd.Series, np.ndarray]:
     return ts, codes
 
 
-def _hash_lists(col: pd.Series) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each row's hash ids as an int64 array, and problem codes (not a list of integers)."""
+def _hash_lists(col: pd.Series, blocks: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each row's hash ids as an int64 array, and problem codes: not a list of integers, or more ids than
+    ``blocks``, the row's prompt blocks (fewer name a prefix: the rest of the prompt matches no other's)."""
     arrays, codes = [], np.zeros(len(col), dtype=np.int8)
     for i, v in enumerate(col):
         a = np.asarray(v) if isinstance(v, (list, np.ndarray)) else None
@@ -227,6 +229,7 @@ def _hash_lists(col: pd.Series) -> tuple[list[np.ndarray], np.ndarray]:
             codes[i] = MISSING if v is None or (isinstance(v, float) and np.isnan(v)) else BAD_HASHES
             arrays.append(np.zeros(0, dtype=np.int64))
         else:
+            codes[i] = TOO_MANY_HASHES if a.size > blocks[i] else 0
             arrays.append(a.astype(np.int64))
     return arrays, codes
 
@@ -325,7 +328,11 @@ class _Collector:
             arrival = np.zeros(n)  # a length-only trace: an offline batch until re-timed
         hashes = None
         if fmt.hash_ids in frame:
-            hashes, c = _hash_lists(frame[fmt.hash_ids])
+            blocks = np.full(n, np.inf)  # (a bad or 0-token prompt is its own problem; with no block size, table() stops)
+            if self.block_size is not None:
+                sized = prompt > 0
+                blocks[sized] = np.ceil(prompt[sized] / self.block_size)
+            hashes, c = _hash_lists(frame[fmt.hash_ids], blocks)
             checks.append((fmt.hash_ids, c))
         if fmt.session_id in frame:
             checks.append((fmt.session_id, np.where(frame[fmt.session_id].isna(), MISSING, 0).astype(np.int8)))
@@ -359,9 +366,16 @@ class _Collector:
                 i, col = min(bad, key=lambda b: b[0])
                 code = dict(checks)[col][i]
                 value = chunk.frame[col].iloc[i]
-                got = "is empty" if code == MISSING else f"= {_show(value)}"
-                raise ScenarioError(f"{self.tf.where(int(chunk.lines[i]))}: {col} {got}, expected "
-                                    f"{_expected(self.tf.fmt, col, code)}{BAD_ROWS_HINT}")
+                if code == TOO_MANY_HASHES:
+                    prompt = int(float(chunk.frame[self.tf.fmt.prompt_tokens].iloc[i]))
+                    got, expected = f"has {len(value):,} ids", (
+                        f"at most {-(-prompt // self.block_size):,}, one per {self.block_size}-token block of "
+                        f"the {prompt:,}-token prompt")
+                else:
+                    got = "is empty" if code == MISSING else f"= {_show(value)}"
+                    expected = _expected(self.tf.fmt, col, code)
+                raise ScenarioError(f"{self.tf.where(int(chunk.lines[i]))}: {col} {got}, expected {expected}"
+                                    f"{BAD_ROWS_HINT}")
             return
         for _, c in checks:
             mark = (drop == 0) & (c != 0)
