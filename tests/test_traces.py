@@ -264,6 +264,13 @@ TS = "2023-11-16 18:15:47.0000000"
      "dupcol.csv:1: column 'ContextTokens' appears more than once"),
     ("dupkey.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "input_length": 7}\n',
      "dupkey.jsonl:1: column 'input_length' appears more than once"),
+    # NaN is not an empty value (both read as a float NaN: "timestamp is empty")
+    ("nan.jsonl", '{"timestamp": NaN, "input_length": 5, "output_length": 1}\n',
+     "nan.jsonl:1: timestamp = NaN, expected a number of ms >= 0"),
+    ("inf.jsonl", '{"timestamp": 0, "input_length": Infinity, "output_length": 1}\n',
+     "inf.jsonl:1: input_length = Infinity, expected a whole number of tokens"),
+    ("null.jsonl", '{"timestamp": null, "input_length": 5, "output_length": 1}\n',
+     "null.jsonl:1: timestamp is empty, expected a number of ms >= 0"),
     # one hash id per 512-token block: more ids than the prompt's blocks were taken as they were
     ("ids.jsonl", '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": ' + str(list(range(3))) + '}\n',
      "ids.jsonl:1: hash_ids has 3 ids, expected at most 2, one per 512-token block of the 1,000-token prompt"),
@@ -440,6 +447,28 @@ def test_a_parquet_tables_hash_block_size_is_checked(tmp_path, size):
     assert "expected a whole number of tokens per hashed block from 1 to 1,048,576" in str(e.value)
     pq.write_table(table.replace_schema_metadata({b"kvsim.hash_block_size": b"16"}), p)
     assert load(p).prefix_hashes.block_size == 16
+
+
+def test_a_nan_is_named_as_such_and_an_empty_cell_as_empty(tmp_path):
+    """In parquet (and JSON) a NaN and an empty cell (null) are different mistakes: both read as a float NaN,
+    both were 'is empty'; with bad_rows: drop they are counted apart."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"arrival_s": [0.0, float("nan"), None, 3.0], "prompt_tokens": [5, 6, 7, 8],
+                             "output_tokens": [1.0, 2.0, 3.0, 4.0], "session_id": [1.5, 2.5, 3.5, float("nan")]}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: row 2: arrival_s = NaN, expected a number of s >= 0")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert len(t) == 1 and t.dropped == {"not_a_number": 2, "missing_value": 1}  # row 4: its session id is NaN
+    pq.write_table(pa.table({"arrival_s": [0.0, None], "prompt_tokens": [5, 6], "output_tokens": [1, 2]}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: row 2: arrival_s is empty")):
+        load(p)
+    jl = write(tmp_path, "s.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "session_id": NaN}\n')
+    cols = "columns={arrival: timestamp, prompt_tokens: input_length, output_tokens: output_length, session_id: session_id}"
+    with pytest.raises(ScenarioError, match=re.escape(f"{jl}:1: session_id = NaN, expected a session id")):
+        load(jl, cols)
 
 
 def test_a_max_model_len_below_two_is_refused(tmp_path):

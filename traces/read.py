@@ -46,6 +46,20 @@ MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would o
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
 
+@dataclass(frozen=True)
+class JsonConstant:
+    """NaN, Infinity or -Infinity in a JSON line (Python reads them; JSON has no such values), kept as
+    written: read as a float, a NaN would pass for an empty value."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __float__(self) -> float:
+        return float(self.text)
+
+
 @dataclass
 class Chunk:
     frame: pd.DataFrame  # the columns to read, as found in the file
@@ -132,7 +146,7 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                     rows.count("blank_line")
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line, parse_constant=JsonConstant)
                     problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
                 except json.JSONDecodeError as e:
                     problem = f"not valid JSON ({e.msg}), expected one JSON object per line"
@@ -156,10 +170,14 @@ def _parquet_chunks(tf: TraceFile, columns: list[str], chunk_rows: int) -> Itera
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # NOTE: floats as Arrow-backed columns, where an empty cell (null) is not a NaN; numpy's has only NaN
+    def floats(t: pa.DataType) -> pd.ArrowDtype | None:
+        return pd.ArrowDtype(t) if pa.types.is_floating(t) else None
+
     done = 0
     try:
         for batch in pq.ParquetFile(tf.path).iter_batches(batch_size=chunk_rows, columns=columns):
-            yield Chunk(batch.to_pandas(), np.arange(done + 1, done + batch.num_rows + 1))
+            yield Chunk(batch.to_pandas(types_mapper=floats), np.arange(done + 1, done + batch.num_rows + 1))
             done += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise ScenarioError(f"{tf.path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None
@@ -234,9 +252,20 @@ def _hash_lists(col: pd.Series, blocks: np.ndarray) -> tuple[list[np.ndarray], n
     return arrays, codes
 
 
+def _nans(col: pd.Series) -> np.ndarray:
+    """Cells that are NaN or infinite floats (parquet) or JSON constants: values, not empty cells."""
+    if col.dtype.kind == "f":
+        return ~np.isfinite(col.to_numpy(dtype=np.float64, na_value=0.0))
+    if col.dtype == object:
+        return col.map(lambda v: isinstance(v, (float, JsonConstant)) and not np.isfinite(float(v))).to_numpy(dtype=bool)
+    return np.zeros(len(col), dtype=bool)
+
+
 def _show(v: Any) -> str:
-    """A cell as the user wrote it: strings quoted, numbers plain."""
+    """A cell as the user wrote it: strings quoted, numbers plain, a float NaN as NaN."""
     v = v.item() if isinstance(v, np.generic) else v
+    if isinstance(v, float) and np.isnan(v):
+        return "NaN"
     return repr(v) if isinstance(v, str) else str(v)
 
 
@@ -335,7 +364,9 @@ class _Collector:
             hashes, c = _hash_lists(frame[fmt.hash_ids], blocks)
             checks.append((fmt.hash_ids, c))
         if fmt.session_id in frame:
-            checks.append((fmt.session_id, np.where(frame[fmt.session_id].isna(), MISSING, 0).astype(np.int8)))
+            sessions = frame[fmt.session_id]
+            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions)],
+                                                     [MISSING, NOT_A_NUMBER]).astype(np.int8)))
 
         self._problems(chunk, checks, drop)
         ok = drop == 0
