@@ -102,6 +102,15 @@ def test_mooncake_prefix_blocks_match_the_readme():
     assert "288,500 of 512 tokens, 36.6 % seen earlier in the trace" in r.output
 
 
+def test_sim_trace_info_keeps_wide_figures_apart(tmp_path):
+    """Figures of 1e9 tokens or more ran together ('1073741873.51073741873.5...')."""
+    p = write(tmp_path, "wide.csv", "arrival_s,prompt_tokens,output_tokens\n0,1073741873,1\n1,2147483647,1\n2,5,3\n")
+    r = runner.invoke(app, ["trace", "info", str(p)])
+    rows = {line.split()[0]: line for line in r.output.splitlines() if line.startswith(("tokens", "prompt", "output"))}
+    assert rows["prompt"].split()[1:] == ["1073741841.7", "1073741873", "1932735292.2", "2126008811.5", "2147483647"]
+    assert len({len(line) for line in rows.values()}) == 1  # the header's columns over the figures
+
+
 def test_azure_and_vidur_files_hold_the_same_requests():
     a, v = load(shared_trace(AZURE)), load(shared_trace("vidur/splitwise_conv.csv"))
     assert np.allclose(a.arrival_s, v.arrival_s, atol=1e-6)
