@@ -49,6 +49,7 @@ def _number(v: Any) -> Any:
 MAX_TOKENS = 2**31 - 1  # int32's largest
 MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
+MAX_HASH_BLOCK_SIZE = 1 << 20  # tokens per hashed prompt block of a trace (Mooncake: 512)
 MAX_REPLICAS = 1024  # a fleet's replicas: every one's state is held, and stepped, on one core
 Int = Annotated[int, BeforeValidator(_number)]
 Real = Annotated[float, BeforeValidator(_number)]
@@ -192,13 +193,26 @@ class TraceColumns(Strict):
     prompt_tokens: str
     output_tokens: str
     hash_ids: str | None = Field(None, description="list column: one hash id per prompt block")
-    hash_block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 20)] | None = Field(None, description="tokens per hashed block")
+    hash_block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_HASH_BLOCK_SIZE)] | None = Field(None, description="tokens per hashed block")
     session_id: str | None = None
 
     @model_validator(mode="after")
     def _block_size(self) -> "TraceColumns":
         if (self.hash_ids is None) != (self.hash_block_size is None):
             raise ValueError("give 'hash_ids' and 'hash_block_size' together")
+        return self
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "TraceColumns":
+        """Each field reads its own column: two naming one column is a slip (and pandas gives a table, not a
+        column, for a name selected twice)."""
+        seen: dict[str, str] = {}
+        for key in ("arrival", "prompt_tokens", "output_tokens", "hash_ids", "session_id"):
+            column = getattr(self, key)
+            if column in seen:
+                raise ValueError(f"{seen[column]} and {key} both read column {column!r}; expected a column per field")
+            if column is not None:
+                seen[column] = key
         return self
 
 

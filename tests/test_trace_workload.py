@@ -94,7 +94,7 @@ def tables(draw):
     gaps = draw(st.lists(st.floats(0, 50, allow_nan=False), min_size=n, max_size=n))
     prompt = draw(st.lists(st.integers(1, 5000), min_size=n, max_size=n))
     output = draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n))
-    lens = [draw(st.integers(0, 4)) for _ in range(n)]
+    lens = [draw(st.integers(0, min(4, -(-p // 16)))) for p in prompt]  # at most one id per 16-token block
     ids = draw(st.lists(st.integers(0, 20), min_size=sum(lens), max_size=sum(lens)))
     hashes = PrefixHashes(np.array(ids, dtype=np.int64), np.concatenate(([0], np.cumsum(lens))), 16)
     return RequestTable(np.cumsum(gaps), prompt, output, dropped={"blank_line": draw(st.integers(0, 3))},

@@ -102,6 +102,15 @@ def test_mooncake_prefix_blocks_match_the_readme():
     assert "288,500 of 512 tokens, 36.6 % seen earlier in the trace" in r.output
 
 
+def test_sim_trace_info_keeps_wide_figures_apart(tmp_path):
+    """Figures of 1e9 tokens or more ran together ('1073741873.51073741873.5...')."""
+    p = write(tmp_path, "wide.csv", "arrival_s,prompt_tokens,output_tokens\n0,1073741873,1\n1,2147483647,1\n2,5,3\n")
+    r = runner.invoke(app, ["trace", "info", str(p)])
+    rows = {line.split()[0]: line for line in r.output.splitlines() if line.startswith(("tokens", "prompt", "output"))}
+    assert rows["prompt"].split()[1:] == ["1073741841.7", "1073741873", "1932735292.2", "2126008811.5", "2147483647"]
+    assert len({len(line) for line in rows.values()}) == 1  # the header's columns over the figures
+
+
 def test_azure_and_vidur_files_hold_the_same_requests():
     a, v = load(shared_trace(AZURE)), load(shared_trace("vidur/splitwise_conv.csv"))
     assert np.allclose(a.arrival_s, v.arrival_s, atol=1e-6)
@@ -264,6 +273,25 @@ TS = "2023-11-16 18:15:47.0000000"
      "dupcol.csv:1: column 'ContextTokens' appears more than once"),
     ("dupkey.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "input_length": 7}\n',
      "dupkey.jsonl:1: column 'input_length' appears more than once"),
+    # NaN is not an empty value (both read as a float NaN: "timestamp is empty")
+    ("nan.jsonl", '{"timestamp": NaN, "input_length": 5, "output_length": 1}\n',
+     "nan.jsonl:1: timestamp = NaN, expected a number of ms >= 0"),
+    ("inf.jsonl", '{"timestamp": 0, "input_length": Infinity, "output_length": 1}\n',
+     "inf.jsonl:1: input_length = Infinity, expected a whole number of tokens"),
+    ("null.jsonl", '{"timestamp": null, "input_length": 5, "output_length": 1}\n',
+     "null.jsonl:1: timestamp is empty, expected a number of ms >= 0"),
+    # one hash id per 512-token block: more ids than the prompt's blocks were taken as they were
+    ("ids.jsonl", '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": ' + str(list(range(3))) + '}\n',
+     "ids.jsonl:1: hash_ids has 3 ids, expected at most 2, one per 512-token block of the 1,000-token prompt"),
+    # arrivals more than 1e9 s after the start: times in a finer unit, as a rule (they crashed trace info)
+    ("late.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,10\n1.0,200,20\n1e300,50,5\n",
+     "late.csv:4: arrived_at = 1e+300, expected an arrival at most 1,000,000,000 s (about 32 years) after the "
+     "trace's start (are the times in a finer unit than s?)"),
+    ("late.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1e20, "input_length": 5, '
+     '"output_length": 1}\n', "late.jsonl:2: timestamp = 1e+20, expected an arrival at most 1,000,000,000 s"),
+    ("year.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,374,44\n9999-12-31 23:59:59,396,109\n",
+     "year.csv:3: TIMESTAMP = '9999-12-31 23:59:59', expected an arrival at most 1,000,000,000 s (about 32 years) "
+     "after the trace's start"),
 ])
 def test_malformed_file_gives_the_documented_error(tmp_path, name, text, message):
     p = write(tmp_path, name, text)
@@ -299,6 +327,33 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_minute(tmp_path):
+    """An arrival more than 1e9 s after the start is a bad value (dropped and counted as too_large); the
+    peak rate counts runs of sorted arrivals, so a span stretched by rate_scale allocates nothing per minute
+    (np.bincount over 1e300 s raised, over 9999 years ran out of memory)."""
+    p = write(tmp_path, "late.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n0.5,1,1\n59.9,1,1\n"
+              "60,1,1\n1e9,1,1\n1e9,1,1\n1000000000.5,1,1\n")
+    t = load(p, "bad_rows=drop")
+    assert len(t) == 6 and t.dropped == {"too_large": 1}
+    assert trace_stats(t, timed=True)["peak_rate_per_min"] == 3
+    r = runner.invoke(app, ["trace", "info", str(p), "-w", "bad_rows=drop", "-w", "rate_scale=1e-9"])
+    assert r.exit_code == 0 and "span            1,000,000,000,000,000,000.0 s" in r.output and "peak 2 /min" in r.output
+
+
+def test_hash_ids_name_at_most_the_prompts_blocks(tmp_path):
+    """ceil(prompt / 512) ids, or fewer (a named prefix: the rest matches no other prompt); more are a bad
+    value, dropped and counted with bad_rows: drop."""
+    lines = [(1, [1]), (512, [1]), (513, [1, 2]), (513, [1]), (513, []), (100, list(range(50))), (1000, [1, 2, 3])]
+    p = write(tmp_path, "m.jsonl", "".join(json.dumps({"timestamp": i, "input_length": n, "output_length": 1,
+                                                       "hash_ids": ids}) + "\n" for i, (n, ids) in enumerate(lines)))
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:6: hash_ids has 50 ids, expected at most 1, one per "
+                                                      "512-token block of the 100-token prompt (or set bad_rows")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert list(t.prompt_tokens) == [1, 512, 513, 513, 513] and t.dropped == {"too_many_hash_ids": 2}
+    assert list(np.diff(t.prefix_hashes.offsets)) == [1, 1, 2, 1, 0]
 
 
 def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):
@@ -354,7 +409,14 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
                               (["arrival={kind: poisson, rate: 1}", "rate_scale=2"], "give either 'arrival'"),
                               (["format=azure", "columns={prompt_tokens: a, output_tokens: b}"], "give either 'format'"),
                               (["columns={prompt_tokens: a, output_tokens: b, hash_ids: h}"], "give 'hash_ids' and "
-                               "'hash_block_size' together")]:
+                               "'hash_block_size' together"),
+                              # one column for two fields (a DataFrame's AttributeError before)
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: p}"],
+                               "-w: columns: prompt_tokens and output_tokens both read column 'p'; expected a column per field"),
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: ts}"],
+                               "columns: arrival and output_tokens both read column 'ts'"),
+                              (["columns={arrival: ts, prompt_tokens: p, output_tokens: o, session_id: p}"],
+                               "columns: prompt_tokens and session_id both read column 'p'")]:
         with pytest.raises(ScenarioError, match=re.escape(message)):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
@@ -376,6 +438,46 @@ def test_parquet_timestamps_are_not_seconds(tmp_path):
     df.to_parquet(p)
     with pytest.raises(ScenarioError, match="holds date-times.*arrival_unit: datetime"):
         load(p)
+
+
+@pytest.mark.parametrize("size", [b"abc", b"0", b"-5", b"99999999999999999999", b"\xff"])
+def test_a_parquet_tables_hash_block_size_is_checked(tmp_path, size):
+    """Not a whole number was a ValueError traceback; 0 passed sim check, then divided by zero in the run;
+    negative or huge ones were taken as they were."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [1, 2],
+                      "hash_ids": [[1], [1]]})
+    p = tmp_path / "t.parquet"
+    pq.write_table(table.replace_schema_metadata({b"kvsim.hash_block_size": size}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: metadata kvsim.hash_block_size = ")) as e:
+        load(p)
+    assert "expected a whole number of tokens per hashed block from 1 to 1,048,576" in str(e.value)
+    pq.write_table(table.replace_schema_metadata({b"kvsim.hash_block_size": b"16"}), p)
+    assert load(p).prefix_hashes.block_size == 16
+
+
+def test_a_nan_is_named_as_such_and_an_empty_cell_as_empty(tmp_path):
+    """In parquet (and JSON) a NaN and an empty cell (null) are different mistakes: both read as a float NaN,
+    both were 'is empty'; with bad_rows: drop they are counted apart."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"arrival_s": [0.0, float("nan"), None, 3.0], "prompt_tokens": [5, 6, 7, 8],
+                             "output_tokens": [1.0, 2.0, 3.0, 4.0], "session_id": [1.5, 2.5, 3.5, float("nan")]}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: row 2: arrival_s = NaN, expected a number of s >= 0")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert len(t) == 1 and t.dropped == {"not_a_number": 2, "missing_value": 1}  # row 4: its session id is NaN
+    pq.write_table(pa.table({"arrival_s": [0.0, None], "prompt_tokens": [5, 6], "output_tokens": [1, 2]}), p)
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}: row 2: arrival_s is empty")):
+        load(p)
+    jl = write(tmp_path, "s.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "session_id": NaN}\n')
+    cols = "columns={arrival: timestamp, prompt_tokens: input_length, output_tokens: output_length, session_id: session_id}"
+    with pytest.raises(ScenarioError, match=re.escape(f"{jl}:1: session_id = NaN, expected a session id")):
+        load(jl, cols)
 
 
 def test_a_max_model_len_below_two_is_refused(tmp_path):

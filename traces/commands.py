@@ -67,7 +67,11 @@ def trace_stats(t: RequestTable, timed: bool) -> dict:
         span = float(t.arrival_s[-1] - t.arrival_s[0])
         s["span_s"] = span
         s["mean_rate_per_min"] = 60 * (len(t) - 1) / span if span > 0 else None
-        s["peak_rate_per_min"] = int(np.bincount(((t.arrival_s - t.arrival_s[0]) // 60).astype(np.int64)).max())
+        # NOTE: the arrivals are sorted, so each minute's are one run: counted without a bin per minute of
+        # the span (rate_scale can stretch it far past the reader's bound)
+        minute = (t.arrival_s - t.arrival_s[0]) // 60
+        starts = np.flatnonzero(np.diff(minute, prepend=-1))
+        s["peak_rate_per_min"] = int(np.diff(starts, append=len(minute)).max())
         s["burstiness_cv"] = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else None
     h = t.prefix_hashes
     if h is not None:
@@ -98,9 +102,11 @@ def format_stats(path: Path, fmt_name: str, s: dict) -> list[str]:
     else:
         lines.append("arrivals        none in this trace (give -w arrival=... to add a process)")
     cols = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
-    lines.append(f"{'tokens':<14}" + "".join(f"{c:>10}" for c in cols))
-    for key in ("prompt_tokens", "output_tokens"):
-        lines.append(f"{key.replace('_tokens', ''):<14}" + "".join(f"{_num(s[key][c]):>10}" for c in cols))
+    cells = {key: [_num(s[key][c]) for c in cols] for key in ("prompt_tokens", "output_tokens")}
+    width = max(10, 2 + max(len(c) for row in cells.values() for c in row))  # two spaces at least between columns
+    lines.append(f"{'tokens':<14}" + "".join(f"{c:>{width}}" for c in cols))
+    for key, row in cells.items():
+        lines.append(f"{key.replace('_tokens', ''):<14}" + "".join(f"{c:>{width}}" for c in row))
     if "prefix_blocks" in s:
         lines.append(f"prefix blocks   {s['prefix_blocks']:,} of {s['prefix_block_size']} tokens, "
                      f"{100 * s['prefix_seen_fraction']:.1f} % seen earlier in the trace")

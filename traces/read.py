@@ -7,8 +7,9 @@ next is read. A 16.8M-row Azure file needs about 0.4 GB for its result (``benchm
 Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in = requests + dropped):
 
 - structural problems (missing column, empty file, arrivals out of order) stop with an error;
-- a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, invalid JSON,
-  malformed hash ids) stops with an error naming file, line, column and what was expected, or with
+- a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, an arrival more
+  than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids, more hash ids than the
+  prompt has blocks) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
 - a CSV line with more fields than the header stops with an error naming the line, or with
   ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from sim.config import ScenarioError
+from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
 
@@ -39,10 +40,24 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 
 # Row problems: code -> reason counted in RequestTable.dropped (code 0: none).
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
-            "bad_hash_ids", "too_large")
-MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE = range(1, 8)
+            "bad_hash_ids", "too_large", "too_many_hash_ids")
+MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES = range(1, 9)
 MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
+
+
+@dataclass(frozen=True)
+class JsonConstant:
+    """NaN, Infinity or -Infinity in a JSON line (Python reads them; JSON has no such values), kept as
+    written: read as a float, a NaN would pass for an empty value."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __float__(self) -> float:
+        return float(self.text)
 
 
 @dataclass
@@ -131,7 +146,7 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                     rows.count("blank_line")
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line, parse_constant=JsonConstant)
                     problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
                 except json.JSONDecodeError as e:
                     problem = f"not valid JSON ({e.msg}), expected one JSON object per line"
@@ -155,10 +170,14 @@ def _parquet_chunks(tf: TraceFile, columns: list[str], chunk_rows: int) -> Itera
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # NOTE: floats as Arrow-backed columns, where an empty cell (null) is not a NaN; numpy's has only NaN
+    def floats(t: pa.DataType) -> pd.ArrowDtype | None:
+        return pd.ArrowDtype(t) if pa.types.is_floating(t) else None
+
     done = 0
     try:
         for batch in pq.ParquetFile(tf.path).iter_batches(batch_size=chunk_rows, columns=columns):
-            yield Chunk(batch.to_pandas(), np.arange(done + 1, done + batch.num_rows + 1))
+            yield Chunk(batch.to_pandas(types_mapper=floats), np.arange(done + 1, done + batch.num_rows + 1))
             done += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise ScenarioError(f"{tf.path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None
@@ -218,8 +237,9 @@ def _timestamps(col: pd.Series) -> tuple[pd.Series, np.ndarray]:
     return ts, codes
 
 
-def _hash_lists(col: pd.Series) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each row's hash ids as an int64 array, and problem codes (not a list of integers)."""
+def _hash_lists(col: pd.Series, blocks: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each row's hash ids as an int64 array, and problem codes: not a list of integers, or more ids than
+    ``blocks``, the row's prompt blocks (fewer name a prefix: the rest of the prompt matches no other's)."""
     arrays, codes = [], np.zeros(len(col), dtype=np.int8)
     for i, v in enumerate(col):
         a = np.asarray(v) if isinstance(v, (list, np.ndarray)) else None
@@ -227,18 +247,33 @@ def _hash_lists(col: pd.Series) -> tuple[list[np.ndarray], np.ndarray]:
             codes[i] = MISSING if v is None or (isinstance(v, float) and np.isnan(v)) else BAD_HASHES
             arrays.append(np.zeros(0, dtype=np.int64))
         else:
+            codes[i] = TOO_MANY_HASHES if a.size > blocks[i] else 0
             arrays.append(a.astype(np.int64))
     return arrays, codes
 
 
+def _nans(col: pd.Series) -> np.ndarray:
+    """Cells that are NaN or infinite floats (parquet) or JSON constants: values, not empty cells."""
+    if col.dtype.kind == "f":
+        return ~np.isfinite(col.to_numpy(dtype=np.float64, na_value=0.0))
+    if col.dtype == object:
+        return col.map(lambda v: isinstance(v, (float, JsonConstant)) and not np.isfinite(float(v))).to_numpy(dtype=bool)
+    return np.zeros(len(col), dtype=bool)
+
+
 def _show(v: Any) -> str:
-    """A cell as the user wrote it: strings quoted, numbers plain."""
+    """A cell as the user wrote it: strings quoted, numbers plain, a float NaN as NaN."""
     v = v.item() if isinstance(v, np.generic) else v
+    if isinstance(v, float) and np.isnan(v):
+        return "NaN"
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def _expected(fmt: TraceFormat, column: str) -> str:
+def _expected(fmt: TraceFormat, column: str, code: int) -> str:
     if column == fmt.arrival:
+        if code == TOO_LARGE:
+            finer = "" if fmt.arrival_unit == "datetime" else f" (are the times in a finer unit than {fmt.arrival_unit}?)"
+            return f"an arrival at most {MAX_SECONDS:,.0f} s (about 32 years) after the trace's start{finer}"
         if fmt.arrival_unit == "datetime":
             return "a date and time such as 2023-11-16 18:15:46.6805900"
         return f"a number of {fmt.arrival_unit} >= 0"
@@ -279,20 +314,25 @@ class _Collector:
         self.count(reason)
 
     def _arrivals(self, col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds from the trace's start, and problem codes: an arrival more than MAX_SECONDS (about 32
+        years) after the start is too large (times in a finer unit than the format's, as a rule)."""
         fmt = self.tf.fmt
         if fmt.arrival_unit == "datetime":
             ts, codes = _timestamps(col)
             if self.t0 is None and (codes == 0).any():
                 self.t0 = ts[codes == 0].iloc[0]
-            return ((ts - self.t0).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
-                    if self.t0 is not None else np.full(len(col), np.nan)), codes
-        if col.dtype.kind == "M":  # a timestamp column (parquet) is not seconds since 1970
-            raise ScenarioError(f"{self.tf.path}: column {fmt.arrival!r} holds date-times, but the format reads it "
-                                f"as a number in {fmt.arrival_unit}; set columns.arrival_unit: datetime")
-        values, codes = _numbers(col, integer=False)
-        if self.t0 is None and (codes == 0).any():
-            self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
-        return (values - (self.t0 or 0.0)) * SECONDS_PER_UNIT[fmt.arrival_unit], codes
+            seconds = ((ts - self.t0).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
+                       if self.t0 is not None else np.full(len(col), np.nan))
+        else:
+            if col.dtype.kind == "M":  # a timestamp column (parquet) is not seconds since 1970
+                raise ScenarioError(f"{self.tf.path}: column {fmt.arrival!r} holds date-times, but the format reads "
+                                    f"it as a number in {fmt.arrival_unit}; set columns.arrival_unit: datetime")
+            values, codes = _numbers(col, integer=False)
+            if self.t0 is None and (codes == 0).any():
+                self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
+            seconds = (values - (self.t0 or 0.0)) * SECONDS_PER_UNIT[fmt.arrival_unit]
+        codes[(codes == 0) & (seconds > MAX_SECONDS)] = TOO_LARGE
+        return seconds, codes
 
     def add(self, chunk: Chunk) -> None:
         fmt, frame, n = self.tf.fmt, chunk.frame, len(chunk.frame)
@@ -317,10 +357,16 @@ class _Collector:
             arrival = np.zeros(n)  # a length-only trace: an offline batch until re-timed
         hashes = None
         if fmt.hash_ids in frame:
-            hashes, c = _hash_lists(frame[fmt.hash_ids])
+            blocks = np.full(n, np.inf)  # (a bad or 0-token prompt is its own problem; with no block size, table() stops)
+            if self.block_size is not None:
+                sized = prompt > 0
+                blocks[sized] = np.ceil(prompt[sized] / self.block_size)
+            hashes, c = _hash_lists(frame[fmt.hash_ids], blocks)
             checks.append((fmt.hash_ids, c))
         if fmt.session_id in frame:
-            checks.append((fmt.session_id, np.where(frame[fmt.session_id].isna(), MISSING, 0).astype(np.int8)))
+            sessions = frame[fmt.session_id]
+            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions)],
+                                                     [MISSING, NOT_A_NUMBER]).astype(np.int8)))
 
         self._problems(chunk, checks, drop)
         ok = drop == 0
@@ -351,9 +397,16 @@ class _Collector:
                 i, col = min(bad, key=lambda b: b[0])
                 code = dict(checks)[col][i]
                 value = chunk.frame[col].iloc[i]
-                got = "is empty" if code == MISSING else f"= {_show(value)}"
-                raise ScenarioError(f"{self.tf.where(int(chunk.lines[i]))}: {col} {got}, expected "
-                                    f"{_expected(self.tf.fmt, col)}{BAD_ROWS_HINT}")
+                if code == TOO_MANY_HASHES:
+                    prompt = int(float(chunk.frame[self.tf.fmt.prompt_tokens].iloc[i]))
+                    got, expected = f"has {len(value):,} ids", (
+                        f"at most {-(-prompt // self.block_size):,}, one per {self.block_size}-token block of "
+                        f"the {prompt:,}-token prompt")
+                else:
+                    got = "is empty" if code == MISSING else f"= {_show(value)}"
+                    expected = _expected(self.tf.fmt, col, code)
+                raise ScenarioError(f"{self.tf.where(int(chunk.lines[i]))}: {col} {got}, expected {expected}"
+                                    f"{BAD_ROWS_HINT}")
             return
         for _, c in checks:
             mark = (drop == 0) & (c != 0)
@@ -397,6 +450,20 @@ class _Collector:
 # ---------------------------------------------------------------------------------------------- API
 
 
+def _block_size(tf: TraceFile, raw: bytes) -> int:
+    """A parquet table's hash block size, from its metadata: a whole number of tokens, bounded as in a
+    column mapping."""
+    text = raw.decode(errors="replace")
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 0 < size <= MAX_HASH_BLOCK_SIZE:
+        raise ScenarioError(f"{tf.path}: metadata {BLOCK_SIZE_KEY.decode()} = {text!r}, expected a whole number of "
+                            f"tokens per hashed block from 1 to {MAX_HASH_BLOCK_SIZE:,}")
+    return size
+
+
 def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
                filters: dict[str, list[str]] | None = None, chunk_rows: int = CHUNK_ROWS) -> RequestTable:
     """Read a trace file (see :func:`traces.formats.open_trace`) into the canonical request table.
@@ -416,7 +483,7 @@ def read_trace(tf: TraceFile, *, bad_rows: Literal["error", "drop"] = "error",
         import pyarrow.parquet as pq
 
         meta = pq.read_schema(tf.path).metadata or {}
-        block_size = int(meta[BLOCK_SIZE_KEY]) if BLOCK_SIZE_KEY in meta else None
+        block_size = _block_size(tf, meta[BLOCK_SIZE_KEY]) if BLOCK_SIZE_KEY in meta else None
     rows = _Collector(tf, bad_rows, filters, block_size)
     if tf.container == "csv":
         text = [c for c in (fmt.session_id, *(fmt.filters[k] for k in filters)) if c in columns]
