@@ -88,7 +88,7 @@ def test_timeline_bins_hold_the_time_of_the_steps_across_their_edges(durations, 
     """Steps back to back, each holding the whole pool: every bin they fill is busy for its width and its
     memory classes sum to 100 % (a step across an edge was charged to the bin where it ends: the mooncake
     routing scenario showed 25 % to 167 % per bin), while each step counts once, in the bin where it ends."""
-    cap = 10.0
+    cap = 10
     tl = Timeline(bin_s=bin_s, max_bins=64)
     t = 0.0
     cols = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
