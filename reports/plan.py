@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from reports.results import ResultsError
-from sim.schema import plan_label, plural
+from sim.schema import plan_label, plural, sig4
 
 SHAPE_COLUMNS = ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size")
 
@@ -61,14 +61,16 @@ def _figure(rate_col: str, rate: float, t: pd.DataFrame) -> go.Figure | None:
 
 
 def _cell(fmt: str, v) -> str:
-    return "" if v is None or (isinstance(v, float) and v != v) else html.escape(fmt.format(v))
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    return html.escape(sig4(float(v)) if fmt == "sig4" else fmt.format(v))
 
 
 def _winners(best: pd.DataFrame, rate_col: str, slo: list[str]) -> str:
     """best.csv as a table: the rate, the winning configuration in words, its cost and what it served, the
     SLO's metrics, and the runner-up."""
     esc = html.escape
-    cols = [c for c in WINNER_COLUMNS if c[0] in best] + [(m, m.replace("_", " "), "{:,.1f}") for m in slo if m in best]
+    cols = [c for c in WINNER_COLUMNS if c[0] in best] + [(m, m.replace("_", " "), "sig4") for m in slo if m in best]
     head = (f"<th>{esc(rate_col.replace('_', ' '))}</th><th style='text-align:left'>cheapest configuration</th>"
             + "".join(f"<th>{esc(h)}</th>" for _, h, _ in cols) + "<th style='text-align:left'>runner-up</th>")
     rows = []

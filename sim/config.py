@@ -609,11 +609,6 @@ class ClusterConfig(Strict):
 
     @model_validator(mode="after")
     def _split(self) -> "ClusterConfig":
-        for option, users in ROUTER_OPTION_USERS.items():  # (a dump writes the defaults out: those pass)
-            if getattr(self.router_options, option) != RouterOptions.model_fields[option].default and not (
-                    set(users) & set(self.routers)):
-                raise ValueError(f"router_options.{option} applies to {' and '.join(users)} only; the router here is "
-                                 f"{', '.join(self.routers)}: drop it, or choose a router that reads it")
         total = (self.prefill.replicas + self.decode.replicas if self.prefill is not None and self.decode is not None
                  else sum(g.count for g in self.groups))
         if total > MAX_REPLICAS:
@@ -639,6 +634,16 @@ class ClusterConfig(Strict):
     @property
     def disaggregated(self) -> bool:
         return self.prefill is not None
+
+    def unread_option(self) -> str | None:
+        """Why a router option the file gives is read by none of its routers, or None. Checked on a scenario
+        file as written (``load_scenario``), not on the points a sweep or plan makes by changing the router."""
+        for option, users in ROUTER_OPTION_USERS.items():  # (a dump writes the defaults out: those pass)
+            if getattr(self.router_options, option) != RouterOptions.model_fields[option].default and not (
+                    set(users) & set(self.routers)):
+                return (f"router_options.{option} applies to {' and '.join(users)} only; the router here is "
+                        f"{', '.join(self.routers)}: drop it, or choose a router that reads it")
+        return None
 
     @property
     def link(self) -> LinkSpec:
@@ -940,18 +945,23 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     return data, lines
 
 
-# top-level keys that only a plan or a sweep file has (each has ``base:``; a scenario has none)
-_KIND_KEYS = {"plan": ("gpus", "replicas", "rates", "rate_scales", "prices", "split", "prefill_decode"),
-              "sweep": ("axes", "zip", "capacity")}
 _KIND_COMMAND = {"scenario": "sim run", "sweep": "sim sweep", "plan": "sim plan"}
 
 
 def file_kind(data: Any) -> str | None:
-    """What a user's YAML file is, by its top-level keys: ``plan``, ``sweep`` or ``scenario``; None when it
-    cannot tell (a ``base:`` and nothing else that a plan or sweep has)."""
+    """What a user's YAML file is, by its top-level keys: ``plan`` or ``sweep`` (each has ``base:``, and keys
+    the other's file does not: ``PlanFile``'s, ``SweepFile``'s), else ``scenario``; None when it cannot tell
+    (a ``base:`` and nothing else that a plan or sweep has)."""
     if not isinstance(data, dict) or "base" not in data:
         return "scenario"
-    return next((kind for kind, keys in _KIND_KEYS.items() if any(k in data for k in keys)), None)
+    from sim.plan import PlanFile
+    from sim.sweep.spec import SweepFile
+
+    plan, sweep = set(PlanFile.model_fields), set(SweepFile.model_fields)
+    for kind, keys in (("plan", plan - sweep), ("sweep", sweep - plan)):
+        if any(k in data for k in keys):
+            return kind
+    return None
 
 
 def check_kind(data: Any, path: str | Path, expected: str) -> None:
@@ -968,4 +978,9 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     data, lines = read_yaml(path)
     check_kind(data, path, "scenario")
-    return parse_scenario(data, str(path), lines, base_dir=str(path.parent))
+    scenario = parse_scenario(data, str(path), lines, base_dir=str(path.parent))
+    unread = scenario.cluster.unread_option() if scenario.cluster is not None else None
+    if unread:
+        line = lines.get(("cluster", "router_options"))
+        raise ScenarioError(f"{path}{f':{line}' if line else ''}: cluster.{unread}")
+    return scenario

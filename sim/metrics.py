@@ -406,7 +406,9 @@ _TIMED = tuple(i for i, c in enumerate(TIMELINE_COLUMNS) if c.endswith("_s"))
 class Timeline:
     """Fixed-width time bins of what happened, in bounded memory: when more than ``max_bins`` are
     needed, neighbouring bins merge and the width doubles. Steps count in the bin where they end; their
-    time (busy, batch, waiting and memory slot-seconds) and idle gaps split across bins by time.
+    time (busy, batch, waiting and memory slot-seconds) and idle gaps split across bins by time (a decode
+    span's steps ending in one bin are one row, whose part before the bin's start is split at the row's
+    mean rates: its busy and batch time exactly, its memory to within a step's change).
 
     NOTE: most records fall inside one bin; they are buffered as flat rows (end time, totals) in a float
     buffer (sim/buffers.py) and binned with numpy in bulk every ``BUFFER_ROWS`` records, which costs a

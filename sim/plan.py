@@ -537,7 +537,8 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
             searches[(ri, si)] = s
         passing = sum(s.ok <= bounds[si][1] and s.error is None and not s.rejects for si, s in current.items())
         progress.note(f"{plan.rate_column} {rate:g} searched: shapes meeting the SLO {passing} of "
-                      f"{len(plan.shapes)}; {plural(len(outcomes), 'run')} so far, {time.perf_counter() - t0:,.1f} s")
+                      f"{len(plan.shapes)}; {plural(sum(not o.reused for o in outcomes.values()), 'run')} so far "
+                      f"(and {sum(o.reused for o in outcomes.values()):,} reused), {time.perf_counter() - t0:,.1f} s")
     table = _table(plan, searches, outcomes)
     best = _best(plan, table)
     failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel}"

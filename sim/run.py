@@ -341,22 +341,43 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     from sim.config import file_kind, read_yaml
 
     kind = file_kind(read_yaml(Path(scenario_path))[0])
-    if kind == "sweep":
-        from sim.sweep.spec import load_sweep
+    if kind in ("sweep", "plan"):  # each distinct scenario it runs, as a scenario file's (model fit, trace, ...)
+        if kind == "sweep":
+            from sim.sweep.spec import load_sweep
 
-        sweep = load_sweep(scenario_path)
-        return [f"{scenario_path}: ok (a sweep: {plural(len(sweep.points), 'point')})"]
-    if kind == "plan":
-        from sim.plan import load_plan
+            sweep = load_sweep(scenario_path)
+            runs = [(f"point {p.index}", p.scenario) for p in sweep.points]
+            what = f"a sweep: {plural(len(sweep.points), 'point')}"
+        else:
+            from sim.plan import load_plan
 
-        plan = load_plan(scenario_path)
-        return [f"{scenario_path}: ok (a plan: {plural(len(plan.shapes), 'shape')}, "
-                f"{plural(len(plan.rate_values), 'rate')})"]
+            plan = load_plan(scenario_path)
+            first = plan.rate_values[0]
+            runs = [(f"shape {plan_label_of(s)}", plan.scenario(first, s, s.counts(plan.spec)[0])) for s in plan.shapes]
+            what = f"a plan: {plural(len(plan.shapes), 'shape')}, {plural(len(plan.rate_values), 'rate')}"
+        seen = set()
+        for where, sc in runs:
+            key = sc.model_dump_json()
+            if key not in seen:
+                seen.add(key)
+                try:
+                    _check(sc, scenario_path, read_trace)
+                except ScenarioError as e:
+                    raise ScenarioError(f"{scenario_path}: {where}: {str(e).removeprefix(f'{scenario_path}: ')}") \
+                        from None
+        return [f"{scenario_path}: ok ({what}; {plural(len(seen), 'scenario')} checked)"]
     scenario = load_scenario(scenario_path)
     try:
         return _check(scenario, scenario_path, read_trace)
     except ScenarioError as e:
         raise ScenarioError(in_file(str(e), scenario_path, scenario.name)) from None
+
+
+def plan_label_of(shape) -> str:
+    """A plan shape in words: ``h100 tp1 vllm`` (and its knobs and split)."""
+    knobs = "".join(f" {k}={v}" for k, v in shape.knobs)
+    return f"{shape.gpu} tp{shape.tensor_parallel} {shape.policy_name}{knobs}" + (
+        f" {shape.pd[0]}:{shape.pd[1]}" if shape.pd else "")
 
 
 def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:

@@ -169,13 +169,18 @@ def plan_label(row) -> str:
 def sig4(v: float, signed: bool = False) -> str:
     """A value in 4 significant digits that keeps them (1.000245 reads 1.000, not 1), thousands separated
     (6,949), whole from 10,000 up; ``signed``: with its sign."""
+    if not math.isfinite(v):
+        return "-"
     sign = "+" if signed else ""
     a = abs(v)
     if a >= 1e4 or a == 0:
         return f"{v:{sign},.0f}"
     if a < 1e-3:
         return f"{v:{sign}.4g}"
-    return f"{v:{sign},.{max(0, 3 - math.floor(math.log10(a)))}f}"
+    digits = max(0, 3 - math.floor(math.log10(a)))
+    if abs(round(v, digits)) >= 10 ** (4 - digits):  # rounding carried into a new digit: 9.99996 -> 10.00
+        digits = max(0, digits - 1)
+    return f"{v:{sign},.{digits}f}"
 
 
 def plural(n: int, word: str) -> str:

@@ -529,7 +529,7 @@ def measured_gpu(device: str) -> str | None:
 
 def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None) -> dict:
     """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape, and
-    when ``gpu`` (a catalog name) is, the profile must not have been measured on another catalog GPU."""
+    when ``gpu`` is a catalog GPU's name, the profile must not have been measured on another catalog GPU."""
     path = Path(path)
     prof = read_json(path, "step-time profile", ScenarioError, " (write one with sim calibrate)")
     if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
@@ -567,7 +567,9 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
                                 f"({shown}); calibrate this model")
     device = (prof.get("provenance") or {}).get("device") if isinstance(prof.get("provenance"), dict) else None
     on = measured_gpu(device) if isinstance(device, str) else None
-    if gpu is not None and on is not None and on != gpu:
+    from sim.catalog import GPUS
+
+    if gpu in GPUS and on is not None and on != gpu:  # (an inline GPU: its own name, which no device records)
         raise ScenarioError(f"{path}: measured on {device!r} ({on}), and this run's GPU is {gpu}: its step times "
                             f"are {on}'s; calibrate on {gpu}, or use the roofline (step_time: {{kind: roofline}})")
     return prof

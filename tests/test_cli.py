@@ -122,3 +122,12 @@ def test_a_file_of_another_kind_gets_one_line_naming_the_command(tmp_path):
         assert len(lines) == 1 and kind in lines[0] and f"`{command} {args[1]}`" in r.output.replace("\n", ""), r.output
     r = CliRunner().invoke(app, ["check", str(sweep)])
     assert r.exit_code == 0 and "ok (a sweep: " in " ".join(r.output.split()), r.output  # (wrapped at 80 columns)
+
+
+def test_sim_check_of_a_sweep_checks_what_each_point_runs(tmp_path):
+    """A sweep whose base does not fit its GPU printed 'ok' under `sim check`, then failed every point."""
+    (tmp_path / "big.yaml").write_text("name: big\nmodel: opt-175b\ngpu: a100-40gb\npolicies: [vllm]\n"
+                                       "workload: {arrival: {kind: poisson, rate: 2}, lengths: alpaca, num_requests: 5}\n")
+    (tmp_path / "s.yaml").write_text("base: big.yaml\naxes: {workload.arrival.rate: [1, 2]}\n")
+    r = CliRunner().invoke(app, ["check", str(tmp_path / "s.yaml")])
+    assert r.exit_code == 2 and "point 0: big: opt-175b does not fit on a100-40gb" in r.output.replace("\n", " ")

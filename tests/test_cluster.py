@@ -287,11 +287,7 @@ def test_every_request_is_accounted_for_once(n_rep, router, rate, seed, exact):
     ({"prefill": {"replicas": 1000}, "decode": {"replicas": 100}, "kv_transfer": "nvlink"},
      "cluster: 1100 replicas in all: at most 1024"),
     ({"replicas": [{"count": 0}]}, "cluster.replicas[0].count: Input should be greater than 0 (got 0)"),
-    # options a router does not read, and a router twice, were silently ignored or collapsed
-    ({"replicas": 2, "router": "least-outstanding", "router_options": {"load_cap": 1.5}},
-     "router_options.load_cap applies to prefix-affinity only; the router here is least-outstanding"),
-    ({"replicas": 2, "router_options": {"seed": 3}},
-     "router_options.seed applies to random and power-of-two only; the router here is round-robin"),
+    # a router twice was silently collapsed into one run
     ({"replicas": 2, "router": ["round-robin", "round-robin"]}, "router 'round-robin' is listed twice"),
 ])
 def test_bad_cluster_input_is_a_clear_error(cluster, message):
@@ -520,3 +516,28 @@ def test_the_prefix_affinity_cap_is_exact_for_decimal_caps():
     r = PrefixAffinity(Reps(), SimpleNamespace(prefix_hashes=hashes), SimpleNamespace(load_cap=1.1, seed=0))
     r.owners[7] = 1  # replica 0 holds the prefix
     assert r.route(1, (0, 1, 2, 3, 4)) != 0 and r.num_capped == 1
+
+
+def test_an_option_no_router_of_the_file_reads_is_an_error_there_not_in_a_sweep_over_routers(tmp_path):
+    """router_options.seed with round-robin was silently ignored; it is an error in a scenario file, at its line.
+    A sweep whose axis changes the router keeps the base's options for the points that read them."""
+    import yaml
+
+    from sim.config import load_scenario
+    from sim.sweep.spec import load_sweep
+
+    base = {"name": "b", "model": "opt-13b", "gpu": "a100-40gb", "policies": ["vllm"],
+            "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "alpaca", "num_requests": 10}}
+    for cluster, message in (({"replicas": 2, "router": "least-outstanding", "router_options": {"load_cap": 1.5}},
+                              "router_options.load_cap applies to prefix-affinity only; the router here is "
+                              "least-outstanding"),
+                             ({"replicas": 2, "router_options": {"seed": 3}},
+                              "router_options.seed applies to random and power-of-two only; the router here is "
+                              "round-robin")):
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump({**base, "cluster": cluster}, sort_keys=False))
+        with pytest.raises(ScenarioError, match=r"s\.yaml:\d+: cluster\." + message.replace(".", r"\.")):
+            load_scenario(tmp_path / "s.yaml")
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({**base, "cluster": {"replicas": 2, "router": "random",
+                                                                          "router_options": {"seed": 3}}}))
+    (tmp_path / "w.yaml").write_text("base: b.yaml\naxes: {cluster.router: [random, round-robin]}\n")
+    assert len(load_sweep(tmp_path / "w.yaml").points) == 2

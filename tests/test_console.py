@@ -219,3 +219,6 @@ def test_decomposition_shares_keep_their_significant_digits():
         "total": {"request_throughput": 1.016}, "steps": [{"label": "batching", "share": {"request_throughput": 1.000245}}]}}}
     assert decomposition_lines(d)[1] == "  b: +1.016 req/s = batching +1.000 req/s"
     assert (_num(6949.0), _num(849394.2), _num(0.24117), _num(-2.0, True)) == ("6,949", "849,394", "0.2412", "-2.000")
+    from sim.schema import sig4  # a rounding that carries into a new digit keeps 4 digits, not 5
+
+    assert [sig4(v) for v in (0.99996, 9.99996, 999.99996, float("nan"))] == ["1.000", "10.00", "1,000", "-"]

@@ -136,6 +136,9 @@ def test_a_profile_measured_on_another_gpu_is_refused(tmp_path):
             "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "alpaca", "num_requests": 10}}
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump({"name": "ok", "gpu": "h100", "policies": ["vllm"], **base}))
     check_scenario(tmp_path / "ok.yaml")
+    inline = {"name": "h100-40g", "memory_gib": 40, "hbm_gb_per_s": 3350, "tflops": 989}  # no device names it
+    (tmp_path / "inline.yaml").write_text(yaml.safe_dump({"name": "i", "gpu": inline, "policies": ["vllm"], **base}))
+    check_scenario(tmp_path / "inline.yaml")
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump({
         "name": "fleet", "gpu": "h100", "policies": ["vllm"], **base,
         "cluster": {"replicas": [{"gpu": "h100", "count": 1}, {"gpu": "l4", "count": 1}]}}))

@@ -340,6 +340,13 @@ def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_
     assert trace_stats(t, timed=True)["peak_rate_per_min"] == 3
     r = runner.invoke(app, ["trace", "info", str(p), "-w", "bad_rows=drop", "-w", "rate_scale=1e-9"])
     assert r.exit_code == 0 and "span            1,000,000,000,000,000,000.0 s" in r.output and "peak 2 /min" in r.output
+    # a canonical table keeps its absolute times (epoch seconds): the bound counts from its first arrival
+    import pandas as pd
+
+    pd.DataFrame({"arrival_s": [1.7e9, 1.7e9 + 1, 1.7e9 + 2e9], "prompt_tokens": [10, 20, 30],
+                  "output_tokens": [5, 5, 5]}).to_parquet(tmp_path / "epoch.parquet")
+    t = load(tmp_path / "epoch.parquet", "bad_rows=drop")
+    assert list(t.arrival_s) == [1.7e9, 1.7e9 + 1] and t.dropped == {"too_large": 1}
 
 
 def test_hash_ids_name_at_most_the_prompts_blocks(tmp_path):

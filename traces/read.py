@@ -298,6 +298,7 @@ class _Collector:
     dropped: dict[str, int] = field(default_factory=dict)
     num_rows: int = 0
     t0: Any = None  # the first readable arrival: the trace's start
+    start_s: float = 0.0  # the trace's start in the seconds it reads (not 0 for absolute times kept as they are)
     last_arrival_s: float = -np.inf
     parts: dict[str, list] = field(default_factory=lambda: {"arrival": [], "prompt": [], "output": [], "hash_ids": [],
                                                              "hash_lens": [], "session": []})
@@ -330,8 +331,11 @@ class _Collector:
             values, codes = _numbers(col, integer=False)
             if self.t0 is None and (codes == 0).any():
                 self.t0 = values[codes == 0][0] if fmt.rebase else 0.0
+                # the trace's start, from which the bound counts (a table of absolute times, epoch seconds,
+                # keeps them: its start is its first arrival, not 0)
+                self.start_s = (values[codes == 0][0] - self.t0) * SECONDS_PER_UNIT[fmt.arrival_unit]
             seconds = (values - (self.t0 or 0.0)) * SECONDS_PER_UNIT[fmt.arrival_unit]
-        codes[(codes == 0) & (seconds > MAX_SECONDS)] = TOO_LARGE
+        codes[(codes == 0) & (seconds - self.start_s > MAX_SECONDS)] = TOO_LARGE
         return seconds, codes
 
     def add(self, chunk: Chunk) -> None:

@@ -69,7 +69,7 @@ class Router:
     def __init__(self, replicas: Replicas, requests, options, stream: str = "") -> None:
         self.replicas = replicas
         self.requests = requests
-        self.options = options
+        self.options = options  # which router reads which option: sim.config.ROUTER_OPTION_USERS (keep it true)
         # the random routers' seed: a second router of the same run (a disaggregated fleet's decode pool)
         # names its own stream, so that its draws do not repeat the first one's
         self.seed = options.seed if not stream else f"{options.seed}:{stream}"

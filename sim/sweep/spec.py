@@ -42,10 +42,11 @@ def known_slo_metrics(slo: dict) -> dict:
             raise ValueError(f"unknown metric {metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else
                              f"; expected a summary metric such as {', '.join(names[8:14])}"))
         top = getattr(slo[metric], "max", None)
-        # every summary metric is >= 0, and a time > 0: such a bound fails every run, whatever it serves
-        if top is not None and (top < 0 or (top == 0 and metric.endswith(("_ms", "_s")))):
-            raise ValueError(f"{metric}: at most {top:g} can never be met (it is never "
-                             f"{'negative' if top < 0 else '0'}); expected a bound above 0")
+        # every summary metric is >= 0: such a bound fails every run, whatever it serves (0 can hold: a count,
+        # a scheduling delay)
+        if top is not None and top < 0:
+            raise ValueError(f"{metric}: at most {top:g} can never be met (it is never negative); expected a "
+                             "bound of 0 or more")
     return slo
 
 
