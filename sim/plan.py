@@ -228,6 +228,12 @@ class Shape:
     knobs: tuple[tuple[str, int], ...]  # (("max_num_seqs", 128), ("block_size", 16)), those the plan varies
     pd: tuple[int, int] | None = None
 
+    @property
+    def label(self) -> str:
+        """The shape in words, for messages: ``vllm on h100 tp1`` (and a split's ratio)."""
+        return f"{self.policy_name} on {self.gpu} tp{self.tensor_parallel}" + (
+            f" {self.pd[0]}:{self.pd[1]}" if self.pd else "")
+
     def columns(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tensor_parallel": self.tensor_parallel, "policy": self.policy_name,
                 **dict(self.knobs)}
@@ -541,9 +547,7 @@ def run_plan(plan: Plan, out_dir: str | Path, executor, *, resume: bool = True, 
                       f"(and {sum(o.reused for o in outcomes.values()):,} reused), {time.perf_counter() - t0:,.1f} s")
     table = _table(plan, searches, outcomes)
     best = _best(plan, table)
-    failures = [(f"{plan.shapes[si].policy_name} on {plan.shapes[si].gpu} tp{plan.shapes[si].tensor_parallel}"
-                 + (f" {plan.shapes[si].pd[0]}:{plan.shapes[si].pd[1]}" if plan.shapes[si].pd else "")
-                 + f" at {plan.rate_column} {plan.rate_values[ri]:g}", s.error)
+    failures = [(f"{plan.shapes[si].label} at {plan.rate_column} {plan.rate_values[ri]:g}", s.error)
                 for (ri, si), s in searches.items() if s.error and s.runs]
     return PlanResult(plan, table, best, sum(not o.reused for o in outcomes.values()),
                       sum(o.reused for o in outcomes.values()), len(table), failures, time.perf_counter() - t0)

@@ -353,7 +353,7 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
 
             plan = load_plan(scenario_path)
             first = plan.rate_values[0]
-            runs = [(f"shape {plan_label_of(s)}", plan.scenario(first, s, s.counts(plan.spec)[0])) for s in plan.shapes]
+            runs = [(f"shape {s.label}", plan.scenario(first, s, s.counts(plan.spec)[0])) for s in plan.shapes]
             what = f"a plan: {plural(len(plan.shapes), 'shape')}, {plural(len(plan.rate_values), 'rate')}"
         seen = set()
         for where, sc in runs:
@@ -371,13 +371,6 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
         return _check(scenario, scenario_path, read_trace)
     except ScenarioError as e:
         raise ScenarioError(in_file(str(e), scenario_path, scenario.name)) from None
-
-
-def plan_label_of(shape) -> str:
-    """A plan shape in words: ``h100 tp1 vllm`` (and its knobs and split)."""
-    knobs = "".join(f" {k}={v}" for k, v in shape.knobs)
-    return f"{shape.gpu} tp{shape.tensor_parallel} {shape.policy_name}{knobs}" + (
-        f" {shape.pd[0]}:{shape.pd[1]}" if shape.pd else "")
 
 
 def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:
@@ -418,9 +411,6 @@ def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReade
                      f"{c.link.bytes_per_s / 1e9:g} GB/s + {c.link.latency_s * 1e3:g} ms; "
                      f"router {', '.join(c.routers)}")
     elif scenario.cluster is not None:  # the fleet in one line
-        from sim.cluster.fleet import replica_scenarios
-
-        reps = replica_scenarios(scenario)
         kinds = ", ".join(f"{plural(g.count, 'replica')} of {g.tensor_parallel or scenario.tensor_parallel} x "
                           f"{(g.gpu if isinstance(g.gpu, str) else g.gpu.name) if g.gpu else gpu.name}"
                           for g in scenario.cluster.groups)

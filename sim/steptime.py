@@ -44,7 +44,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.catalog import GpuSpec, ModelSpec
+from sim.catalog import GPUS, GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
@@ -520,8 +520,6 @@ def measured_gpu(device: str) -> str | None:
     """The catalog GPU a profile's ``provenance.device`` names (``torch.cuda.get_device_name``: "NVIDIA
     A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"): the one whose name's parts are all words of it; None when
     none is (a CPU, a test device, an unlisted GPU)."""
-    from sim.catalog import GPUS
-
     words = set(re.split(r"[^a-z0-9]+", device.lower()))
     found = [g for g in GPUS if set(g.split("-")) <= words]
     return found[0] if len(found) == 1 else None
@@ -567,8 +565,6 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
                                 f"({shown}); calibrate this model")
     device = (prof.get("provenance") or {}).get("device") if isinstance(prof.get("provenance"), dict) else None
     on = measured_gpu(device) if isinstance(device, str) else None
-    from sim.catalog import GPUS
-
     if gpu in GPUS and on is not None and on != gpu:  # (an inline GPU: its own name, which no device records)
         raise ScenarioError(f"{path}: measured on {device!r} ({on}), and this run's GPU is {gpu}: its step times "
                             f"are {on}'s; calibrate on {gpu}, or use the roofline (step_time: {{kind: roofline}})")
