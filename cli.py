@@ -83,8 +83,9 @@ def run(
 
 
 @app.command()
-def check(scenario: Path = typer.Argument(..., help="scenario YAML file")) -> None:
-    """Validate SCENARIO without simulating: keys, values, model fit, workload."""
+def check(scenario: Path = typer.Argument(..., help="scenario YAML file (or a sweep or plan file)")) -> None:
+    """Validate SCENARIO without simulating: keys, values, model fit, workload (a sweep's or plan's: each
+    scenario it runs)."""
     from kvsim import check_scenario
 
     with user_errors():
