@@ -313,3 +313,6 @@ def test_requests_number_replicas_as_the_replica_table_does():
     assert set(moved.replica) <= {1, 2, 3} and (reps.loc[moved.replica, "pool"] == "decode").all()
     assert (reps.loc[req.prefill_replica, "pool"] == "prefill").all()
     assert (moved.groupby("replica").size() == reps.loc[sorted(set(moved.replica)), "num_routed"]).all()
+    # a prefill replica makes first tokens only: no TPOT (it read 0 ms, from the requests' whole output lengths)
+    assert reps.loc[reps.pool == "prefill", "median_tpot_ms"].isna().all()
+    assert reps.loc[reps.pool == "decode", "median_tpot_ms"].gt(0).all()

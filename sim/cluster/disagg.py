@@ -298,7 +298,9 @@ class DisaggFleet:
         for e in engines:
             e._close_unfinished()
             e.idle_until(end)
-        prefill_frame = self.logs["prefill"].frame()
+        # a prefill replica makes each request's first token only: no time per output token, no latency per
+        # output token of its own (its log keeps the request's whole output length, which gave TPOT 0)
+        prefill_frame = self.logs["prefill"].frame().assign(tpot_ms=np.nan, normalized_latency_s=np.nan)
         frame = self._merged_log().frame()
         t = self.times
         with np.errstate(invalid="ignore"):
