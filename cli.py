@@ -186,7 +186,9 @@ def plan(
                       f"${r['usd_per_hour']:,.2f}/h, "
                       f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False, markup=False, soft_wrap=True)
         else:
-            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO", highlight=False, markup=False,
+            near = r.get("nearest")
+            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO"
+                      + (f"; nearest: {near}" if isinstance(near, str) else ""), highlight=False, markup=False,
                       soft_wrap=True)
     out.print(f"{result.plan.name}: {plural(result.num_configurations, 'configuration')}, "
               f"{plural(result.num_runs, 'run')} now, {result.num_reused:,} reused, the rest inferred; "

@@ -76,8 +76,10 @@ def _winners(best: pd.DataFrame, rate_col: str, slo: list[str]) -> str:
     rows = []
     for _, r in best.iterrows():
         if not bool(r["met"]):
-            rows.append(f"<tr><td>{r[rate_col]:g}</td><td colspan='{len(cols) + 2}'>nothing in the plan meets the SLO"
-                        "</td></tr>")
+            near = r.get("nearest")
+            rows.append(f"<tr><td>{r[rate_col]:g}</td><td colspan='{len(cols) + 2}' style='text-align:left'>nothing "
+                        "in the plan meets the SLO" + (f"; nearest: {esc(near)}" if isinstance(near, str) else "")
+                        + "</td></tr>")
             continue
         rows.append(f"<tr><td>{r[rate_col]:g}</td><td style='text-align:left'>{esc(plan_label(r))}</td>"
                     + "".join(f"<td>{_cell(fmt, r[c])}</td>" for c, _, fmt in cols)
@@ -128,7 +130,9 @@ def render(folder: Path) -> str:
             parts.append(f"<p>Winner: <b>{esc(plan_label(r))}</b>, {plural(int(r['num_gpus']), 'GPU')}, "
                          f"${r['usd_per_hour']:.2f}/h, ${r['usd_per_million_tokens']:.3f} per million tokens.</p>")
         else:
-            parts.append("<p>No configuration in the plan meets the SLO at this rate.</p>")
+            near = w.iloc[0].get("nearest") if len(w) else None
+            parts.append("<p>No configuration in the plan meets the SLO at this rate"
+                         + (f"; the nearest: {esc(near)}" if isinstance(near, str) else "") + ".</p>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(info['name'])}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
             + "\n".join(parts) + "</body></html>")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -592,6 +593,24 @@ def _table(plan: Plan, searches: dict[tuple[int, int], _Search], outcomes: dict[
     return pd.DataFrame(rows)
 
 
+def _nearest(plan: Plan, t: pd.DataFrame) -> str | None:
+    """Where nothing meets the SLO at a rate: the run that came nearest (the smallest worst ratio of a metric
+    to its bound, among runs that served every request), in words with the bounds it missed; None if none."""
+    best, worst = None, math.inf
+    for _, r in t[t["ran"] & t["error"].isna()].iterrows():
+        if plan.rejects(r):
+            continue
+        ratios = [(r.get(m) / b.max if b.max else math.inf) if r.get(m) == r.get(m) and r.get(m) is not None
+                  else math.inf for m, b in plan.spec.slo.items() if b.max is not None]
+        if ratios and max(ratios) < worst:
+            best, worst = r, max(ratios)
+    if best is None:
+        return None
+    missed = [f"{m} {best[m]:,.4g} (at most {b.max:g})" for m, b in plan.spec.slo.items()
+              if b.max is not None and not b.holds(best[m])]
+    return f"{plan_label(best)}: " + ", ".join(missed)
+
+
 def _best(plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
     """The cheapest passing configuration per rate (by $/hour, then $/million tokens), with its rank
     among every shape's cheapest passing one. A rate that nothing meets gets a row saying so."""
@@ -601,7 +620,7 @@ def _best(plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
     for rate, t in table.groupby(plan.rate_column, sort=True):
         ok = t[(t["passed"] == True) & t["ran"]]  # noqa: E712 (a column of True/False/None)
         if ok.empty:
-            rows.append({plan.rate_column: rate, "met": False, "num_passing_shapes": 0})
+            rows.append({plan.rate_column: rate, "met": False, "num_passing_shapes": 0, "nearest": _nearest(plan, t)})
             continue
         # each shape's cheapest passing count is the one it ran at its fewest passing replicas
         firsts = ok.sort_values("replicas").groupby(keys, sort=False, dropna=False).head(1)

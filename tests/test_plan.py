@@ -293,3 +293,20 @@ def test_what_the_plan_leaves_out_the_base_gives(tmp_path):
     p.write_text(base.replace("router: random", "router: [random, least-kv]"))
     with pytest.raises(ScenarioError, match=r"base.cluster.router: a plan runs one router"):
         load_plan(p)
+
+
+def test_a_rate_nothing_meets_names_the_nearest_run_and_the_bound_it_missed(tmp_path):
+    """"nothing in the plan meets the SLO" said nothing of how far the plan was from it."""
+    p = tmp_path / "p.yaml"
+    p.write_text("base: {model: llama-3-8b, policies: [vllm],\n"
+                 "       workload: {arrival: {kind: poisson, rate: 2}, lengths: alpaca, num_requests: 20, seed: 1}}\n"
+                 "rates: [2]\nslo: {p99_ttft_ms: 1}\ngpus: [h100]\nreplicas: {min: 1, max: 2}\n")
+    res = runner.invoke(app, ["plan", str(p), "--out", str(tmp_path / "out"), "-j", "1", "--no-report"])
+    assert res.exit_code == 0, res.output
+    best = pd.read_csv(tmp_path / "out" / "best.csv")
+    near = best.loc[0, "nearest"]
+    ran = pd.read_parquet(tmp_path / "out" / "plan.parquet").query("ran")
+    fastest = ran.loc[ran.p99_ttft_ms.idxmin()]  # the run nearest the bound
+    assert not best.loc[0, "met"]
+    assert near == f"{fastest.replicas} x h100 tp1 vllm: p99_ttft_ms {fastest.p99_ttft_ms:,.4g} (at most 1)"
+    assert f"nothing in the plan meets the SLO; nearest: {near}" in res.output.replace("\n", "")
