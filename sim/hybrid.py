@@ -716,8 +716,8 @@ class GroupTimeline:
     """Slots each KV-group class holds over time (``group_labels`` / ``group_slots`` of the managers above),
     for the report's memory figure split by group (``kv_groups.parquet``). The engine's recorder adds the
     current split after each step, span or idle gap with its duration; ``table`` bins them like the
-    timeline: per bin, the duration-weighted mean of the records starting in it (a span is counted at its
-    end state, in the bin where it starts)."""
+    timeline: per bin, the mean of the records over the time each spends in it (a record at its end
+    state, split across the bins it covers, as the timeline splits its memory columns)."""
 
     def __init__(self, kv) -> None:
         self.kv = kv
@@ -734,11 +734,21 @@ class GroupTimeline:
         rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
         cols: dict[str, list] = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
         if len(rows):
-            idx = (rows[:, 0] // bin_s).astype(np.int64)
-            dur = np.bincount(idx, weights=rows[:, 1])
+            # each record's time in each bin it covers (most lie inside one; an idle gap or a long span may
+            # cross several: charged whole to its first bin, a bin's mean was off by up to a record's weight)
+            start, end = rows[:, 0], rows[:, 0] + rows[:, 1]
+            first = (start // bin_s).astype(np.int64)
+            count = np.maximum((end // bin_s).astype(np.int64) - first, 0) + 1
+            rec = np.repeat(np.arange(len(rows)), count)
+            idx = first[rec] + (np.arange(len(rec)) - np.repeat(np.cumsum(count) - count, count))
+            lo, hi = idx * bin_s, (idx + 1) * bin_s
+            part = np.clip(np.minimum(end[rec], hi) - np.maximum(start[rec], lo), 0.0, None)
+            whole = count[rec] == 1
+            part[whole] = rows[rec[whole], 1]  # inside one bin: its duration as recorded
+            dur = np.bincount(idx, weights=part)
             keep = np.flatnonzero(dur > 0)
             for j, (kind, window, n) in enumerate(self.labels):
-                mean = np.bincount(idx, weights=rows[:, 1] * rows[:, j + 2], minlength=len(dur))[keep] / dur[keep]
+                mean = np.bincount(idx, weights=part * rows[rec, j + 2], minlength=len(dur))[keep] / dur[keep]
                 label = (f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
                          else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
                 cols["bin_start_s"].append(keep * bin_s)

@@ -568,6 +568,31 @@ def test_memory_by_layer_group_table(tmp_path):
     assert not (tmp_path / "full" / "kv_groups.parquet").exists()
 
 
+def test_memory_by_layer_group_splits_a_record_across_the_bins_it_covers():
+    """A step, span or idle gap that crosses bin edges counts in each bin by the time it spends there (it was
+    charged whole to the bin where it starts: bin 1 below had no row, bin 2 read 30 slots)."""
+    from sim.hybrid import GroupTimeline
+
+    class Kv:
+        slots = (0.0,)
+
+        def group_labels(self):
+            return [("full", 0, 1)]
+
+        def group_slots(self):
+            return self.slots
+
+    kv = Kv()
+    g = GroupTimeline(kv)
+    kv.slots = (10.0,)
+    g.add(0.5, 2.0)  # 0.5 s in bin 0, 1 s in bin 1, 0.5 s in bin 2
+    kv.slots = (30.0,)
+    g.add(2.5, 0.5)
+    t = g.table(1.0)
+    assert t["bin_start_s"].tolist() == [0.0, 1.0, 2.0]
+    assert t["slots"].tolist() == pytest.approx([10.0, 10.0, 20.0])
+
+
 # ------------------------------------------------------------------------------------------ prefix caching
 
 
