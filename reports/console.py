@@ -49,7 +49,7 @@ def _fits(widths: list[int], console_width: int) -> bool:
 def summary_table(summary: dict, title: str = "", width: int = 80) -> Table:
     """The headline metrics, one row per policy, in at most ``width`` columns: each column is as wide as
     its widest value (numbers are never cut); columns that do not fit are dropped from the end of
-    ``COLUMNS``; a long policy name folds onto a second line."""
+    ``COLUMNS``; a long policy name folds onto a second line, after a '-', '_', '/' or '.' where it can."""
     policies = summary["policies"]
     names = [str(n) for n in policies]
     cols = []
@@ -73,12 +73,26 @@ def summary_table(summary: dict, title: str = "", width: int = 80) -> Table:
     used = sum(need(*c) for c in cols) + 2 * len(cols)
     t = Table(title=Text(title) if title else None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True,
               show_edge=False)
-    t.add_column("policy", style="bold", overflow="fold", min_width=name_min, max_width=max(name_min, width - used))
+    name_col = max(name_min, min(name_w, width - used))
+    t.add_column("policy", style="bold", overflow="fold", min_width=name_col, max_width=name_col)
     for head, cells in cols:
         t.add_column(head, justify="right", no_wrap=True, min_width=need(head, cells))
     for i, n in enumerate(names):
-        t.add_row(Text(n), *(cells[i] for _, cells in cols))  # Text: a name is not markup
+        t.add_row(Text(fold_name(n, name_col)), *(cells[i] for _, cells in cols))  # Text: a name is not markup
     return t
+
+
+def fold_name(name: str, width: int) -> str:
+    """``name`` in lines of at most ``width`` characters, each broken after a '/' (a fleet's policy/router)
+    where one fits, else after a '-', '_' or '.' (``contiguous-hybrid-`` / ``fp8``, not
+    ``contiguous-hybrid-fp`` / ``8``), else at the width."""
+    lines = []
+    while len(name) > width:
+        cut = name.rfind("/", 0, width) + 1 or max(name.rfind(c, 0, width) for c in "-_.") + 1
+        cut = cut if cut > 0 else width
+        lines.append(name[:cut])
+        name = name[cut:]
+    return "\n".join([*lines, name])
 
 
 def decomposition_lines(decomp: dict, metrics: tuple[str, ...] = ("request_throughput",

@@ -222,3 +222,19 @@ def test_decomposition_shares_keep_their_significant_digits():
     from sim.schema import sig4  # a rounding that carries into a new digit keeps 4 digits, not 5
 
     assert [sig4(v) for v in (0.99996, 9.99996, 999.99996, float("nan"))] == ["1.000", "10.00", "1,000", "-"]
+
+
+def test_a_long_policy_name_folds_after_a_separator():
+    """A name too wide for its column breaks after its last '/' that fits (a fleet's policy/router), else its
+    last '-', '_' or '.', not mid-word: 'contiguous-hybrid-fp8' printed 'contiguous-hybrid-fp' over '8'."""
+    from reports.console import fold_name
+
+    metrics = {"request_throughput": 1.0, "num_finished": 1, "num_rejected": 0, "num_unfinished": 0}
+    names = ["contiguous-hybrid-fp8", "vllm-apc/least-outstanding", "paged"]
+    buf = io.StringIO()
+    print_summary({"policies": {n: metrics for n in names}}, "", Console(file=buf, width=30, force_terminal=False))
+    first_cells = [line.split()[0] for line in buf.getvalue().splitlines() if line.strip()]
+    assert "contiguous-hybrid-" in first_cells and "fp8" in first_cells, buf.getvalue()
+    assert "vllm-apc/" in first_cells and "least-outstanding" in first_cells, buf.getvalue()
+    assert fold_name("contiguous-hybrid-fp8", 20) == "contiguous-hybrid-\nfp8"
+    assert fold_name("abcdefghijkl", 5) == "abcde\nfghij\nkl"  # no separator: at the width
