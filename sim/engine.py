@@ -40,7 +40,7 @@ from sim.workload import RequestTable
 
 class PolicyResult:
     """One policy's run: its summary, and its tables as pandas DataFrames (``requests``, ``steps``,
-    ``timeline``). A table may be given as ``sim.outputs.Columns``: it becomes a DataFrame when first read
+    ``timeline``, ``groups``). A table may be given as ``sim.outputs.Columns``: it becomes a DataFrame when first read
     (``table`` gives it as it is), so that a run whose tables are only written never imports pandas."""
 
     def __init__(self, policy: PolicyConfig, pool: KvPool, requests: Any, steps: Any, summary: dict,
@@ -48,17 +48,18 @@ class PolicyResult:
                  fleet: dict | None = None, num_events: int = 0, groups: Any = None, layout: Any = None) -> None:
         self.policy = policy
         self.pool = pool
-        self._tables: dict[str, Any] = {"requests": requests, "steps": steps, "timeline": timeline}
+        # several KV groups: slots per group class over time (hybrid.GroupTimeline), else None
+        self._tables: dict[str, Any] = {"requests": requests, "steps": steps, "timeline": timeline, "groups": groups}
         self.summary = summary
         self.snapshot = snapshot  # the KV address space at the moment of most waiting requests
         self.replicas = replicas  # a fleet (sim.cluster): one row per replica (a DataFrame)
         self.fleet = fleet  # a fleet: routing and load-imbalance figures (summary.json "fleet")
         self.num_events = num_events  # simulation events taken: steps, spans of steps and idle gaps (the cost unit)
-        self.groups = groups  # several KV groups: slots per group class over time (hybrid.GroupTimeline; a DataFrame)
         self.layout = layout  # the KV layout the run used (sim.layouts.KvLayout; None: the classic one)
 
     def table(self, name: str) -> Any:
-        """Table ``name`` ("requests", "steps", "timeline") as it is held: ``Columns`` or a DataFrame."""
+        """Table ``name`` ("requests", "steps", "timeline", "groups") as it is held: ``Columns`` or a DataFrame
+        (None: a run of one KV group has no "groups")."""
         return self._tables[name]
 
     def _frame(self, name: str) -> Any:
@@ -81,6 +82,11 @@ class PolicyResult:
     def timeline(self) -> Any:
         """Fixed-width time bins (``sim.metrics.Timeline``)."""
         return self._frame("timeline")
+
+    @property
+    def groups(self) -> Any:
+        """Several KV groups: the slots each group class holds per time bin (``hybrid.GroupTimeline``); else None."""
+        return None if self._tables["groups"] is None else self._frame("groups")
 
 
 _NOT_WOKEN = object()  # Engine._woke while a wait has not been cut short

@@ -39,6 +39,7 @@ from sim.core import Sequence
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, ContiguousKv, FifoBlockPool, _fill_runs,
                     _merge_segments, blocks_for)
 from sim.layouts import KvLayout, first_kept, window_sums
+from sim.outputs import Columns
 from sim.sharing import SharedBlockPool, extend_block_hashes, prompt_block_hashes
 
 
@@ -727,12 +728,16 @@ class GroupTimeline:
     def add(self, start_s: float, duration_s: float) -> None:
         self._rows.extend((start_s, duration_s, *self.kv.group_slots()))
 
-    def table(self, bin_s: float):
-        import pandas as pd
-
+    def table(self, bin_s: float) -> Columns:
+        """One row per time bin and group class: ``bin_start_s``, ``group`` (its label: kind and window),
+        ``kind``, ``window``, ``groups`` (how many groups the class has), ``slots`` (the mean over the bin)."""
         k = len(self.labels)
         rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
-        cols: dict[str, list] = {"bin_start_s": [], "group": [], "kind": [], "window": [], "groups": [], "slots": []}
+        labels = [(f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
+                   else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
+                  for kind, window, n in self.labels]
+        names, kinds = sorted(labels), sorted({kind for kind, _, _ in self.labels})  # the categories
+        keep, means = np.zeros(0, dtype=np.int64), []
         if len(rows):
             # each record's time in each bin it covers (most lie inside one; an idle gap or a long span may
             # cross several: charged whole to its first bin, a bin's mean was off by up to a record's weight)
@@ -747,14 +752,14 @@ class GroupTimeline:
             part[whole] = rows[rec[whole], 1]  # inside one bin: its duration as recorded
             dur = np.bincount(idx, weights=part)
             keep = np.flatnonzero(dur > 0)
-            for j, (kind, window, n) in enumerate(self.labels):
-                mean = np.bincount(idx, weights=part * rows[rec, j + 2], minlength=len(dur))[keep] / dur[keep]
-                label = (f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
-                         else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
-                cols["bin_start_s"].append(keep * bin_s)
-                cols["group"].append([label] * len(keep))
-                cols["kind"].append([kind] * len(keep))
-                cols["window"].append(np.full(len(keep), window, dtype=np.int64))
-                cols["groups"].append(np.full(len(keep), n, dtype=np.int64))
-                cols["slots"].append(mean)
-        return pd.DataFrame({c: np.concatenate(v) if v else [] for c, v in cols.items()})
+            means = [np.bincount(idx, weights=part * rows[rec, j + 2], minlength=len(dur))[keep] / dur[keep]
+                     for j in range(k)]
+        m = len(keep)
+        rep = lambda values, dtype: np.repeat(np.array(values, dtype=dtype), m)  # noqa: E731
+        return Columns({"bin_start_s": np.tile(keep * bin_s, k).astype(np.float64),
+                        "group": rep([names.index(x) for x in labels], np.int64),
+                        "kind": rep([kinds.index(kd) for kd, _, _ in self.labels], np.int64),
+                        "window": rep([w for _, w, _ in self.labels], np.int64),
+                        "groups": rep([n for _, _, n in self.labels], np.int64),
+                        "slots": np.concatenate(means) if means else np.zeros(0)},
+                       {"group": names, "kind": kinds})

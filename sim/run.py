@@ -191,7 +191,7 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
     # write, or a stale report, would be read as this run's)
-    groups = {name: res.groups for name, res in result.policies.items() if getattr(res, "groups", None) is not None}
+    groups = {name: res.table("groups") for name, res in result.policies.items() if res.table("groups") is not None}
     if groups:  # several KV groups (sim/hybrid.py): slots per group class over time
         paths["groups"] = out / "kv_groups.parquet"
     for p in [*paths.values(), out / "replicas.parquet", out / "kv_groups.parquet", out / "report.html"]:

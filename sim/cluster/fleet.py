@@ -161,7 +161,8 @@ class Fleet:
         groups = None  # several KV groups (sim/hybrid.py): the fleet's slots per group class, summed over replicas
         if any(r.groups is not None for r in per):
             groups = (pd.concat([r.groups for r in per if r.groups is not None], ignore_index=True)
-                      .groupby(["bin_start_s", "group", "kind", "window", "groups"], sort=True, as_index=False)["slots"]
+                      .groupby(["bin_start_s", "group", "kind", "window", "groups"], sort=True, as_index=False,
+                               observed=True)["slots"]
                       .sum())
         return PolicyResult(per[0].policy, pool, requests, steps, summary, snapshot, tl, replicas=replicas, fleet=fleet,
                             num_events=sum(r.num_events for r in per), groups=groups, layout=per[0].layout)
