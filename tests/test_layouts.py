@@ -342,6 +342,40 @@ def _check_paged(kv: HybridPagedKv, seqs):
         assert sorted(r.count(-1) for r in rows) == sorted(f for f, (_, n) in zip(firsts, kv.classes) for _ in range(n))
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
+    # the address-space picture: numpy over all pages, the same runs as a page-by-page loop; covers the pool
+    captured = kv.capture(seqs)
+    for blocked in (False, True):
+        segs = kv.segments(captured, blocked)
+        assert np.array_equal(segs, _segments_page_by_page(kv, captured, blocked))
+        assert segs[:, 1].sum() == kv.blocks.num_blocks * B and (segs[1:, 0] == segs[:-1, 0] + segs[:-1, 1]).all()
+
+
+def _segments_page_by_page(kv, captured, blocked):
+    """``HybridPagedKv.segments`` as it was, a Python loop over the pages: the reference for its numpy form."""
+    from sim.kv import SLOT_EXTERNAL, SLOT_FREE, SLOT_TOKEN, _fill_runs, _merge_segments
+
+    B = kv.block_size
+    seqs, (free, fresh) = captured
+    segs: list = []
+    seen = set() if kv.caching else None
+    for firsts, tables, state, filled, cap in seqs:
+        for (_, n), f, table in zip(kv.classes, firsts, tables):
+            for j, b in enumerate(table):
+                if seen is not None:
+                    if b in seen:
+                        continue
+                    seen.add(b)
+                lo = (f + j // n) * B
+                if lo + B <= filled:
+                    segs.append((b * B, B, SLOT_TOKEN))
+                else:
+                    _fill_runs(b * B, min(max(filled - lo, 0), B), min(max(cap - lo, 0), B), B, segs)
+        for b in state:
+            _fill_runs(b * B, B, B, B, segs)
+    idle = SLOT_EXTERNAL if blocked else SLOT_FREE
+    segs.extend((b * B, B, idle) for b in free)
+    segs.append((fresh * B, (kv.blocks.num_blocks - fresh) * B, idle))
+    return _merge_segments(segs)
 
 
 @settings(max_examples=60, deadline=None)
@@ -697,6 +731,12 @@ def _check_shared(kv: HybridPagedKv, seqs):
     assert kv.group_slots() == per_class and sum(per_class) == kv.alloc
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
+    # the address-space picture: numpy over all pages, the same runs as a page-by-page loop; covers the pool
+    captured = kv.capture(seqs)
+    for blocked in (False, True):
+        segs = kv.segments(captured, blocked)
+        assert np.array_equal(segs, _segments_page_by_page(kv, captured, blocked))
+        assert segs[:, 1].sum() == kv.blocks.num_blocks * B and (segs[1:, 0] == segs[:-1, 0] + segs[:-1, 1]).all()
 
 
 @settings(max_examples=60, deadline=None)
