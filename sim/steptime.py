@@ -298,23 +298,29 @@ class RooflineStepTime:
         # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
         # keys * key_s * f + pairs * pair_s in turn, then + r0 + r1 + r2; adding an exact zero to a float
         # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
+        # NOTE: concrete types (keys a list[int], t a list[float]) so that the compiled build does the
+        # arithmetic unboxed; a ``list | range`` took every multiply through Python's generic number protocol
+        # (ten times the single-group span's cost)
         offs, prefix, d = ctx
         m = len(offs)
-        t: list[float] | None = None
-        keys: list[int] | range
+        t: list[float] = []
+        keys: list[int]
         for kind, window, key_s, _ in self._groups:  # type: ignore[union-attr]  # set: several groups
             if kind == "sliding":  # keys stop growing at W
                 keys = window_sums(offs, prefix, d, window, k)
             elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
-                keys = [sum((o + d - 1 + j) % window + 1 for o in offs) for j in range(k)]
+                keys = [sum([(o + d - 1 + j) % window + 1 for o in offs]) for j in range(k)]
             else:
                 total = prefix[-1] + m * d
-                keys = range(total, total + m * k, m) if m else [total] * k
-            t = [x * key_s * f for x in keys] if t is None else [u + x * key_s * f for u, x in zip(t, keys)]
+                keys = [total + m * j for j in range(k)]
+            if not t:
+                t = [x * key_s * f for x in keys]
+            else:
+                for j in range(k):
+                    t[j] = t[j] + keys[j] * key_s * f
         if r0 == 0.0 and r1 == 0.0:
-            return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]  # type: ignore[union-attr]
-        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden)
-                for x in t]  # type: ignore[union-attr]
+            return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]
+        return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
 
     def _modern_layers_s(self, m: int) -> float:
         """GPU seconds of every layer's projections, MLP or experts, norms and all-reduces for ``m`` tokens
