@@ -66,21 +66,38 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         raise ResultsError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {why[:200]})") from None
 
 
-def _read_summary(path: Path) -> dict:
+def _read_json(path: Path) -> object:
+    """A JSON file of a result folder; unreadable, malformed or nested too deeply to parse: ResultsError."""
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ResultsError(f"{path}: cannot read ({e.__class__.__name__})") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # (RecursionError: "[[[[...": json recurses per level)
+        why = "nested too deeply to read" if isinstance(e, RecursionError) else e.__class__.__name__
+        raise ResultsError(f"{path}: cannot read ({why})") from None
+
+
+def _read_summary(path: Path) -> dict:
+    summary = _read_json(path)
     if not isinstance(summary, dict) or not isinstance(summary.get("policies"), dict) or "scenario" not in summary:
         raise ResultsError(f"{path}: not a sim run summary (no 'scenario' and 'policies')")
-    if not isinstance(summary["scenario"], dict):
+    if not summary["policies"]:
+        raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
+    scenario = summary["scenario"]
+    if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
+    for key, kind in (("policies", list), ("resolved", dict)):  # what the page reads of the scenario
+        if key in scenario and not isinstance(scenario[key], kind):
+            raise ResultsError(f"{path}: scenario.{key} is not {'a list' if kind is list else 'an object'}")
+    pools = scenario.get("resolved", {}).get("kv_pools", {})
+    if not isinstance(pools, dict) or not all(isinstance(v, dict) for v in pools.values()):
+        raise ResultsError(f"{path}: scenario.resolved.kv_pools is not an object of pools")
     for name, metrics in summary["policies"].items():
         if not isinstance(metrics, dict):
             raise ResultsError(f"{path}: policies.{name} is not an object of metrics")
         for key, v in metrics.items():  # a metric is a number or null; nested groups (memory, pool) are objects
-            if isinstance(v, str) and key not in TEXT_KEYS:
-                raise ResultsError(f"{path}: policies.{name}.{key} = {v!r}, expected a number or null")
+            if isinstance(v, str) and key in TEXT_KEYS or v is None or isinstance(v, dict):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ResultsError(f"{path}: policies.{name}.{key} = {v!r:.80}, expected a number or null")
     return summary
 
 
@@ -137,10 +154,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     replicas = _read_parquet(d / REPLICAS_FILE) if has_run and (d / REPLICAS_FILE).exists() else None
     sweep_info = None
     if sweep is not None and (d / SWEEP_INFO_FILE).exists():
-        try:
-            sweep_info = json.loads((d / SWEEP_INFO_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ResultsError(f"{d / SWEEP_INFO_FILE}: cannot read ({e.__class__.__name__})") from None
+        sweep_info = _read_json(d / SWEEP_INFO_FILE)
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),

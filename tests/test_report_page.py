@@ -140,6 +140,42 @@ def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
         assert not lines[0].endswith(("Either", "Either)")), r.output  # a sentence is never cut
 
 
+def _damaged(summary: dict, case: str) -> str:
+    if case == "policies_empty":
+        summary["policies"] = {}
+    elif case == "scenario_policies_not_list":
+        summary["scenario"]["policies"] = 5
+    elif case == "scenario_resolved_not_object":
+        summary["scenario"]["resolved"] = [1]
+    elif case == "metric_list":
+        summary["policies"]["vllm"]["mean_ttft_ms"] = [1]
+    elif case == "metric_bool":
+        summary["policies"]["vllm"]["duration_s"] = True
+    elif case == "nested_too_deep":
+        return "[" * 100_000 + "]" * 100_000
+    return json.dumps(summary)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("policies_empty", "'policies' is empty"),  # was a KeyError traceback (pandas: no 'label' column)
+    ("scenario_policies_not_list", "scenario.policies is not a list"),  # was a TypeError traceback
+    ("scenario_resolved_not_object", "scenario.resolved is not an object"),  # was an AttributeError traceback
+    ("metric_list", "policies.vllm.mean_ttft_ms = [1], expected a number or null"),  # was drawn as a page
+    ("metric_bool", "policies.vllm.duration_s = True, expected a number or null"),  # was drawn as a page
+    ("nested_too_deep", "summary.json: cannot read (nested too deeply to read)"),  # was a RecursionError traceback
+])
+def test_sim_report_damaged_summary_is_one_line(small_run, tmp_path, case, message):
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "summary.json").write_text(_damaged(json.loads((small_run / "summary.json").read_text()), case))
+    r = runner.invoke(app, ["report", str(d)])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), r.exception
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "summary.json" in lines[0] and message in lines[0], r.output
+
+
 def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
     """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
     scenario = parse_scenario({
