@@ -110,7 +110,12 @@ def test_a_bad_base_scenario_file_names_its_own_line(tmp_path):
                                           (["-j", "99999999999999999999"], "--workers must be between 1 and 1,024"),
                                           # ray.init retried an unreachable address for minutes
                                           (["-e", "ray", "--address", "127.0.0.1:1"],
-                                           "--address 127.0.0.1:1: cannot connect to a Ray cluster there")])
+                                           "--address 127.0.0.1:1: cannot connect to a Ray cluster there"),
+                                          # a ValueError traceback from ray.init
+                                          (["-e", "ray", "--address", "bogus"],
+                                           "--address bogus: not a Ray address (Invalid address format: bogus)"),
+                                          # started a Ray instance here, as if --address were not given
+                                          (["-e", "ray", "--address", ""], "--address: an empty address")])
 def test_bad_options(tmp_path, args, expect):
     p = tmp_path / "s.yaml"
     p.write_text(BASE + "axes: {seed: [0]}\n")
