@@ -356,6 +356,16 @@ class PolicyConfig(Strict):
     kv_offload: KvOffloadConfig | None = Field(None, description="a CPU tier for evicted prefix-cache blocks "
                                                "(paged, with prefix_caching)")
 
+    def unread_option(self) -> str | None:
+        """Why a setting the file gives is never read by this policy, or None. Checked on a scenario file as
+        written (``load_scenario``), not on the points a sweep makes: an axis such as ``preemption: [recompute,
+        swap]`` reaches every policy, contiguous ones included. (A swap space under recompute is a knob the
+        decomposition shows with a share of zero: not refused.)"""
+        if self.preemption == "swap" and self.allocator.kind != "paged":  # (such a policy ran as recompute)
+            return ("preemption: swap copies a preempted sequence's blocks to CPU swap space, which only the paged "
+                    "allocator does (a contiguous slab is recomputed): drop it, or use the paged allocator")
+        return None
+
     @model_validator(mode="after")
     def _coherent(self) -> "PolicyConfig":
         if self.prefix_caching and self.allocator.kind != "paged":
@@ -983,4 +993,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if unread:
         line = lines.get(("cluster", "router_options"))
         raise ScenarioError(f"{path}{f':{line}' if line else ''}: cluster.{unread}")
+    for i, policy in enumerate(scenario.policies):
+        unread = policy.unread_option()
+        if unread:
+            line = lines.get(("policies", i))
+            raise ScenarioError(f"{path}{f':{line}' if line else ''}: policies[{i}] ({policy.name}): {unread}")
     return scenario

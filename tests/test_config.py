@@ -102,6 +102,15 @@ def test_bad_scenarios_name_the_key(tmp_path, bad, expect):
     assert "Traceback" not in msg
 
 
+@pytest.mark.parametrize("preset", ["orca-max", "orca-oracle-mixed", "fastertransformer"])
+def test_swap_on_a_contiguous_policy_is_an_error_in_a_scenario_file(tmp_path, preset):
+    """The contiguous allocator never swaps (the policy ran as recompute, saying nothing); a sweep's
+    preemption axis over every policy still reaches contiguous ones (tests/test_sweep.py)."""
+    msg = err(tmp_path, BASE.replace("policies: [vllm]", f"policies: [vllm, {{preset: {preset}, preemption: swap}}]"))
+    assert msg.startswith(f"{tmp_path / 's.yaml'}:8: policies[1] ({preset}): preemption: swap copies"), msg
+    assert "only the paged allocator does" in msg
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
