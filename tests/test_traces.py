@@ -487,6 +487,17 @@ def test_a_nan_is_named_as_such_and_an_empty_cell_as_empty(tmp_path):
         load(jl, cols)
 
 
+@pytest.mark.parametrize("command", ["info", "convert"])
+def test_a_max_model_len_without_truncation_is_refused(tmp_path, command):
+    """Without cap_lengths=truncate --max-model-len was ignored: trace info showed 100-token prompts under
+    --max-model-len 5 without a word, and convert wrote them."""
+    p = write(tmp_path, "a.csv", "num_prefill_tokens,num_decode_tokens\n100,20\n50,5\n")
+    out = [str(tmp_path / "o.parquet"), "-w", "arrival={kind: poisson, rate: 2}"] if command == "convert" else []
+    r = runner.invoke(app, ["trace", command, str(p), *out, "--max-model-len", "5"])
+    assert r.exit_code == 2 and "--max-model-len 5: read only with -w cap_lengths=truncate" in r.output, r.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
 def test_a_max_model_len_below_two_is_refused(tmp_path):
     """Truncation keeps max_model_len - 1 prompt tokens: at 1 it made empty prompts that 'finished'."""
     p = write(tmp_path, "a.csv", HEAD)
