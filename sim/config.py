@@ -62,6 +62,7 @@ Cv = Annotated[float, BeforeValidator(_number), Field(ge=1e-6, le=100)]
 Seed = Annotated[int, BeforeValidator(_number), Field(ge=0, le=2**63 - 1)]
 Gib = Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)]
 Replicas = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_REPLICAS)]
+Rating = Annotated[float, BeforeValidator(_number), Field(ge=1e-3, le=1e12)]  # a device's GB/s or TFLOP/s
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -447,12 +448,13 @@ def check_unique_names(policies: list[PolicyConfig]) -> None:
 class GpuConfig(Strict):
     """A GPU not in the catalog, by its datasheet figures."""
 
-    name: str
+    name: str = Field(min_length=1)
     memory_gib: Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e6)]
-    hbm_gb_per_s: PosFloat
-    tflops: PosFloat = Field(description="dense bf16/fp16 tensor TFLOP/s")
-    host_gb_per_s: PosFloat = 32.0
-    interconnect_gb_per_s: PosFloat = 300.0
+    # (at 1e-12 GB/s or TFLOP/s a step took 10^13 s; a megabyte or a gigaflop a second is below any real device)
+    hbm_gb_per_s: Rating
+    tflops: Rating = Field(description="dense bf16/fp16 tensor TFLOP/s")
+    host_gb_per_s: Rating = 32.0
+    interconnect_gb_per_s: Rating = 300.0
     fp8: bool = Field(False, description="fp8 support (kv_cache_dtype: fp8 needs it)")
 
     def spec(self) -> GpuSpec:

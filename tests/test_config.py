@@ -172,7 +172,16 @@ NUMERIC_BAD = [  # (workload or top-level override, key named in the message, wh
     ({"step_time": {"kind": "roofline", "gpu_overhead_s": float("inf")}}, "step_time.gpu_overhead_s", "finite"),
     ({"horizon_s": 1e300}, "horizon_s", "less than or equal to"),
     ({"tensor_parallel": True}, "tensor_parallel", "not true"),
+    # an inline GPU of 1e-12 GB/s or TFLOP/s ran, its first token 6.6e13 s (two million years) after arrival
+    *[({"gpu": {"name": "g", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300, key: 1e-12}}, f"gpu.{key}",
+       "greater than or equal to 0.001") for key in ("hbm_gb_per_s", "tflops", "host_gb_per_s", "interconnect_gb_per_s")],
 ]
+
+
+def test_an_inline_gpu_needs_a_name(make_scenario):
+    """An empty name was taken (the report and the console showed the GPU as nothing)."""
+    with pytest.raises(ScenarioError, match=re.escape("gpu.name: String should have at least 1 character")):
+        make_scenario(gpu={"name": "", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300})
 
 
 @pytest.mark.parametrize("over, key, what", NUMERIC_BAD)
