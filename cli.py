@@ -274,7 +274,8 @@ def steptime(
     context: int = typer.Option(0, "--context", min=0, help="cached tokens the prefill attends to"),
     step_time: Optional[Path] = typer.Option(None, "--step-time", help="a scenario (or YAML step_time block) or a "
                                              "calibration profile JSON (default: the roofline's defaults)"),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size (a paged decode's block cost)"),
+    block_size: int = typer.Option(16, "--block-size", min=1, max=1 << 16,  # (a scenario's policy's bound)
+                                   help="KV block size (a paged decode's block cost)"),
     csv: bool = typer.Option(False, "--csv", help="print CSV to stdout instead of a table"),
 ) -> None:
     """What the step-time model predicts: ms per layer by part, and the whole step, per token count."""
