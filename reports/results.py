@@ -79,11 +79,11 @@ def _read_summary(path: Path) -> dict:
     summary = _read_json(path)
     if not isinstance(summary, dict) or not isinstance(summary.get("policies"), dict) or "scenario" not in summary:
         raise ResultsError(f"{path}: not a sim run summary (no 'scenario' and 'policies')")
-    if not summary["policies"]:
-        raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
     scenario = summary["scenario"]
     if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
+    if not summary["policies"]:
+        raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
     for key, kind in (("policies", list), ("resolved", dict)):  # what the page reads of the scenario
         if key in scenario and not isinstance(scenario[key], kind):
             raise ResultsError(f"{path}: scenario.{key} is not {'a list' if kind is list else 'an object'}")
