@@ -253,6 +253,12 @@ def trace_fetch(
     from traces.fetch import catalog_lines, fetch_command
 
     with user_errors():
+        given = [f"{', '.join(names)}" if names else "", "--mirror" if mirror else "", "--force" if force else ""]
+        if list_ and any(given):  # (they were ignored: nothing fetched, exit 0)
+            from sim.config import ScenarioError
+
+            raise ScenarioError(f"--list lists the traces and downloads nothing: drop {' and '.join(g for g in given if g)}, "
+                                f"or --list to fetch")
         lines = catalog_lines(folder) if list_ else fetch_command(names or [], folder, mirror=mirror, force=force,
                                                                    console=err)
     for line in lines:
