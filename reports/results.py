@@ -111,7 +111,12 @@ def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd
     if "policy" not in df.columns:
         raise ResultsError(f"{where}: no 'policy' column")
     out = df.copy()
-    out["policy"] = out["policy"].astype(str).map(lambda p: labels.get(p, p))
+    policy = out["policy"].astype(str)
+    unknown = sorted(set(policy.unique()) - set(labels)) if labels else []
+    if unknown:  # (drawn as a policy of its own, which no table of the page listed)
+        raise ResultsError(f"{where}: rows of policy {', '.join(map(repr, unknown[:3]))}, which summary.json does not "
+                           f"list (it has {', '.join(map(repr, list(labels)[:5]))})")
+    out["policy"] = policy.map(lambda p: labels.get(p, p))
     return out
 
 

@@ -176,6 +176,23 @@ def test_sim_report_damaged_summary_is_one_line(small_run, tmp_path, case, messa
     assert len(lines) == 1 and "summary.json" in lines[0] and message in lines[0], r.output
 
 
+def test_sim_report_tables_of_a_policy_the_summary_does_not_list(small_run, tmp_path):
+    """requests.parquet holding rows of a policy summary.json does not list (a summary edited, or files of two
+    runs mixed) drew that policy's curves beside a table without it."""
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    summary = json.loads((small_run / "summary.json").read_text())
+    summary["policies"].pop("orca-oracle")
+    (d / "summary.json").write_text(json.dumps(summary))
+    r = runner.invoke(app, ["report", str(d)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "requests.parquet: rows of policy 'orca-oracle', which summary.json does not list (it has 'vllm')" \
+        in lines[0], r.output
+
+
 def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
     """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
     scenario = parse_scenario({
