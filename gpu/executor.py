@@ -667,6 +667,11 @@ class ReplayExecutors:
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
                                 f"not {scenario.tensor_parallel}")
+        fleet = scenario.cluster
+        if fleet is not None and (fleet.disaggregated or sum(g.count for g in fleet.groups) > 1):
+            # (replicas interleave their steps, and one KV pool is held at a time: an AttributeError mid-run)
+            raise ScenarioError(f"{scenario.name}: cluster (a fleet of replicas) is simulator-only: the replay runs "
+                                f"one server on one device; drop cluster to replay the server alone")
         if policy.policy.kv_offload is not None:
             raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
                                 "is simulator-only; the replay would read blocks it never loaded")

@@ -128,6 +128,22 @@ def test_user_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and "no such step-time profile" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("cluster", ["{replicas: 2}", "{prefill: {replicas: 1}, decode: {replicas: 1}, kv_transfer: nvlink}"])
+def test_a_fleet_is_refused_by_the_replay(tmp_path, cluster):
+    """Replicas interleave their steps while the replay holds one KV pool at a time: an AttributeError
+    ('NoneType' object has no attribute 'swap_out') in the middle of the run before."""
+    require_backend()
+    from cli import app
+
+    s = tmp_path / "fleet.yaml"
+    s.write_text(Path(TINY_SCENARIO).read_text().replace("../gpu/configs/tiny-llama.json",
+                                                         str(ROOT / "gpu" / "configs" / "tiny-llama.json"))
+                 + f"cluster: {cluster}\n")
+    for args in (["replay", str(s), "--device", "cpu", "--no-report"], ["validate", str(s), "--device", "cpu"]):
+        r = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2 and "cluster (a fleet of replicas) is simulator-only" in r.output, r.output
+
+
 def test_triton_attention_on_the_cpu_is_a_user_error(tmp_path, monkeypatch):
     """Without Triton's interpreter (the tests run with it: conftest.py), a RuntimeError traceback from the
     first kernel launch (store_kv) before."""
