@@ -107,7 +107,12 @@ def report(
     with user_errors():
         from sim.outputs import out_file as checked_file
 
-        path = build_report(run_dirs, checked_file(out_file) if out_file is not None else None)
+        target = checked_file(out_file) if out_file is not None else None
+        if target is not None and target.suffix.lower() not in (".html", ".htm"):  # (--out DIR/summary.json wrote
+            from sim.config import ScenarioError  # the page over the run's own results)
+
+            raise ScenarioError(f"--out {target}: the report is written as HTML; name it *.html")
+        path = build_report(run_dirs, target)
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
