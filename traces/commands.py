@@ -138,6 +138,8 @@ def trace_convert(path: Path, out: Path, settings: list[str], max_model_len: int
     """``sim trace convert``: write the (transformed) canonical table as parquet."""
     if out.suffix != ".parquet":
         raise ScenarioError(f"{out}: the canonical table is written as parquet; name it *.parquet")
+    if out.exists() and path.exists() and out.resolve() == path.resolve():  # (-w sample=0.5 halved the input)
+        raise ScenarioError(f"{out}: is the trace being converted; write the table to another file")
     w = workload_from_options(path, settings)
     _read_max_model_len(w, max_model_len)
     t = load_trace(w, path, max_model_len)
