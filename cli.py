@@ -521,6 +521,10 @@ def calibrate(
 
     with gpu_backend():
         out_path = _checked_out(out_path, file=True)
+        if out_path.suffix.lower() != ".json":  # (--out s.yaml wrote the profile over the scenario)
+            from sim.config import ScenarioError
+
+            raise ScenarioError(f"--out {out_path}: the profile is written as JSON; name it *.json")
         from gpu.calibrate import calibrate_to_file
 
         profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,

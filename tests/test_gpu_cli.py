@@ -121,6 +121,13 @@ def test_user_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and "--model or --scenario" in r.output
     r = runner.invoke(app, ["calibrate", "--model", "gpt-9", "--out", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "expected one of" in r.output
+    # --out the scenario itself: the profile was written over it after the measurements
+    scenario = tmp_path / "s.yaml"
+    text = Path(TINY_SCENARIO).read_text().replace("../gpu/configs/", f"{ROOT / 'gpu' / 'configs'}/")
+    scenario.write_text(text)
+    r = runner.invoke(app, ["calibrate", "--scenario", str(scenario), "--quick", "--out", str(scenario)])
+    assert r.exit_code == 2 and "the profile is written as JSON; name it *.json" in r.output, r.output
+    assert scenario.read_text() == text
     if not torch.cuda.is_available():
         r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cuda"])
         assert r.exit_code == 2 and "no CUDA device" in r.output
