@@ -721,7 +721,7 @@ class Scenario(Strict):
         # NOTE: a path (a config.json, or a folder holding one) is checked when it is read, relative to the file
         if v not in MODELS and not (v.endswith(".json") or "/" in v or "\\" in v or v.startswith((".", "~"))):
             raise ValueError(f"unknown model {v!r}{_did_you_mean(v, MODELS)}; expected one of {', '.join(MODELS)} "
-                             f"or a path to a config.json (or a folder holding one)")
+                             f"or a path to a config.json or to a folder holding one (a path has a '/': ./{v})")
         return v
 
     def resolve_path(self, p: str) -> Path:

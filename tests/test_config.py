@@ -111,6 +111,15 @@ def test_swap_on_a_contiguous_policy_is_an_error_in_a_scenario_file(tmp_path, pr
     assert "only the paged allocator does" in msg
 
 
+def test_a_bare_folder_name_as_model_says_how_to_write_the_path(tmp_path):
+    """`model: sub` (a folder holding config.json) was refused with "expected ... or a path to a config.json (or a
+    folder holding one)": a folder it had just refused; a bare name is read as a catalog name."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "config.json").write_text("{}")
+    msg = err(tmp_path, BASE.replace("model: opt-13b", "model: sub"))
+    assert "unknown model 'sub'" in msg and "(a path has a '/': ./sub)" in msg, msg
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
