@@ -20,6 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from reports import ResultsError  # noqa: F401 (declared where the command line finds it cheaply)
+from sim.schema import MEMORY_CLASSES, REASONS, STATUS_NAMES
 
 RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
@@ -104,6 +105,23 @@ def _read_summary(path: Path) -> dict:
 TEXT_KEYS = {"preset", "policy", "name", "status", "allocator", "batching", "prefill", "preemption", "kind"}
 
 
+# the named categories of a run's tables (sim.schema): a column of other values (codes, other names) was drawn
+# as if no request had finished, or no slot were of any memory class
+CATEGORY_COLUMNS = {"status": tuple(STATUS_NAMES.values()), "reason": tuple(REASONS.values()),
+                    "memory_class": MEMORY_CLASSES}
+
+
+def _categories(df: pd.DataFrame | None, where: Path) -> pd.DataFrame | None:
+    """A run table (requests, kv_snapshots) whose category columns hold only the names sim run writes."""
+    for column, names in CATEGORY_COLUMNS.items():
+        if df is not None and column in df.columns:
+            other = sorted(set(df[column].astype(str).unique()) - set(names))
+            if other:
+                raise ResultsError(f"{where}: column {column!r} holds {', '.join(map(repr, other[:3]))}; expected "
+                                   f"one of {', '.join(repr(n) for n in names if n)}")
+    return df
+
+
 def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd.DataFrame | None:
     """The table with its ``policy`` column mapped to page labels (plain strings)."""
     if df is None:
@@ -163,9 +181,10 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
-        requests=_relabel(_read_parquet(d / "requests.parquet"), labels, d / "requests.parquet") if has_run else None,
+        requests=_relabel(_categories(_read_parquet(d / "requests.parquet"), d / "requests.parquet"), labels,
+                          d / "requests.parquet") if has_run else None,
         timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
-        snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
+        snapshots=_relabel(_categories(snapshots, d / SNAPSHOT_FILE), labels, d / SNAPSHOT_FILE),
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
         sweep_info=sweep_info if isinstance(sweep_info, dict) else None,
         groups=_relabel(groups, labels, d / GROUPS_FILE), replicas=_relabel(replicas, labels, d / REPLICAS_FILE))

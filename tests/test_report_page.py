@@ -193,6 +193,26 @@ def test_sim_report_tables_of_a_policy_the_summary_does_not_list(small_run, tmp_
         in lines[0], r.output
 
 
+@pytest.mark.parametrize("file, column", [("requests.parquet", "status"), ("requests.parquet", "reason"),
+                                          ("kv_snapshots.parquet", "memory_class")])
+def test_sim_report_category_columns_of_codes(small_run, tmp_path, file, column):
+    """A category column as its integer codes (a table rewritten by hand) drew a page saying no request finished
+    (or no slot of any memory class) while summary.json counted 60 finished."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    t = pq.read_table(d / file)
+    i = t.schema.get_field_index(column)
+    pq.write_table(t.set_column(i, column, t.column(column).combine_chunks().indices), d / file)
+    r = runner.invoke(app, ["report", str(d)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and f"{file}: column '{column}' holds '" in lines[0], r.output
+    assert "; expected one of '" in lines[0], r.output
+
+
 def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
     """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
     scenario = parse_scenario({
