@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
                       field_validator, model_validator)
 
 from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
@@ -63,6 +63,20 @@ Seed = Annotated[int, BeforeValidator(_number), Field(ge=0, le=2**63 - 1)]
 Gib = Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)]
 Replicas = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_REPLICAS)]
 Rating = Annotated[float, BeforeValidator(_number), Field(ge=1e-3, le=1e12)]  # a device's GB/s or TFLOP/s
+
+
+def _printable(v: Any) -> Any:
+    """A name is printed on the console, in tables and progress lines: a newline split the table's title, an
+    escape sequence (ESC [31m) reached the terminal as a command."""
+    if isinstance(v, str):
+        bad = sorted({c for c in v if ord(c) < 32 or 127 <= ord(c) < 160})
+        if bad:
+            raise ValueError(f"a name holds control characters ({', '.join(repr(c) for c in bad[:3])}); expected "
+                             f"printable text")
+    return v
+
+
+Name = Annotated[str, Field(min_length=1), AfterValidator(_printable)]
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -333,7 +347,7 @@ class KvOffloadConfig(Strict):
 class PolicyConfig(Strict):
     """How one server schedules and places KV cache. Presets fill every field; any can be overridden."""
 
-    name: str = Field(min_length=1)
+    name: Name
     preset: str | None = None
     batching: Literal["static", "continuous"]
     allocator: AllocatorConfig
@@ -448,7 +462,7 @@ def check_unique_names(policies: list[PolicyConfig]) -> None:
 class GpuConfig(Strict):
     """A GPU not in the catalog, by its datasheet figures."""
 
-    name: str = Field(min_length=1)
+    name: Name
     memory_gib: Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e6)]
     # (at 1e-12 GB/s or TFLOP/s a step took 10^13 s; a megabyte or a gigaflop a second is below any real device)
     hbm_gb_per_s: Rating
@@ -677,7 +691,7 @@ class ClusterConfig(Strict):
 
 
 class Scenario(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     description: str = ""
     model: str = Field(description="catalog name or path to a Hugging Face config.json")
     gpu: str | GpuConfig

@@ -120,6 +120,18 @@ def test_a_bare_folder_name_as_model_says_how_to_write_the_path(tmp_path):
     assert "unknown model 'sub'" in msg and "(a path has a '/': ./sub)" in msg, msg
 
 
+@pytest.mark.parametrize("over, key", [({"name": "a\nb"}, "name"), ({"name": "\x1b[31mred"}, "name"),
+                                      ({"policies": [{"preset": "vllm", "name": "x\ty"}]}, "policies[0].name"),
+                                      ({"gpu": {"name": "g\x00", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300}},
+                                       "gpu.name")])
+def test_names_are_printable(make_scenario, over, key):
+    """A newline in a name split the console table's title and progress lines; an escape sequence reached the
+    terminal as a command (the name printed in red)."""
+    with pytest.raises(ScenarioError, match=re.escape(f"{key}: a name holds control characters")):
+        make_scenario(**over)
+    make_scenario(name="é 漢 [b]run[/b] <i>")  # any printable text
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
