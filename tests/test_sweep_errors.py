@@ -73,6 +73,12 @@ BAD_INPUT = {
 }
 
 
+def test_a_sweep_name_with_a_newline(tmp_path):
+    """Printed as it was: a newline split the console's lines (an escape sequence reached the terminal)."""
+    msg = sweep_error(tmp_path, "axes:\n  seed: [0]\n", base=BASE.replace("name: bad", 'name: "a\\nb"', 1))
+    assert ":1: name: a name holds control characters ('\\n'); expected printable text" in msg, msg
+
+
 @pytest.mark.parametrize("body, expect", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
 def test_bad_input_is_one_line_naming_file_line_and_key(tmp_path, body, expect):
     assert expect in sweep_error(tmp_path, body)
