@@ -914,6 +914,8 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
                     else "; quote it")
             msgs.append(f"{where}: {parent}: the key {got!r} is not text{hint}")
             continue
+        if isinstance(got, bool) and err["type"] in ("string_type", "literal_error", "enum"):
+            tail += "; YAML reads on, off, yes and no as true and false: quote such a value"  # (name: off)
         msgs.append(f"{where}: {_fmt_path(path)}: {msg}{tail}")
     return "\n".join(dict.fromkeys(msgs))
 

@@ -132,6 +132,15 @@ def test_names_are_printable(make_scenario, over, key):
     make_scenario(name="é 漢 [b]run[/b] <i>")  # any printable text
 
 
+@pytest.mark.parametrize("policy, key", [("{preset: vllm, name: off}", "policies[1].name"),
+                                         ("{preset: vllm, name: x, kv_cache_dtype: no}", "policies[1].kv_cache_dtype")])
+def test_a_yaml_boolean_where_text_goes_says_to_quote_it(tmp_path, policy, key):
+    """`name: off` said "Input should be a valid string (got False)": the user wrote no False."""
+    msg = err(tmp_path, BASE.replace("policies: [vllm]", f"policies: [vllm, {policy}]"))
+    assert f"{key}: " in msg and "(got False); YAML reads on, off, yes and no as true and false: quote such a " \
+        "value" in msg, msg
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
