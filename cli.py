@@ -107,7 +107,12 @@ def report(
     with user_errors():
         from sim.outputs import out_file as checked_file
 
-        path = build_report(run_dirs, checked_file(out_file) if out_file is not None else None)
+        target = checked_file(out_file) if out_file is not None else None
+        if target is not None and target.suffix.lower() not in (".html", ".htm"):  # (--out DIR/summary.json wrote
+            from sim.config import ScenarioError  # the page over the run's own results)
+
+            raise ScenarioError(f"--out {target}: the report is written as HTML; name it *.html")
+        path = build_report(run_dirs, target)
     out.print(f"report: {path} ({path.stat().st_size:,} bytes)", highlight=False)
 
 
@@ -253,6 +258,12 @@ def trace_fetch(
     from traces.fetch import catalog_lines, fetch_command
 
     with user_errors():
+        given = [f"{', '.join(names)}" if names else "", "--mirror" if mirror else "", "--force" if force else ""]
+        if list_ and any(given):  # (they were ignored: nothing fetched, exit 0)
+            from sim.config import ScenarioError
+
+            raise ScenarioError(f"--list lists the traces and downloads nothing: drop {' and '.join(g for g in given if g)}, "
+                                f"or --list to fetch")
         lines = catalog_lines(folder) if list_ else fetch_command(names or [], folder, mirror=mirror, force=force,
                                                                    console=err)
     for line in lines:
@@ -274,7 +285,8 @@ def steptime(
     context: int = typer.Option(0, "--context", min=0, help="cached tokens the prefill attends to"),
     step_time: Optional[Path] = typer.Option(None, "--step-time", help="a scenario (or YAML step_time block) or a "
                                              "calibration profile JSON (default: the roofline's defaults)"),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size (a paged decode's block cost)"),
+    block_size: int = typer.Option(16, "--block-size", min=1, max=1 << 16,  # (a scenario's policy's bound)
+                                   help="KV block size (a paged decode's block cost)"),
     csv: bool = typer.Option(False, "--csv", help="print CSV to stdout instead of a table"),
 ) -> None:
     """What the step-time model predicts: ms per layer by part, and the whole step, per token count."""
@@ -509,6 +521,10 @@ def calibrate(
 
     with gpu_backend():
         out_path = _checked_out(out_path, file=True)
+        if out_path.suffix.lower() != ".json":  # (--out s.yaml wrote the profile over the scenario)
+            from sim.config import ScenarioError
+
+            raise ScenarioError(f"--out {out_path}: the profile is written as JSON; name it *.json")
         from gpu.calibrate import calibrate_to_file
 
         profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,

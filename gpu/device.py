@@ -67,6 +67,39 @@ def usable_memory(device: torch.device) -> dict | None:
     return {"free_bytes": int(free), "total_bytes": int(total), "free_gib": free / GIB, "total_gib": total / GIB}
 
 
+def free_memory_bytes(device: torch.device) -> int | None:
+    """What can still be allocated on ``device``: the driver's free memory on a GPU, the host's available
+    memory (``MemAvailable`` of /proc/meminfo) on the CPU; None where it is not known."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+SMALLER_MODEL = ("the GPU backend holds the whole model on one device; use a smaller model (a config.json with "
+                 "fewer layers, such as gpu/configs/tiny-llama.json) or a device with more memory")
+
+
+def check_fits(what: str, nbytes: int, device: torch.device, advice: str = SMALLER_MODEL) -> None:
+    """Refuse, before allocating, ``nbytes`` that ``device`` does not have free (on the CPU, filling more
+    than the host has ends in swapping or the kernel's out-of-memory killer, not an error)."""
+    free = free_memory_bytes(device)
+    if free is not None and nbytes > free:
+        where = "host memory" if device.type == "cpu" else str(device)
+        raise _user_error(f"{what}: {_size(nbytes)}, more than the {_size(free)} free in {where}: {advice}")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:,.1f} GiB" if nbytes >= GIB // 10 else f"{nbytes / (1 << 20):,.1f} MiB"
+
+
 def provenance(device: torch.device) -> dict:
     """Where and with what a measurement was taken."""
     out = {

@@ -41,7 +41,7 @@ import torch
 
 from gpu.attention import decode_attention, decode_attention_torch, prefill_attention, prefill_attention_ref
 from gpu.device import default_attention, default_dtype, host_and_device_s, resolve_device, synchronize
-from gpu.kv_cache import KvCache, KvGroups, store_kv, store_kv_ref, token_slots
+from gpu.kv_cache import KvCache, KvGroups, interpreting, store_kv, store_kv_ref, token_slots
 from gpu.model import LlamaModel, ModelShape
 from sim.catalog import GpuSpec, ModelSpec
 from sim.config import Scenario, ScenarioError
@@ -627,6 +627,10 @@ class ReplayExecutors:
         self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.attention = attention or default_attention(self.device)
+        if self.attention == "triton" and self.device.type == "cpu" and not interpreting():
+            raise ScenarioError("--attention triton on the CPU needs Triton's interpreter (TRITON_INTERPRET=1 set "
+                                "before the command; far too slow to time a replay): use --attention torch, the "
+                                "CPU's default")
         self.seed = seed
         self.warmup = warmup
         self.model: LlamaModel | None = None
@@ -663,6 +667,11 @@ class ReplayExecutors:
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
                                 f"not {scenario.tensor_parallel}")
+        fleet = scenario.cluster
+        if fleet is not None and (fleet.disaggregated or sum(g.count for g in fleet.groups) > 1):
+            # (replicas interleave their steps, and one KV pool is held at a time: an AttributeError mid-run)
+            raise ScenarioError(f"{scenario.name}: cluster (a fleet of replicas) is simulator-only: the replay runs "
+                                f"one server on one device; drop cluster to replay the server alone")
         if policy.policy.kv_offload is not None:
             raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
                                 "is simulator-only; the replay would read blocks it never loaded")

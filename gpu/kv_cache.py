@@ -92,6 +92,13 @@ class KvCache:
         self.block_size = pool.block_size
         self.num_slots = pool.num_slots
         self.groups = groups or KvGroups.single(shape.num_layers)
+        from gpu.device import check_fits  # (gpu.device imports this module)
+
+        elems = self.groups.page_layers * 2 * pool.num_slots * shape.num_kv_heads * shape.head_dim
+        check_fits(f"{shape.name}: the KV pool of {pool.num_slots:,} tokens in {str(dtype).removeprefix('torch.')}",
+                   elems * torch.empty((), dtype=dtype).element_size(), torch.device(device),
+                   "the replay sizes the pool as the simulator does for the scenario's GPU; lower "
+                   "gpu_memory_utilization or give a GPU of less memory (an inline gpu: {memory_gib: ...})")
         self.kv = torch.zeros((self.groups.page_layers, 2, pool.num_blocks, pool.block_size, shape.num_kv_heads,
                                shape.head_dim), device=device, dtype=dtype)
         # CPU block id -> [page_layers, 2, block_size, H_kv, D] on the host

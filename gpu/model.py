@@ -136,6 +136,12 @@ class LlamaModel:
 
         s = shape
         qkv_rows = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+        if device.type != "meta":
+            from gpu.device import check_fits
+
+            elem = torch.empty((), dtype=dtype).element_size()
+            check_fits(f"{s.name}: its random weights in {str(dtype).removeprefix('torch.')}",
+                       cls.num_weights(shape) * elem, device)
         ones = torch.ones(s.hidden_size, device=device, dtype=dtype)
         layers = [LayerWeights(ones.clone(), w(qkv_rows, s.hidden_size), w(s.hidden_size, s.num_heads * s.head_dim),
                                ones.clone(), w((2 if s.gated_mlp else 1) * s.ffn_size, s.hidden_size),
@@ -144,6 +150,14 @@ class LlamaModel:
         embed = torch.empty((s.vocab_size, s.hidden_size), device=device, dtype=dtype).normal_(0.0, 1.0, generator=g)
         lm_head = embed if s.tie_embeddings else w(s.vocab_size, s.hidden_size)
         return cls(shape, embed, layers, ones.clone(), lm_head)
+
+    @staticmethod
+    def num_weights(shape: ModelShape) -> int:
+        """Elements ``random`` allocates for ``shape``: every matrix and norm (a tied LM head once)."""
+        s = shape
+        layer = ((s.num_heads + 2 * s.num_kv_heads) * s.head_dim * s.hidden_size + s.hidden_size * s.num_heads * s.head_dim
+                 + (3 if s.gated_mlp else 2) * s.ffn_size * s.hidden_size + 2 * s.hidden_size)
+        return s.num_layers * layer + s.vocab_size * s.hidden_size * (1 if s.tie_embeddings else 2) + s.hidden_size
 
     @property
     def num_params(self) -> int:

@@ -20,6 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from reports import ResultsError  # noqa: F401 (declared where the command line finds it cheaply)
+from sim.schema import MEMORY_CLASSES, REASONS, STATUS_NAMES
 
 RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
@@ -66,25 +67,59 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         raise ResultsError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {why[:200]})") from None
 
 
-def _read_summary(path: Path) -> dict:
+def _read_json(path: Path) -> object:
+    """A JSON file of a result folder; unreadable, malformed or nested too deeply to parse: ResultsError."""
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ResultsError(f"{path}: cannot read ({e.__class__.__name__})") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # (RecursionError: "[[[[...": json recurses per level)
+        why = "nested too deeply to read" if isinstance(e, RecursionError) else e.__class__.__name__
+        raise ResultsError(f"{path}: cannot read ({why})") from None
+
+
+def _read_summary(path: Path) -> dict:
+    summary = _read_json(path)
     if not isinstance(summary, dict) or not isinstance(summary.get("policies"), dict) or "scenario" not in summary:
         raise ResultsError(f"{path}: not a sim run summary (no 'scenario' and 'policies')")
-    if not isinstance(summary["scenario"], dict):
+    scenario = summary["scenario"]
+    if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
+    if not summary["policies"]:
+        raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
+    for key, kind in (("policies", list), ("resolved", dict)):  # what the page reads of the scenario
+        if key in scenario and not isinstance(scenario[key], kind):
+            raise ResultsError(f"{path}: scenario.{key} is not {'a list' if kind is list else 'an object'}")
+    pools = scenario.get("resolved", {}).get("kv_pools", {})
+    if not isinstance(pools, dict) or not all(isinstance(v, dict) for v in pools.values()):
+        raise ResultsError(f"{path}: scenario.resolved.kv_pools is not an object of pools")
     for name, metrics in summary["policies"].items():
         if not isinstance(metrics, dict):
             raise ResultsError(f"{path}: policies.{name} is not an object of metrics")
         for key, v in metrics.items():  # a metric is a number or null; nested groups (memory, pool) are objects
-            if isinstance(v, str) and key not in TEXT_KEYS:
-                raise ResultsError(f"{path}: policies.{name}.{key} = {v!r}, expected a number or null")
+            if isinstance(v, str) and key in TEXT_KEYS or v is None or isinstance(v, dict):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ResultsError(f"{path}: policies.{name}.{key} = {v!r:.80}, expected a number or null")
     return summary
 
 
 TEXT_KEYS = {"preset", "policy", "name", "status", "allocator", "batching", "prefill", "preemption", "kind"}
+
+
+# the named categories of a run's tables (sim.schema): a column of other values (codes, other names) was drawn
+# as if no request had finished, or no slot were of any memory class
+CATEGORY_COLUMNS = {"status": tuple(STATUS_NAMES.values()), "reason": tuple(REASONS.values()),
+                    "memory_class": MEMORY_CLASSES}
+
+
+def _categories(df: pd.DataFrame | None, where: Path) -> pd.DataFrame | None:
+    """A run table (requests, kv_snapshots) whose category columns hold only the names sim run writes."""
+    for column, names in CATEGORY_COLUMNS.items():
+        if df is not None and column in df.columns:
+            other = sorted(set(df[column].astype(str).unique()) - set(names))
+            if other:
+                raise ResultsError(f"{where}: column {column!r} holds {', '.join(map(repr, other[:3]))}; expected "
+                                   f"one of {', '.join(repr(n) for n in names if n)}")
+    return df
 
 
 def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd.DataFrame | None:
@@ -94,7 +129,12 @@ def _relabel(df: pd.DataFrame | None, labels: dict[str, str], where: Path) -> pd
     if "policy" not in df.columns:
         raise ResultsError(f"{where}: no 'policy' column")
     out = df.copy()
-    out["policy"] = out["policy"].astype(str).map(lambda p: labels.get(p, p))
+    policy = out["policy"].astype(str)
+    unknown = sorted(set(policy.unique()) - set(labels)) if labels else []
+    if unknown:  # (drawn as a policy of its own, which no table of the page listed)
+        raise ResultsError(f"{where}: rows of policy {', '.join(map(repr, unknown[:3]))}, which summary.json does not "
+                           f"list (it has {', '.join(map(repr, list(labels)[:5]))})")
+    out["policy"] = policy.map(lambda p: labels.get(p, p))
     return out
 
 
@@ -137,16 +177,14 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     replicas = _read_parquet(d / REPLICAS_FILE) if has_run and (d / REPLICAS_FILE).exists() else None
     sweep_info = None
     if sweep is not None and (d / SWEEP_INFO_FILE).exists():
-        try:
-            sweep_info = json.loads((d / SWEEP_INFO_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ResultsError(f"{d / SWEEP_INFO_FILE}: cannot read ({e.__class__.__name__})") from None
+        sweep_info = _read_json(d / SWEEP_INFO_FILE)
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
-        requests=_relabel(_read_parquet(d / "requests.parquet"), labels, d / "requests.parquet") if has_run else None,
+        requests=_relabel(_categories(_read_parquet(d / "requests.parquet"), d / "requests.parquet"), labels,
+                          d / "requests.parquet") if has_run else None,
         timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
-        snapshots=_relabel(snapshots, labels, d / SNAPSHOT_FILE),
+        snapshots=_relabel(_categories(snapshots, d / SNAPSHOT_FILE), labels, d / SNAPSHOT_FILE),
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
         sweep_info=sweep_info if isinstance(sweep_info, dict) else None,
         groups=_relabel(groups, labels, d / GROUPS_FILE), replicas=_relabel(replicas, labels, d / REPLICAS_FILE))

@@ -479,6 +479,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     max_len = need("max_position_embeddings")
     if max_len < 2:  # a prompt token and an output token at least (truncation keeps max_len - 1 of a prompt)
         raise CatalogError(f"{path}: 'max_position_embeddings' must be at least 2, got {max_len}")
+    if max_len > MAX_MODEL_LEN:  # token counts are 32-bit (sim.config.MAX_TOKENS)
+        raise CatalogError(f"{path}: 'max_position_embeddings' must be at most {MAX_MODEL_LEN:,}, got {max_len:,}")
+    tie = cfg.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):  # ("no" would read as true)
+        raise CatalogError(f"{path}: 'tie_word_embeddings' must be true or false, got {tie!r}")
     layout = _hf_layout(path, cfg, need, hidden)
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or path.parent.name or path.stem),
@@ -491,11 +496,24 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         vocab_size=need("vocab_size"),
         max_model_len=max_len,
         gated_mlp=not is_opt,  # Llama-family configs use a gated (SwiGLU-style) MLP; OPT a plain one
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", is_opt)),
+        tie_embeddings=is_opt if tie is None else tie,
         learned_positions=is_opt,
         head_dim=head_dim,
         **layout,
     )
+
+
+MAX_MODEL_LEN = 2**31 - 1  # token counts are 32-bit (sim.config.MAX_TOKENS)
+
+
+def _whole(path: Path, cfg: dict, key: str, default: int = 0) -> int:
+    """An optional count or offset of a config.json: a whole number >= 0 (null or absent: ``default``)."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CatalogError(f"{path}: '{key}' must be a whole number (0 or more), got {v!r}")
+    return v
 
 
 LAYER_KINDS = ("full", "sliding", "chunked", "mla", "mamba")
@@ -570,7 +588,9 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
     elif kinds is not None and "chunked" in kinds:
         raise CatalogError(f"{path}: 'layer_types' has chunked_attention layers but no 'attention_chunk_size'")
     if "attn_layer_period" in cfg and kinds is None:  # Jamba
-        period, offset = need("attn_layer_period"), cfg.get("attn_layer_offset", 0)
+        period, offset = need("attn_layer_period"), _whole(path, cfg, "attn_layer_offset")
+        if offset >= period:  # (no layer would be attention)
+            raise CatalogError(f"{path}: 'attn_layer_offset' {offset} must be below attn_layer_period {period}")
         kinds = ["full" if i % period == offset else "mamba" for i in range(n)]
     if kinds is not None and "mamba" in kinds:
         d_state = need("mamba_d_state", "ssm_state_size", "state_size")
@@ -588,13 +608,18 @@ def _hf_layout(path: Path, cfg: dict, need, hidden: int) -> dict:
     if experts:
         out.update(num_experts=need(experts), num_experts_per_tok=need("num_experts_per_tok"),
                    moe_ffn_size=need("moe_intermediate_size", "intermediate_size"),
-                   num_shared_experts=cfg.get("n_shared_experts") or (1 if cfg.get("model_type") == "llama4_text" else 0))
+                   num_shared_experts=_whole(path, cfg, "n_shared_experts") or (
+                       1 if cfg.get("model_type") == "llama4_text" else 0))
+        if out["num_experts_per_tok"] > out["num_experts"]:
+            raise CatalogError(f"{path}: 'num_experts_per_tok' {out['num_experts_per_tok']} is more than the "
+                               f"{out['num_experts']} experts ('{experts}')")
         if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own width
             out.update(num_shared_experts=1, shared_expert_ffn_size=need("shared_expert_intermediate_size"))
-        first = cfg.get("first_k_dense_replace", 0)
+        first = _whole(path, cfg, "first_k_dense_replace")
         # Jamba: expert_layer_period / offset; Llama 4: every interleave_moe_layer_step-th layer (the last of each step)
-        period = cfg.get("expert_layer_period", cfg.get("interleave_moe_layer_step", 1))
-        offset = cfg.get("expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
+        period = need("expert_layer_period", "interleave_moe_layer_step") if (
+            "expert_layer_period" in cfg or "interleave_moe_layer_step" in cfg) else 1
+        offset = _whole(path, cfg, "expert_layer_offset", 0 if "expert_layer_period" in cfg else period - 1)
         out["moe_layers"] = tuple(i for i in range(first, n) if i % period == offset % period)
     quant = (cfg.get("quantization_config") or {}).get("quant_method") if isinstance(cfg.get("quantization_config"), dict) else None
     if quant == "fp8":  # every linear layer's weights (the LM head and router excepted)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
                       field_validator, model_validator)
 
 from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
@@ -62,6 +62,21 @@ Cv = Annotated[float, BeforeValidator(_number), Field(ge=1e-6, le=100)]
 Seed = Annotated[int, BeforeValidator(_number), Field(ge=0, le=2**63 - 1)]
 Gib = Annotated[float, BeforeValidator(_number), Field(ge=0, le=1e6)]
 Replicas = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_REPLICAS)]
+Rating = Annotated[float, BeforeValidator(_number), Field(ge=1e-3, le=1e12)]  # a device's GB/s or TFLOP/s
+
+
+def _printable(v: Any) -> Any:
+    """A name is printed on the console, in tables and progress lines: a newline split the table's title, an
+    escape sequence (ESC [31m) reached the terminal as a command."""
+    if isinstance(v, str):
+        bad = sorted({c for c in v if ord(c) < 32 or 127 <= ord(c) < 160})
+        if bad:
+            raise ValueError(f"a name holds control characters ({', '.join(repr(c) for c in bad[:3])}); expected "
+                             f"printable text")
+    return v
+
+
+Name = Annotated[str, Field(min_length=1), AfterValidator(_printable)]
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -332,7 +347,7 @@ class KvOffloadConfig(Strict):
 class PolicyConfig(Strict):
     """How one server schedules and places KV cache. Presets fill every field; any can be overridden."""
 
-    name: str = Field(min_length=1)
+    name: Name
     preset: str | None = None
     batching: Literal["static", "continuous"]
     allocator: AllocatorConfig
@@ -355,6 +370,16 @@ class PolicyConfig(Strict):
         "cache manager); false: every layer kept as full attention (vLLM's fallback); see sim/layouts.py")
     kv_offload: KvOffloadConfig | None = Field(None, description="a CPU tier for evicted prefix-cache blocks "
                                                "(paged, with prefix_caching)")
+
+    def unread_option(self) -> str | None:
+        """Why a setting the file gives is never read by this policy, or None. Checked on a scenario file as
+        written (``load_scenario``), not on the points a sweep makes: an axis such as ``preemption: [recompute,
+        swap]`` reaches every policy, contiguous ones included. (A swap space under recompute is a knob the
+        decomposition shows with a share of zero: not refused.)"""
+        if self.preemption == "swap" and self.allocator.kind != "paged":  # (such a policy ran as recompute)
+            return ("preemption: swap copies a preempted sequence's blocks to CPU swap space, which only the paged "
+                    "allocator does (a contiguous slab is recomputed): drop it, or use the paged allocator")
+        return None
 
     @model_validator(mode="after")
     def _coherent(self) -> "PolicyConfig":
@@ -437,12 +462,13 @@ def check_unique_names(policies: list[PolicyConfig]) -> None:
 class GpuConfig(Strict):
     """A GPU not in the catalog, by its datasheet figures."""
 
-    name: str
+    name: Name
     memory_gib: Annotated[float, BeforeValidator(_number), Field(gt=0, le=1e6)]
-    hbm_gb_per_s: PosFloat
-    tflops: PosFloat = Field(description="dense bf16/fp16 tensor TFLOP/s")
-    host_gb_per_s: PosFloat = 32.0
-    interconnect_gb_per_s: PosFloat = 300.0
+    # (at 1e-12 GB/s or TFLOP/s a step took 10^13 s; a megabyte or a gigaflop a second is below any real device)
+    hbm_gb_per_s: Rating
+    tflops: Rating = Field(description="dense bf16/fp16 tensor TFLOP/s")
+    host_gb_per_s: Rating = 32.0
+    interconnect_gb_per_s: Rating = 300.0
     fp8: bool = Field(False, description="fp8 support (kv_cache_dtype: fp8 needs it)")
 
     def spec(self) -> GpuSpec:
@@ -665,7 +691,7 @@ class ClusterConfig(Strict):
 
 
 class Scenario(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     description: str = ""
     model: str = Field(description="catalog name or path to a Hugging Face config.json")
     gpu: str | GpuConfig
@@ -709,7 +735,7 @@ class Scenario(Strict):
         # NOTE: a path (a config.json, or a folder holding one) is checked when it is read, relative to the file
         if v not in MODELS and not (v.endswith(".json") or "/" in v or "\\" in v or v.startswith((".", "~"))):
             raise ValueError(f"unknown model {v!r}{_did_you_mean(v, MODELS)}; expected one of {', '.join(MODELS)} "
-                             f"or a path to a config.json (or a folder holding one)")
+                             f"or a path to a config.json or to a folder holding one (a path has a '/': ./{v})")
         return v
 
     def resolve_path(self, p: str) -> Path:
@@ -888,6 +914,8 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
                     else "; quote it")
             msgs.append(f"{where}: {parent}: the key {got!r} is not text{hint}")
             continue
+        if isinstance(got, bool) and err["type"] in ("string_type", "literal_error", "enum"):
+            tail += "; YAML reads on, off, yes and no as true and false: quote such a value"  # (name: off)
         msgs.append(f"{where}: {_fmt_path(path)}: {msg}{tail}")
     return "\n".join(dict.fromkeys(msgs))
 
@@ -983,4 +1011,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if unread:
         line = lines.get(("cluster", "router_options"))
         raise ScenarioError(f"{path}{f':{line}' if line else ''}: cluster.{unread}")
+    for i, policy in enumerate(scenario.policies):
+        unread = policy.unread_option()
+        if unread:
+            line = lines.get(("policies", i))
+            raise ScenarioError(f"{path}{f':{line}' if line else ''}: policies[{i}] ({policy.name}): {unread}")
     return scenario

@@ -181,6 +181,9 @@ class RayExecutor(Executor):
                     ray.init(num_cpus=workers, **kwargs)
             except ConnectionError as e:
                 raise ScenarioError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None
+            except ValueError as e:  # ray.init's "Invalid address format: bogus"
+                raise ScenarioError(f"--address {address}: not a Ray address ({e}); expected host:port, "
+                                    f"ray://host:port or auto") from None
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = max(1, min(workers, cpus) if workers else cpus)
@@ -233,5 +236,8 @@ def make_executor(kind: str = "local", workers: int | None = None, address: str 
             raise ScenarioError("--address is for --executor ray")
         return SerialExecutor() if workers == 1 else LocalExecutor(workers)
     if kind == "ray":
+        if address is not None and not address.strip():  # (an unset shell variable: --address "$RAY")
+            raise ScenarioError("--address: an empty address (give host:port, ray://host:port or auto; leave "
+                                "--address out to start a Ray instance here)")
         return RayExecutor(workers, address)
     raise ScenarioError(f"--executor {kind!r}: expected one of {', '.join(EXECUTORS)}")

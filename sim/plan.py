@@ -48,7 +48,7 @@ import pandas as pd
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sim.catalog import GPU_PRICES, GPUS
-from sim.config import (MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
+from sim.config import (Name, MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
                         Strict, _known_link, _number, _routers, check_kind, check_unique_names, format_validation_error,
                         parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
@@ -83,7 +83,7 @@ class ReplicaRange(Strict):
 class PlanFile(Strict):
     """What a plan file holds (see the module docstring)."""
 
-    name: str | None = Field(None, min_length=1, description="default: the file's name without .yaml")
+    name: Name | None = Field(None, description="default: the file's name without .yaml")
     description: str = ""
     base: Union[str, dict[str, Any]] = Field(description="scenario file (relative to the plan) or mapping")
     rates: list[Real] | None = Field(None, min_length=1, description="workload.arrival.rate values (req/s)")

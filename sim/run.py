@@ -373,6 +373,31 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
         raise ScenarioError(in_file(str(e), scenario_path, scenario.name)) from None
 
 
+def _length_pairs(requests: RequestTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (prompt, output) lengths of ``requests`` and how many requests have each: what decides a
+    rejection up front, for far fewer rows than requests (a contiguous policy's check is Python per row)."""
+    pairs = np.asarray(requests.prompt_tokens, np.int64) << 32 | np.asarray(requests.output_tokens, np.int64)
+    uniq, counts = np.unique(pairs, return_counts=True)
+    return uniq >> 32, uniq & 0xFFFFFFFF, counts
+
+
+def _rejected_up_front(r: ResolvedPolicy, lengths: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[int, str] | None:
+    """The requests ``r`` rejects before serving any (``rejection_reasons``, as the engine does), of the
+    ``_length_pairs``: how many, and by reason in words; None when none. (A token budget below every prompt, or a watermark that leaves no room, rejects every
+    request: the run counts them, and sim check says so before it.)"""
+    from sim.policy import make_kv, rejection_reasons
+    from sim.schema import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
+
+    prompt, output, weight = lengths
+    reason = rejection_reasons(r, make_kv(r), prompt, output)
+    counts = np.bincount(reason, weights=weight, minlength=PREFILL_EXCEEDS_TOKEN_BUDGET + 1).astype(np.int64)
+    why = {EXCEEDS_MAX_MODEL_LEN: f"longer than the model's {r.max_model_len:,} tokens",
+           EXCEEDS_KV_POOL: "that never fit the KV pool, even alone",
+           PREFILL_EXCEEDS_TOKEN_BUDGET: f"with a prefill over max_num_batched_tokens ({r.max_num_batched_tokens:,})"}
+    total = int(counts[1:].sum())
+    return (total, ", ".join(f"{counts[k]:,} {text}" for k, text in why.items() if counts[k])) if total else None
+
+
 def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:
     model, gpu = scenario.model_spec(), scenario.gpu_spec()
     requests = load_requests(scenario, read_trace)
@@ -420,10 +445,15 @@ def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReade
     if same:
         lines.append(f"KV pool{whose}: {kv(next(iter(pools.values())))}, for every policy")
     lines.append("policies:")
+    lengths = _length_pairs(requests) if scenario.cluster is None else None
     for policy in scenario.policies:
         lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator")
         if not same:
             lines.append(f"    KV pool{whose} {kv(pools[policy.name])}")
+        rejected = _rejected_up_front(resolved[policy.name], lengths) if lengths is not None else None
+        if rejected:
+            lines.append(f"    rejected before any step: {rejected[0]:,} of {plural(len(requests), 'request')} "
+                         f"({rejected[1]})")
         lay = resolved[policy.name].layout
         if lay is not None and not lay.single:
             kinds: dict[str, int] = {}

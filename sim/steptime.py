@@ -531,6 +531,9 @@ def measured_gpu(device: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+MAX_COEFFICIENT_S = 1e3  # a profile's coefficient, in seconds per unit (a step, a token, a key): as HostCosts'
+
+
 def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None) -> dict:
     """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape, and
     when ``gpu`` is a catalog GPU's name, the profile must not have been measured on another catalog GPU."""
@@ -555,6 +558,15 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
         if bad:
             raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(bad)}: expected a finite number "
                                 f">= 0 of seconds (got {', '.join(repr(coef.get(t)) for t in bad)})")
+        huge = [t for t in PROFILE_TERMS if coef[t] > MAX_COEFFICIENT_S]  # (1e300 s: steps past any horizon)
+        if huge:
+            raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(huge)}: more than "
+                                f"{MAX_COEFFICIENT_S:,.0f} s per unit (got {', '.join(repr(coef[t]) for t in huge)})")
+        for part in ("prefill", "decode"):  # (a step of no time: the engine divided by it)
+            terms = [t for t in PROFILE_TERMS if t.startswith(part)]
+            if not any(coef[t] > 0 for t in terms):
+                raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(terms)} are all 0: a "
+                                    f"{part} step would take no time")
     for key, what in (("swap_block_s", "a finite number >= 0 of seconds"),
                       ("paged_block_cost_tokens", "a finite number >= 0 of tokens")):
         if key in prof and not number(prof[key]):

@@ -33,5 +33,7 @@ def read_json(path: str | Path, what: str, error: type[Exception], hint: str = "
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # a number of more than 4,300 digits (Python's limit on int conversion)
+        raise error(f"{path}: cannot read a value ({str(e).split(';')[0]})") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply to read") from None

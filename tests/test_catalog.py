@@ -85,6 +85,48 @@ def test_bad_hf_config(tmp_path, text, msg):
         model_from_hf_config(p)
 
 
+_TINY = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+         "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 2048, "max_position_embeddings": 1024}
+_MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
+_JAMBA = {"attn_layer_period": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2}
+
+
+@pytest.mark.parametrize("fields,msg", [
+    # were tracebacks: ZeroDivisionError (a period of 0), TypeError (text where a count goes)
+    ({**_MOE, "expert_layer_period": 0}, "'expert_layer_period' must be a positive integer, got 0"),
+    ({**_MOE, "interleave_moe_layer_step": 0}, "'interleave_moe_layer_step' must be a positive integer, got 0"),
+    ({**_MOE, "interleave_moe_layer_step": "x"}, "'interleave_moe_layer_step' must be a positive integer, got 'x'"),
+    ({**_MOE, "first_k_dense_replace": "x"}, "'first_k_dense_replace' must be a whole number (0 or more), got 'x'"),
+    ({"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": "x"},
+     "'n_shared_experts' must be a whole number (0 or more), got 'x'"),
+    # were accepted: a negative count, more experts per token than experts, 10^12 positions (past 32 bits)
+    ({"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": -3},
+     "'n_shared_experts' must be a whole number (0 or more), got -3"),
+    ({**_MOE, "first_k_dense_replace": -5}, "'first_k_dense_replace' must be a whole number (0 or more), got -5"),
+    ({"num_local_experts": 4, "num_experts_per_tok": 8}, "'num_experts_per_tok' 8 is more than the 4 experts"),
+    ({"max_position_embeddings": 10**12}, "'max_position_embeddings' must be at most 2,147,483,647"),
+    ({"tie_word_embeddings": "no"}, "'tie_word_embeddings' must be true or false, got 'no'"),  # read as true
+    # said "no attention layer" (every layer Mamba) without naming the key
+    ({**_JAMBA, "attn_layer_offset": 5}, "'attn_layer_offset' 5 must be below attn_layer_period 2"),
+    ({**_JAMBA, "attn_layer_offset": -1}, "'attn_layer_offset' must be a whole number (0 or more), got -1"),
+    ({**_JAMBA, "attn_layer_offset": "x"}, "'attn_layer_offset' must be a whole number (0 or more), got 'x'"),
+])
+def test_bad_hf_config_layout_fields(tmp_path, fields, msg):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_TINY, **fields}))
+    with pytest.raises(CatalogError) as e:
+        model_from_hf_config(p)
+    assert msg in str(e.value) and str(p) in str(e.value)
+
+
+def test_hf_config_with_a_5000_digit_number_is_a_clear_error(tmp_path):
+    """Python refuses to convert more than 4,300 digits: a ValueError traceback before."""
+    p = tmp_path / "config.json"
+    p.write_text('{"num_hidden_layers": 1' + "0" * 5000 + "}")
+    with pytest.raises(CatalogError, match=r"config.json: cannot read a value \(Exceeds the limit"):
+        model_from_hf_config(p)
+
+
 # Mixture-of-experts config.json files as published on Hugging Face (the fields that set the shape), with the
 # published total and active parameter counts (billions; None: published under another convention) and KV bytes
 # per token at bf16. Llama 4's are the language model's (text_config), without the vision encoder.

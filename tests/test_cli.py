@@ -72,6 +72,26 @@ def test_check_validates_without_running(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]  # nothing run, nothing written
 
 
+def test_check_says_which_requests_a_policy_rejects_before_any_step(tmp_path):
+    """A token budget below every prompt (vLLM refuses it at start-up), a watermark that leaves no room, or requests
+    longer than the model: sim check said "ok" and the run showed 0 finished, every request rejected, nowhere
+    saying why."""
+    path = scen(tmp_path, SMALL.replace("[fastertransformer, orca-max, orca-pow2, orca-oracle, vllm]",
+                                        "[{preset: vllm, name: budget, max_num_batched_tokens: 1}, "
+                                        "{preset: vllm, name: mark, allocator: {watermark: 0.999999}}, vllm]")
+                .replace("lengths: alpaca", "prompt: {kind: fixed, tokens: 2047}, output: {kind: uniform, low: 1, high: 2}"))
+    r = runner.invoke(app, ["check", str(path)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    long = int(text.split("vllm: continuous batching, paged allocator rejected before any step: ")[1].split()[0])
+    assert 0 < long < 60 and f"({long} longer than the model's 2,048 tokens)" in text, text
+    assert "budget: continuous batching, paged allocator rejected before any step: 60 of 60 requests " \
+        f"({long} longer than the model's 2,048 tokens, {60 - long} with a prefill over max_num_batched_tokens (1))" \
+        in text, text
+    assert f"mark: continuous batching, paged allocator rejected before any step: 60 of 60 requests " \
+        f"({long} longer than the model's 2,048 tokens, {60 - long} that never fit the KV pool, even alone)" in text
+
+
 def test_user_errors_exit_2_without_traceback(tmp_path):
     bad = scen(tmp_path, SMALL.replace("rate: 3", "rate: -3"))
     for cmd in (["run", str(bad)], ["check", str(bad)], ["run", str(tmp_path / "missing.yaml")]):

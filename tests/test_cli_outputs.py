@@ -55,6 +55,16 @@ def test_report_out_is_a_folder(tmp_path, scenario):
     assert r.exit_code == 2 and "is a folder" in r.output
 
 
+@pytest.mark.parametrize("name", ["summary.json", "requests.parquet", "report"])
+def test_report_out_that_is_not_html(tmp_path, scenario, name):
+    """--out RUN/summary.json wrote the page over the run's own summary (the folder was no run any more)."""
+    r = invoke("run", scenario, "--out", tmp_path / "run", "--no-report")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "run").iterdir()}
+    r = invoke("report", tmp_path / "run", "--out", tmp_path / "run" / name)
+    assert r.exit_code == 2 and "the report is written as HTML; name it *.html" in r.output, r.output
+    assert {f.name: f.read_bytes() for f in (tmp_path / "run").iterdir()} == before
+
+
 def test_sweep_out_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     sweep = tmp_path / "w.yaml"

@@ -102,6 +102,45 @@ def test_bad_scenarios_name_the_key(tmp_path, bad, expect):
     assert "Traceback" not in msg
 
 
+@pytest.mark.parametrize("preset", ["orca-max", "orca-oracle-mixed", "fastertransformer"])
+def test_swap_on_a_contiguous_policy_is_an_error_in_a_scenario_file(tmp_path, preset):
+    """The contiguous allocator never swaps (the policy ran as recompute, saying nothing); a sweep's
+    preemption axis over every policy still reaches contiguous ones (tests/test_sweep.py)."""
+    msg = err(tmp_path, BASE.replace("policies: [vllm]", f"policies: [vllm, {{preset: {preset}, preemption: swap}}]"))
+    assert msg.startswith(f"{tmp_path / 's.yaml'}:8: policies[1] ({preset}): preemption: swap copies"), msg
+    assert "only the paged allocator does" in msg
+
+
+def test_a_bare_folder_name_as_model_says_how_to_write_the_path(tmp_path):
+    """`model: sub` (a folder holding config.json) was refused with "expected ... or a path to a config.json (or a
+    folder holding one)": a folder it had just refused; a bare name is read as a catalog name."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "config.json").write_text("{}")
+    msg = err(tmp_path, BASE.replace("model: opt-13b", "model: sub"))
+    assert "unknown model 'sub'" in msg and "(a path has a '/': ./sub)" in msg, msg
+
+
+@pytest.mark.parametrize("over, key", [({"name": "a\nb"}, "name"), ({"name": "\x1b[31mred"}, "name"),
+                                      ({"policies": [{"preset": "vllm", "name": "x\ty"}]}, "policies[0].name"),
+                                      ({"gpu": {"name": "g\x00", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300}},
+                                       "gpu.name")])
+def test_names_are_printable(make_scenario, over, key):
+    """A newline in a name split the console table's title and progress lines; an escape sequence reached the
+    terminal as a command (the name printed in red)."""
+    with pytest.raises(ScenarioError, match=re.escape(f"{key}: a name holds control characters")):
+        make_scenario(**over)
+    make_scenario(name="é 漢 [b]run[/b] <i>")  # any printable text
+
+
+@pytest.mark.parametrize("policy, key", [("{preset: vllm, name: off}", "policies[1].name"),
+                                         ("{preset: vllm, name: x, kv_cache_dtype: no}", "policies[1].kv_cache_dtype")])
+def test_a_yaml_boolean_where_text_goes_says_to_quote_it(tmp_path, policy, key):
+    """`name: off` said "Input should be a valid string (got False)": the user wrote no False."""
+    msg = err(tmp_path, BASE.replace("policies: [vllm]", f"policies: [vllm, {policy}]"))
+    assert f"{key}: " in msg and "(got False); YAML reads on, off, yes and no as true and false: quote such a " \
+        "value" in msg, msg
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load_scenario(tmp_path / "nope.yaml")
@@ -163,7 +202,16 @@ NUMERIC_BAD = [  # (workload or top-level override, key named in the message, wh
     ({"step_time": {"kind": "roofline", "gpu_overhead_s": float("inf")}}, "step_time.gpu_overhead_s", "finite"),
     ({"horizon_s": 1e300}, "horizon_s", "less than or equal to"),
     ({"tensor_parallel": True}, "tensor_parallel", "not true"),
+    # an inline GPU of 1e-12 GB/s or TFLOP/s ran, its first token 6.6e13 s (two million years) after arrival
+    *[({"gpu": {"name": "g", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300, key: 1e-12}}, f"gpu.{key}",
+       "greater than or equal to 0.001") for key in ("hbm_gb_per_s", "tflops", "host_gb_per_s", "interconnect_gb_per_s")],
 ]
+
+
+def test_an_inline_gpu_needs_a_name(make_scenario):
+    """An empty name was taken (the report and the console showed the GPU as nothing)."""
+    with pytest.raises(ScenarioError, match=re.escape("gpu.name: String should have at least 1 character")):
+        make_scenario(gpu={"name": "", "memory_gib": 80, "hbm_gb_per_s": 2000, "tflops": 300})
 
 
 @pytest.mark.parametrize("over, key, what", NUMERIC_BAD)

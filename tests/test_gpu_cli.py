@@ -121,11 +121,76 @@ def test_user_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and "--model or --scenario" in r.output
     r = runner.invoke(app, ["calibrate", "--model", "gpt-9", "--out", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "expected one of" in r.output
+    # --out the scenario itself: the profile was written over it after the measurements
+    scenario = tmp_path / "s.yaml"
+    text = Path(TINY_SCENARIO).read_text().replace("../gpu/configs/", f"{ROOT / 'gpu' / 'configs'}/")
+    scenario.write_text(text)
+    r = runner.invoke(app, ["calibrate", "--scenario", str(scenario), "--quick", "--out", str(scenario)])
+    assert r.exit_code == 2 and "the profile is written as JSON; name it *.json" in r.output, r.output
+    assert scenario.read_text() == text
     if not torch.cuda.is_available():
         r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cuda"])
         assert r.exit_code == 2 and "no CUDA device" in r.output
     r = runner.invoke(app, ["validate", TINY_SCENARIO, "--profile", str(tmp_path / "none.json")])
     assert r.exit_code == 2 and "no such step-time profile" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("cluster", ["{replicas: 2}", "{prefill: {replicas: 1}, decode: {replicas: 1}, kv_transfer: nvlink}"])
+def test_a_fleet_is_refused_by_the_replay(tmp_path, cluster):
+    """Replicas interleave their steps while the replay holds one KV pool at a time: an AttributeError
+    ('NoneType' object has no attribute 'swap_out') in the middle of the run before."""
+    require_backend()
+    from cli import app
+
+    s = tmp_path / "fleet.yaml"
+    s.write_text(Path(TINY_SCENARIO).read_text().replace("../gpu/configs/tiny-llama.json",
+                                                         str(ROOT / "gpu" / "configs" / "tiny-llama.json"))
+                 + f"cluster: {cluster}\n")
+    for args in (["replay", str(s), "--device", "cpu", "--no-report"], ["validate", str(s), "--device", "cpu"]):
+        r = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2 and "cluster (a fleet of replicas) is simulator-only" in r.output, r.output
+
+
+def test_triton_attention_on_the_cpu_is_a_user_error(tmp_path, monkeypatch):
+    """Without Triton's interpreter (the tests run with it: conftest.py), a RuntimeError traceback from the
+    first kernel launch (store_kv) before."""
+    require_backend()
+    import gpu.executor
+    from cli import app
+
+    monkeypatch.setattr(gpu.executor, "interpreting", lambda: False)
+    r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cpu", "--attention", "triton",
+                            "--out", str(tmp_path / "o"), "--no-report"])
+    assert r.exit_code == 2 and "--attention triton on the CPU needs Triton's interpreter" in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_what_the_device_cannot_hold_is_refused_before_allocating(tmp_path, monkeypatch):
+    """On the CPU the weights and the KV pool are allocated in host memory: opt-13b's 48 GiB of fp32 weights,
+    or tiny-llama's pool sized for an H100 (143 GiB), ran the machine out of memory instead of an error.
+    Here the host is made to have 64 MiB free: more than tiny-llama's weights (9.3 MiB), less than its pool."""
+    require_backend()
+    import gpu.device
+    from cli import app
+
+    monkeypatch.setattr(gpu.device, "free_memory_bytes", lambda device: 64 << 20)
+    model = str(ROOT / "gpu" / "configs" / "tiny-llama.json")
+    big = tmp_path / "big.yaml"
+    big.write_text(f"name: big\nmodel: opt-13b\ngpu: a100-40gb\nworkload: {{arrival: {{kind: poisson, rate: 5}}, "
+                   f"lengths: alpaca, num_requests: 3}}\npolicies: [vllm]\n")
+    r = runner.invoke(app, ["replay", str(big), "--device", "cpu", "--out", str(tmp_path / "o1"), "--no-report"])
+    assert r.exit_code == 2 and "opt-13b: its random weights in float32: 47.8 GiB, more than the 64.0 MiB free in " \
+        "host memory" in r.output.replace("\n", ""), r.output
+    r = runner.invoke(app, ["calibrate", "--model", "opt-175b", "--device", "cpu", "--quick",
+                            "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and "opt-175b: its random weights in float32: 650.3 GiB" in r.output, r.output
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(big.read_text().replace("model: opt-13b", f"model: {model}").replace("a100-40gb", "h100"))
+    r = runner.invoke(app, ["replay", str(pool), "--device", "cpu", "--out", str(tmp_path / "o2"), "--no-report"])
+    out = r.output.replace("\n", "")
+    assert r.exit_code == 2 and "tiny-llama: the KV pool of 149,907,040 tokens in float32: 143.0 GiB, more than " \
+        "the 64.0 MiB free in host memory" in out and "gpu_memory_utilization" in out, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
 def test_commands_without_torch_say_how_to_install(tmp_path):

@@ -97,6 +97,15 @@ def test_profile_errors_name_the_problem(tmp_path):
     ({"paged_block_cost_tokens": float("inf")}, "paged_block_cost_tokens: expected a finite number >= 0 of tokens"),
     ({"block_size": 0}, "block_size: expected a whole number of tokens >= 1 (got 0)"),
     ({"block_size": "16"}, "block_size: expected a whole number of tokens >= 1 (got '16')"),
+    # a ZeroDivisionError traceback in the engine (a decode step of no time)
+    ({"layouts": {"paged": {"coefficients": dict.fromkeys(COEF, 0.0)}, "contiguous": {"coefficients": COEF}}},
+     "layouts.paged.coefficients: prefill_s, prefill_token_s, prefill_pair_s are all 0: a prefill step would take"),
+    ({"layouts": {"paged": {"coefficients": COEF}, "contiguous": {"coefficients": {
+        **COEF, "decode_s": 0, "decode_seq_s": 0, "decode_key_s": 0}}}},
+     "layouts.contiguous.coefficients: decode_s, decode_seq_s, decode_key_s are all 0: a decode step would take no"),
+    # ran, every step 1e300 s
+    ({"layouts": {"paged": {"coefficients": {**COEF, "decode_s": 1e300}}, "contiguous": {"coefficients": COEF}}},
+     "layouts.paged.coefficients: decode_s: more than 1,000 s per unit (got 1e+300)"),
 ])
 def test_a_malformed_profile_is_one_error_naming_the_key(tmp_path, over, message):
     """Each was a traceback (AttributeError, TypeError, ZeroDivisionError) or, for NaN, a nan step time."""

@@ -140,6 +140,79 @@ def test_sim_report_user_errors_are_one_line(small_run, tmp_path):
         assert not lines[0].endswith(("Either", "Either)")), r.output  # a sentence is never cut
 
 
+def _damaged(summary: dict, case: str) -> str:
+    if case == "policies_empty":
+        summary["policies"] = {}
+    elif case == "scenario_policies_not_list":
+        summary["scenario"]["policies"] = 5
+    elif case == "scenario_resolved_not_object":
+        summary["scenario"]["resolved"] = [1]
+    elif case == "metric_list":
+        summary["policies"]["vllm"]["mean_ttft_ms"] = [1]
+    elif case == "metric_bool":
+        summary["policies"]["vllm"]["duration_s"] = True
+    elif case == "nested_too_deep":
+        return "[" * 100_000 + "]" * 100_000
+    return json.dumps(summary)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("policies_empty", "'policies' is empty"),  # was a KeyError traceback (pandas: no 'label' column)
+    ("scenario_policies_not_list", "scenario.policies is not a list"),  # was a TypeError traceback
+    ("scenario_resolved_not_object", "scenario.resolved is not an object"),  # was an AttributeError traceback
+    ("metric_list", "policies.vllm.mean_ttft_ms = [1], expected a number or null"),  # was drawn as a page
+    ("metric_bool", "policies.vllm.duration_s = True, expected a number or null"),  # was drawn as a page
+    ("nested_too_deep", "summary.json: cannot read (nested too deeply to read)"),  # was a RecursionError traceback
+])
+def test_sim_report_damaged_summary_is_one_line(small_run, tmp_path, case, message):
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "summary.json").write_text(_damaged(json.loads((small_run / "summary.json").read_text()), case))
+    r = runner.invoke(app, ["report", str(d)])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), r.exception
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "summary.json" in lines[0] and message in lines[0], r.output
+
+
+def test_sim_report_tables_of_a_policy_the_summary_does_not_list(small_run, tmp_path):
+    """requests.parquet holding rows of a policy summary.json does not list (a summary edited, or files of two
+    runs mixed) drew that policy's curves beside a table without it."""
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    summary = json.loads((small_run / "summary.json").read_text())
+    summary["policies"].pop("orca-oracle")
+    (d / "summary.json").write_text(json.dumps(summary))
+    r = runner.invoke(app, ["report", str(d)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "requests.parquet: rows of policy 'orca-oracle', which summary.json does not list (it has 'vllm')" \
+        in lines[0], r.output
+
+
+@pytest.mark.parametrize("file, column", [("requests.parquet", "status"), ("requests.parquet", "reason"),
+                                          ("kv_snapshots.parquet", "memory_class")])
+def test_sim_report_category_columns_of_codes(small_run, tmp_path, file, column):
+    """A category column as its integer codes (a table rewritten by hand) drew a page saying no request finished
+    (or no slot of any memory class) while summary.json counted 60 finished."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "r"
+    d.mkdir()
+    for f in small_run.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    t = pq.read_table(d / file)
+    i = t.schema.get_field_index(column)
+    pq.write_table(t.set_column(i, column, t.column(column).combine_chunks().indices), d / file)
+    r = runner.invoke(app, ["report", str(d)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and f"{file}: column '{column}' holds '" in lines[0], r.output
+    assert "; expected one of '" in lines[0], r.output
+
+
 def test_a_run_that_served_nothing_says_what_is_not_drawn(tmp_path):
     """Every request too long for the model: no step, no time bin, no snapshot, no finished request."""
     scenario = parse_scenario({

@@ -564,3 +564,12 @@ def test_steptime_prices_a_models_kv_groups_as_a_run_does():
                             0 if n == 1 else n * c + n * (n + 1) // 2, 16, True, _entries=[(s, n)])
             row = steptime_rows(m, g, tp, [n], c)[0]
             assert row["step_ms"] == pytest.approx(st.step_time_s(plan) * 1e3, rel=1e-9), (name, n)
+
+
+def test_steptime_block_size_has_the_scenarios_bound():
+    """--block-size 99999999 was priced (382 ms of attention for one token) where a scenario refuses
+    block_size above 65,536."""
+    r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "h100", "--block-size", "99999999"])
+    assert r.exit_code == 2 and "--block-size" in r.output and "65536" in r.output, r.output
+    r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "h100", "--block-size", "65536", "--tokens", "1"])
+    assert r.exit_code == 0, r.output

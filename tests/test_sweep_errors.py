@@ -73,6 +73,12 @@ BAD_INPUT = {
 }
 
 
+def test_a_sweep_name_with_a_newline(tmp_path):
+    """Printed as it was: a newline split the console's lines (an escape sequence reached the terminal)."""
+    msg = sweep_error(tmp_path, "axes:\n  seed: [0]\n", base=BASE.replace("name: bad", 'name: "a\\nb"', 1))
+    assert ":1: name: a name holds control characters ('\\n'); expected printable text" in msg, msg
+
+
 @pytest.mark.parametrize("body, expect", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
 def test_bad_input_is_one_line_naming_file_line_and_key(tmp_path, body, expect):
     assert expect in sweep_error(tmp_path, body)
@@ -110,7 +116,12 @@ def test_a_bad_base_scenario_file_names_its_own_line(tmp_path):
                                           (["-j", "99999999999999999999"], "--workers must be between 1 and 1,024"),
                                           # ray.init retried an unreachable address for minutes
                                           (["-e", "ray", "--address", "127.0.0.1:1"],
-                                           "--address 127.0.0.1:1: cannot connect to a Ray cluster there")])
+                                           "--address 127.0.0.1:1: cannot connect to a Ray cluster there"),
+                                          # a ValueError traceback from ray.init
+                                          (["-e", "ray", "--address", "bogus"],
+                                           "--address bogus: not a Ray address (Invalid address format: bogus)"),
+                                          # started a Ray instance here, as if --address were not given
+                                          (["-e", "ray", "--address", ""], "--address: an empty address")])
 def test_bad_options(tmp_path, args, expect):
     p = tmp_path / "s.yaml"
     p.write_text(BASE + "axes: {seed: [0]}\n")

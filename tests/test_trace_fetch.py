@@ -172,6 +172,14 @@ def test_catalog_names_groups_and_urls():
             assert len(t.url.split("/")[5]) == 40, t.url
 
 
+@pytest.mark.parametrize("extra, dropped", [(["azure-2023-conv"], "azure-2023-conv"),
+                                           (["--mirror", "http://127.0.0.1:9"], "--mirror"), (["--force"], "--force")])
+def test_list_with_a_name_or_a_download_option_is_an_error(extra, dropped):
+    """`--list NAME` printed the catalog, fetched nothing and exited 0: the name was dropped without a word."""
+    r = runner.invoke(app, ["trace", "fetch", "--list", *extra])
+    assert r.exit_code == 2 and f"--list lists the traces and downloads nothing: drop {dropped}" in r.output, r.output
+
+
 def test_the_real_catalog_fetches_from_a_mirror_of_the_shared_traces(tmp_path, serve):
     """Every file the tests read, through `sim trace fetch tests`, served from the shared copy: the
     catalog's checksums are those of the real files."""

@@ -487,6 +487,29 @@ def test_a_nan_is_named_as_such_and_an_empty_cell_as_empty(tmp_path):
         load(jl, cols)
 
 
+@pytest.mark.parametrize("command", ["info", "convert"])
+def test_a_max_model_len_without_truncation_is_refused(tmp_path, command):
+    """Without cap_lengths=truncate --max-model-len was ignored: trace info showed 100-token prompts under
+    --max-model-len 5 without a word, and convert wrote them."""
+    p = write(tmp_path, "a.csv", "num_prefill_tokens,num_decode_tokens\n100,20\n50,5\n")
+    out = [str(tmp_path / "o.parquet"), "-w", "arrival={kind: poisson, rate: 2}"] if command == "convert" else []
+    r = runner.invoke(app, ["trace", command, str(p), *out, "--max-model-len", "5"])
+    assert r.exit_code == 2 and "--max-model-len 5: read only with -w cap_lengths=truncate" in r.output, r.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_convert_onto_its_own_input_is_refused(tmp_path):
+    """OUT the input file itself was overwritten by the transformed table: -w sample=0.5 halved the trace."""
+    p = write(tmp_path, "a.csv", "num_prefill_tokens,num_decode_tokens\n100,20\n50,5\n30,3\n")
+    t = tmp_path / "t.parquet"
+    r = runner.invoke(app, ["trace", "convert", str(p), str(t), "-w", "arrival={kind: poisson, rate: 2}"])
+    assert r.exit_code == 0, r.output
+    before = t.read_bytes()
+    r = runner.invoke(app, ["trace", "convert", str(t), str(t), "-w", "sample=0.5"])
+    assert r.exit_code == 2 and "is the trace being converted; write the table to another file" in r.output, r.output
+    assert t.read_bytes() == before
+
+
 def test_a_max_model_len_below_two_is_refused(tmp_path):
     """Truncation keeps max_model_len - 1 prompt tokens: at 1 it made empty prompts that 'finished'."""
     p = write(tmp_path, "a.csv", HEAD)

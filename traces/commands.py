@@ -117,9 +117,18 @@ def format_stats(path: Path, fmt_name: str, s: dict) -> list[str]:
     return lines
 
 
+def _read_max_model_len(w: TraceWorkload, max_model_len: int | None) -> None:
+    """--max-model-len is for cap_lengths=truncate (the model's max length, to cut requests to); with the
+    default (reject) the lengths are kept as they are, and the option would be ignored."""
+    if max_model_len is not None and w.cap_lengths != "truncate":
+        raise ScenarioError(f"--max-model-len {max_model_len}: read only with -w cap_lengths=truncate (which cuts "
+                            f"longer requests to it); without it the trace's lengths are kept as they are")
+
+
 def trace_info(path: Path, settings: list[str], max_model_len: int | None = None) -> list[str]:
     """``sim trace info``: the trace's statistics, after the transforms in ``settings``."""
     w = workload_from_options(path, settings)
+    _read_max_model_len(w, max_model_len)
     t = load_trace(w, path, max_model_len, allow_untimed=True)
     fmt = open_trace(path, w.format, w.columns).fmt
     return format_stats(path, fmt.name, trace_stats(t, timed=fmt.arrival is not None or w.arrival is not None))
@@ -129,7 +138,10 @@ def trace_convert(path: Path, out: Path, settings: list[str], max_model_len: int
     """``sim trace convert``: write the (transformed) canonical table as parquet."""
     if out.suffix != ".parquet":
         raise ScenarioError(f"{out}: the canonical table is written as parquet; name it *.parquet")
+    if out.exists() and path.exists() and out.resolve() == path.resolve():  # (-w sample=0.5 halved the input)
+        raise ScenarioError(f"{out}: is the trace being converted; write the table to another file")
     w = workload_from_options(path, settings)
+    _read_max_model_len(w, max_model_len)
     t = load_trace(w, path, max_model_len)
     write_table(t, out)
     line = f"wrote {out}: {plural(len(t), 'request')} from {plural(t.num_rows_read, 'row')} of {t.source}"

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from sim.config import (PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
+from sim.config import (Name, PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         check_kind, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
@@ -135,7 +135,7 @@ class CapacityConfig(Strict):
 class SweepFile(Strict):
     """What a sweep file holds (see the module docstring)."""
 
-    name: str | None = Field(None, min_length=1, description="default: the file's name without .yaml")
+    name: Name | None = Field(None, description="default: the file's name without .yaml")
     description: str = ""
     base: Union[str, dict[str, Any]] = Field(description="scenario file (relative to the sweep file) or mapping")
     axes: dict[str, Any] = Field(default_factory=dict, description="path -> list of values, crossed")
