@@ -68,10 +68,13 @@ def usable_memory(device: torch.device) -> dict | None:
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
-    """What can still be allocated on ``device``: the driver's free memory on a GPU, the host's available
-    memory (``MemAvailable`` of /proc/meminfo) on the CPU; None where it is not known."""
+    """What can still be allocated on ``device``: on a GPU the driver's free memory plus what PyTorch's
+    caching allocator holds unused (freed tensors it keeps: the driver counts them as taken, and an earlier
+    run in the same process leaves them); the host's available memory (``MemAvailable`` of /proc/meminfo)
+    on the CPU; None where it is not known."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + max(int(cached), 0)
     if device.type != "cpu":
         return None
     try:
