@@ -292,7 +292,7 @@ class HybridPagedKv:
                 capped += grown if x >= B else per * x if x > 0 else 0
                 if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
                     for i, n in sizes:
-                        tables[i] += new[p:p + n]
+                        tables[i].extend(new[p:p + n])  # (extend: += was Python's generic in-place add)
                         p += n
                     continue
                 firsts: list[int] = st[1]
@@ -321,7 +321,7 @@ class HybridPagedKv:
                             first_sum += drop
                             pages[i] -= drop
                             firsts[i] = f
-                    table += new[p:p + n]
+                    table.extend(new[p:p + n])
                     p += n
             out.append((alloc, capped, B * (first_sum - base + shared), shared))
         for i, n in enumerate(self._class_groups):

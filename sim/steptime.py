@@ -261,7 +261,9 @@ class RooflineStepTime:
         per_key, _ = self.decode_key_terms(plan.block_size)
         f = per_key / self._key_s  # the paged kernel's block overhead, as for the classic layout
         t = 0.0
-        for kind, window, key_s, pair_s in self._groups:  # type: ignore[union-attr]  # set: several groups
+        groups = self._groups
+        assert groups is not None  # (set: several groups; narrowed, the compiled build's arithmetic is unboxed)
+        for kind, window, key_s, pair_s in groups:
             if kind == "sliding":  # keys offs + d below W grow, the rest read W
                 i = bisect_left(offs, window - d)
                 keys = prefix[i] + i * d + window * (m - i) + sum([x if x < window else window for x in dec])
@@ -298,14 +300,16 @@ class RooflineStepTime:
         # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
         # keys * key_s * f + pairs * pair_s in turn, then + r0 + r1 + r2; adding an exact zero to a float
         # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
-        # NOTE: concrete types (keys a list[int], t a list[float]) so that the compiled build does the
-        # arithmetic unboxed; a ``list | range`` took every multiply through Python's generic number protocol
-        # (ten times the single-group span's cost)
+        # NOTE: concrete types (the groups narrowed from None, keys a list[int], t a list[float]) so that the
+        # compiled build does the arithmetic unboxed; read through an Optional (and a ``list | range``), every
+        # multiply went through Python's generic number protocol (ten times the single-group span's cost)
         offs, prefix, d = ctx
         m = len(offs)
         t: list[float] = []
         keys: list[int]
-        for kind, window, key_s, _ in self._groups:  # type: ignore[union-attr]  # set: several groups
+        groups = self._groups
+        assert groups is not None  # (set: several groups; narrowed, key_s is a float to the compiled build)
+        for kind, window, key_s, _ in groups:
             if kind == "sliding":  # keys stop growing at W
                 keys = window_sums(offs, prefix, d, window, k)
             elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
