@@ -198,7 +198,7 @@ class DecodeClock:
                 a, c, sf, sb = ticks[j - 1]
                 alloc.append(a)
                 capped.append(c)
-                counts[j] -= sf - base
+                counts[j] = counts[j] - (sf - base)  # (an augmented item assignment stays generic)
                 if shared is not None:
                     shared.append(sb)
             return alloc, capped

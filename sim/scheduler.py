@@ -568,12 +568,13 @@ class Scheduler:
         k = len(ends_s)
         n = len(self.clock.members)
         kv = self.kv
-        rate = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
+        rate: int = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
         span_shared = kv.span_shared_filled  # several KV groups in slabs (sim/hybrid.py); else None
         span_sf = None if span_shared is None else span_shared(k, self._contexts())  # now, then after each step
-        sf0 = kv.shared_filled if span_sf is None else span_sf[0]
+        sf0: int = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
-        filled = [f0 + rate * n * j for j in range(1, k + 1)]
+        per = rate * n  # (typed ints: read from the untyped manager, each product was Python's generic one)
+        filled = [f0 + per * j for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
         shared = kv.shared_blocks
         if self.paged and k > 1:
