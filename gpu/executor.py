@@ -645,6 +645,19 @@ class ReplayExecutors:
         return self.model
 
     @staticmethod
+    def check_scenario(scenario: Scenario) -> None:
+        """What the replay refuses of a whole scenario, before anything is simulated or allocated (the replay
+        and the open loop call it first: a fleet was refused only after the simulation had run)."""
+        if scenario.tensor_parallel != 1:
+            raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
+                                f"not {scenario.tensor_parallel}")
+        fleet = scenario.cluster
+        if fleet is not None and (fleet.disaggregated or sum(g.count for g in fleet.groups) > 1):
+            # (replicas interleave their steps, and one KV pool is held at a time: an AttributeError mid-run)
+            raise ScenarioError(f"{scenario.name}: cluster (a fleet of replicas) is simulator-only: the replay runs "
+                                f"one server on one device; drop cluster to replay the server alone")
+
+    @staticmethod
     def kv_groups(scenario: Scenario, policy: ResolvedPolicy, shape: ModelShape) -> KvGroups | None:
         """The pool's KV groups: the hybrid allocator's (paged, ``sim/hybrid.py``), else None (one group)."""
         layout = policy.layout
@@ -664,14 +677,7 @@ class ReplayExecutors:
     def __call__(self, scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: ResolvedPolicy,
                  requests: RequestTable) -> TorchExecutor:
         pool = policy.pool
-        if scenario.tensor_parallel != 1:
-            raise ScenarioError(f"{scenario.name}: the replay runs on one device (tensor_parallel: 1), "
-                                f"not {scenario.tensor_parallel}")
-        fleet = scenario.cluster
-        if fleet is not None and (fleet.disaggregated or sum(g.count for g in fleet.groups) > 1):
-            # (replicas interleave their steps, and one KV pool is held at a time: an AttributeError mid-run)
-            raise ScenarioError(f"{scenario.name}: cluster (a fleet of replicas) is simulator-only: the replay runs "
-                                f"one server on one device; drop cluster to replay the server alone")
+        self.check_scenario(scenario)
         if policy.policy.kv_offload is not None:
             raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
                                 "is simulator-only; the replay would read blocks it never loaded")

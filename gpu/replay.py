@@ -31,6 +31,7 @@ from sim.workload import RequestTable, TraceReader, load_requests
 def replay(scenario: Scenario, device: str, *, requests: RequestTable | None = None, attention: str | None = None,
            dtype: torch.dtype | None = None, seed: int = 0) -> tuple[RunResult, ReplayExecutors]:
     """Closed-loop replay of every policy; returns the results and the executors (generated tokens)."""
+    ReplayExecutors.check_scenario(scenario)
     executors = ReplayExecutors(device, dtype=dtype, attention=attention, seed=seed)
     return run(scenario, executor=executors, requests=requests), executors
 
@@ -119,6 +120,7 @@ def replay_plans(scenario: Scenario, plans: dict[str, list[tuple[StepPlan, float
 def open_loop(scenario: Scenario, device: str, *, requests: RequestTable | None = None, attention: str | None = None,
               dtype: torch.dtype | None = None, seed: int = 0) -> tuple[RunResult, pd.DataFrame, ReplayExecutors]:
     """Simulate (recording plans), then replay the plans; returns the simulation, the step table, executors."""
+    ReplayExecutors.check_scenario(scenario)
     requests = load_requests(scenario) if requests is None else requests
     recorder = PlanRecorder()
     sim = run(scenario, executor=recorder, requests=requests)
