@@ -32,6 +32,7 @@ tokens it had generated, exactly as the scheduler planned it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -124,15 +125,25 @@ class PoolAttention:
         return out
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device``: through pinned memory on a GPU (an asynchronous DMA)."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor ready for ``device``: pinned on a GPU, so that its upload is an asynchronous DMA."""
+    return t.pin_memory() if device.type == "cuda" else t
 
 
 def _int_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return _to_device(torch.as_tensor(np.asarray(values), dtype=dtype), device)
+    return _staged(torch.as_tensor(np.asarray(values), dtype=dtype), device)
+
+
+def upload(x, device: torch.device):
+    """``x`` (``StepInputs`` or a part of it, built by ``TorchExecutor.stage``) with every tensor copied to
+    ``device`` (non-blocking from pinned memory on a GPU; the same tensors on the CPU)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=device.type == "cuda")
+    if isinstance(x, list):
+        return [upload(v, device) for v in x]
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: upload(getattr(x, f.name), device) for f in dataclasses.fields(x)})
+    return x
 
 
 @dataclass
@@ -258,27 +269,33 @@ class DecodeGraphs:
         return {"buckets": sorted(self.entries), "capture_s": self.capture_s, "captured": self.capture,
                 "disabled": self.disabled}
 
-    def launch(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[list[int]],
-               seq_lens: list[int], tables: list | None, plan: StepPlan) -> torch.Tensor:
-        """Fill the bucket's inputs (one pinned copy) and replay its graph: the next token of every row.
+    def fill(self, key: tuple[int, int], ids: list[int], positions: list[int], slots: list[list[int]],
+             seq_lens: list[int], tables: list | None, plan: StepPlan) -> None:
+        """Write a step's inputs into the bucket's pinned host buffer (host work, before the step's timing).
         ``slots``: per KV group, each row's slot; ``tables``: per KV group, each row's block table."""
         e = self.entries[key]
-        B, G, n, h = e["B"], e["G"], len(ids), e["host"]
-        h[:n] = torch.as_tensor(ids)
-        h[B:B + n] = torch.as_tensor(positions)
-        h[2 * B:2 * B + n] = torch.as_tensor(seq_lens)
-        h[3 * B:(3 + G) * B].view(G, B)[:, :n] = torch.as_tensor(slots)
+        B, G, n = e["B"], e["G"], len(ids)
+        h = e["host"].numpy()  # a view: numpy writes lists without a torch call per row
+        h[:n] = ids
+        h[B:B + n] = positions
+        h[2 * B:2 * B + n] = seq_lens
+        h[3 * B:(3 + G) * B].reshape(G, B)[:, :n] = slots
         rest = h[(3 + G) * B:]
         if self.paged:
-            rows = rest.view(G, B, e["width"])
+            rows = rest.reshape(G, B, e["width"])
             rows[:, :n] = 0
             for g, group in enumerate(tables):
                 for i, t in enumerate(group):
-                    rows[g, i, :len(t)] = torch.as_tensor(t)
+                    rows[g, i, :len(t)] = t
         else:
-            rest[:n] = torch.as_tensor(plan.slab_starts)
+            rest[:n] = plan.slab_starts
         self._pad(e, n)
-        e["packed"].copy_(h, non_blocking=self.capture)
+
+    def replay(self, key: tuple[int, int]) -> torch.Tensor:
+        """Copy the bucket's filled buffer to the device (one copy) and replay its graph: the next token of
+        every row."""
+        e = self.entries[key]
+        e["packed"].copy_(e["host"], non_blocking=self.capture)
         if self.capture:
             e["graph"].replay()
             return e["out"]
@@ -419,8 +436,9 @@ class TorchExecutor:
         return {"ids": ids, "positions": positions, "slots": slots, "dec": dec, "pre": pre,
                 "sample_rows": sample_rows, "sample_seq_ids": sample_seq_ids, "tables": tables}
 
-    def device_inputs(self, h: dict, plan: StepPlan) -> StepInputs:
-        """The host inputs as device tensors (through pinned memory on a GPU)."""
+    def stage(self, h: dict, plan: StepPlan) -> StepInputs:
+        """The host inputs as host tensors (pinned on a GPU), ready for ``upload``: all of a step's host
+        work, so that the timed part of an eager step is its copies and launches."""
         dev = self.device
         i64, i32 = torch.int64, torch.int32
 
@@ -433,8 +451,8 @@ class TorchExecutor:
             for k, g in enumerate(groups):
                 for j, t in enumerate(g):
                     arr[k, j, :len(t)] = t
-            on_dev = _to_device(torch.from_numpy(arr), dev)
-            return [Layout(on_dev[k], None) for k in range(len(groups))]
+            staged = _staged(torch.from_numpy(arr), dev)
+            return [Layout(staged[k], None) for k in range(len(groups))]
 
         dec, pre = h["dec"], h["pre"]
         decode = prefill = None
@@ -452,14 +470,22 @@ class TorchExecutor:
 
     def prepare(self, plan: StepPlan) -> StepInputs:
         """Turn the plan into device tensors (all index arithmetic on the host, one copy each)."""
-        return self.device_inputs(self.host_inputs(plan), plan)
+        return upload(self.stage(self.host_inputs(plan), plan), self.device)
 
     # ------------------------------------------------------------------------------------ run
 
     def _begin(self, plan: StepPlan) -> tuple[dict, tuple[int, int] | None]:
-        """Host work before the device's: the inputs, and the decode graph's bucket (captured if new)."""
+        """Host work before the device's: the inputs, and the decode graph's bucket (captured if new) with
+        its pinned buffer filled, or the eager step's inputs staged in pinned memory. None of it is inside
+        a step's timing: filling a graph's block tables row by row took about 13 us per sequence, and
+        inside the events it read on an H200 as paged decode steps 1.9x slower than contiguous ones at
+        256 sequences (reports/device_check_run1.json)."""
         h = self.host_inputs(plan)
         key = self.graphs.prepare(plan) if self.graphs is not None else None
+        if key is not None:
+            self.graphs.fill(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], h["tables"], plan)
+        else:
+            h["staged"] = self.stage(h, plan)
         return h, key
 
     def _launch(self, plan: StepPlan, h: dict, key: tuple[int, int] | None) -> Launched:
@@ -469,10 +495,8 @@ class TorchExecutor:
         self.cache.copy_blocks(plan.copy_blocks, use_kernel=self.attention == "triton")
         self.cache.copy_slots(plan.copy_slots)
         if key is not None:
-            nxt = self.graphs.launch(key, h["ids"], h["positions"], h["slots"], [e[2] for e in h["dec"]], h["tables"],
-                                     plan)
-            return Launched(h["sample_seq_ids"], nxt, rows=h["sample_rows"], graph=key)
-        x = self.device_inputs(h, plan)
+            return Launched(h["sample_seq_ids"], self.graphs.replay(key), rows=h["sample_rows"], graph=key)
+        x = upload(h["staged"], self.device)
         logits = self.model.forward(x.input_ids, x.positions,
                                     PoolAttention(x, self.cache, self.attention, self.model.shape.layer_windows),
                                     x.sample_rows)
