@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.attention import _decode_attention_kernel, _decode_reduce_kernel, decode_attention, use_split_k
+from gpu.attention import (DECODE_NUM_STAGES, _decode_attention_kernel, _decode_reduce_kernel, decode_attention,
+                           use_split_k)
 from gpu.device import usable_memory
 
 GB = 1e9
@@ -31,9 +32,11 @@ GB = 1e9
 # ------------------------------------------------------------------------------------------ timing
 
 
-def time_s(device: torch.device, fn: Callable[[], object], *, rep_ms: float = 20, cpu_iters: int = 1) -> dict:
+def time_s(device: torch.device, fn: Callable[[], object], *, rep_ms: float = 20, cpu_iters: int = 1,
+           graph: bool = True) -> dict:
     """Median seconds per call of ``fn``: CUDA-graph replays on a GPU (falling back to event timing,
-    ``do_bench``, where capture fails, and saying so), perf_counter on the CPU."""
+    ``do_bench``, where capture fails, and saying so; events only with ``graph=False``), perf_counter on
+    the CPU."""
     if device.type != "cuda":
         fn()
         times = []
@@ -45,6 +48,8 @@ def time_s(device: torch.device, fn: Callable[[], object], *, rep_ms: float = 20
     from triton.testing import do_bench, do_bench_cudagraph
 
     torch.cuda.synchronize()  # inputs made on the default stream; the bench captures on a side stream
+    if not graph:
+        return {"s": do_bench(fn, rep=rep_ms, return_mode="median") / 1e3, "method": "events"}
     try:
         ms = do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
         return {"s": ms / 1e3, "method": "cuda_graph"}
@@ -84,29 +89,91 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc, 0))
 
 
-def stream_read(x: torch.Tensor, out: torch.Tensor, block: int = 4096) -> None:
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """One block of BLOCK elements per program, read once and written once."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def stream_read(x: torch.Tensor, out: torch.Tensor, block: int = 4096, num_warps: int = 4) -> None:
     programs = out.numel()
     iters = triton.cdiv(x.numel(), programs * block)
-    _read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, ITERS=iters)
+    _read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, ITERS=iters, num_warps=num_warps)
 
 
-def ceilings(device: torch.device, nbytes: int, rep_ms: float) -> dict:
+def stream_copy(x: torch.Tensor, y: torch.Tensor, block: int = 8192) -> None:
+    _copy_kernel[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), BLOCK=block, num_warps=8)
+
+
+def ceilings(device: torch.device, nbytes: int, rep_ms: float, every_way: bool | None = None) -> dict:
     """Copy (device to device, bytes read + written) and read-only streaming (bytes read) bandwidth of a
-    bf16 tensor of ``nbytes``; the read kernel's sum is checked against torch's."""
+    bf16 tensor of ``nbytes``, each the best of several ways (a ceiling is what the device can do; one
+    way alone can fall short of it: on an H200 torch's copy captured in a CUDA graph moved 2.7 TB/s and a
+    read kernel of 4 programs per SM 2.4 TB/s, while decode attention read 4.6 TB/s). Every way is kept
+    in ``variants`` (a way that fails is recorded with its error); each read kernel's sum is checked
+    against torch's. ``every_way``: all the ways (default on a GPU; the CPU runs one of each)."""
+    gpu = device.type == "cuda"
+    every_way = gpu if every_way is None else every_way
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
-    copy = time_s(device, lambda: dst.copy_(src), rep_ms=rep_ms)
-    programs = 4 * (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4)
-    partial = torch.empty(programs, dtype=torch.float32, device=device)
-    block = 4096 if device.type == "cuda" else 1024
-    read = time_s(device, lambda: stream_read(src, partial, block), rep_ms=rep_ms)
-    total, want = float(partial.sum(dtype=torch.float64)), float(src.sum(dtype=torch.float64))
-    if abs(total - want) > 1e-3 * float(src.abs().sum(dtype=torch.float64)):
-        raise RuntimeError(f"the read kernel's sum {total} is not the tensor's {want}: its figure would be wrong")
-    return {"bytes": nbytes,
-            "copy": {"median_s": copy["s"], "gb_per_s": 2 * nbytes / copy["s"] / GB, "method": copy["method"]},
-            "read": {"median_s": read["s"], "gb_per_s": nbytes / read["s"] / GB, "method": read["method"],
-                     "programs": programs}}
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else 1
+    want = float(src.sum(dtype=torch.float64))
+    scale = 1e-3 * float(src.abs().sum(dtype=torch.float64))
+
+    def checked_read(programs: int, block: int, warps: int):
+        partial = torch.empty(programs, dtype=torch.float32, device=device)
+
+        def run():
+            stream_read(src, partial, block, warps)
+
+        run()
+        total = float(partial.sum(dtype=torch.float64))
+        if abs(total - want) > scale:
+            raise RuntimeError(f"the read kernel's sum {total} is not the tensor's {want}: its figure would be wrong")
+        return run
+
+    def checked_copy():
+        dst.zero_()
+        stream_copy(src, dst)
+        if not torch.equal(dst, src):
+            raise RuntimeError("the copy kernel's output is not its input: its figure would be wrong")
+        return lambda: stream_copy(src, dst)
+
+    copies = {"torch copy_": lambda: (lambda: dst.copy_(src))}
+    reads = {}
+    if every_way:
+        copies["triton copy, one 16 KiB block per program"] = checked_copy
+        for per_sm, block, warps in ((4, 4096, 4), (16, 4096, 8), (64, 2048, 4)):
+            programs = per_sm * (sms if gpu else 4)
+            reads[f"triton sum, {programs} programs x {block} elements, {warps} warps"] = (
+                lambda p=programs, b=block, w=warps: checked_read(p, b, w))
+        reads["torch sum (fp32 accumulation)"] = lambda: (lambda: src.sum(dtype=torch.float32))
+    else:
+        reads["triton sum, 16 programs x 1024 elements, 4 warps"] = lambda: checked_read(16, 1024, 4)
+
+    def best(makers: dict, moved: int) -> dict:
+        rows = []
+        for name, make in makers.items():
+            try:
+                fn = make()
+                timings = [time_s(device, fn, rep_ms=rep_ms)]
+                if gpu and timings[0]["method"] == "cuda_graph":  # graph memcpy nodes can run slower than
+                    timings.append(time_s(device, fn, rep_ms=rep_ms, graph=False))  # launched copies
+            except Exception as e:  # noqa: BLE001 - one way failing leaves the others' figures
+                rows.append({"way": name, "error": f"{e.__class__.__name__}: {str(e)[:200]}"})
+                continue
+            rows += [{"way": name, "median_s": t["s"], "gb_per_s": moved / t["s"] / GB, "method": t["method"]}
+                     for t in timings]
+        ok = [r for r in rows if "error" not in r]
+        if not ok:
+            raise RuntimeError(f"no way of measuring this ceiling ran: {rows}")
+        top = max(ok, key=lambda r: r["gb_per_s"])
+        return {"median_s": top["median_s"], "gb_per_s": top["gb_per_s"], "method": top["method"], "way": top["way"],
+                "variants": rows}
+
+    return {"bytes": nbytes, "copy": best(copies, 2 * nbytes), "read": best(reads, nbytes)}
 
 
 # ------------------------------------------------------------------------------------------ decode
@@ -187,19 +254,29 @@ def grid_shapes(device: torch.device, batches, contexts, heads, memory_fraction:
 
 
 def decode_grid(device: torch.device, heads, batches, contexts, ceil: dict, *, rounds: int, rep_ms: float,
-                deadline: float) -> list[dict]:
+                deadline: float, stage_variants: bool | None = None) -> list[dict]:
     """Paged and contiguous decode attention at every (batch, context) that fits, with the paging overhead
-    (paged / contiguous time, default launch: prefetching the next tile's block ids). Stops at
+    (paged / contiguous time, default launch: prefetching the next tile's block ids). On a GPU each
+    point is timed at the default pipeline depth (variants ``paged``, ``contiguous``) and at Triton's
+    default of 3 stages (``paged_3_stages``, ``contiguous_3_stages``), in alternation, so the choice of
+    ``DECODE_NUM_STAGES`` is measured at every shape (``stage_variants``: default on a GPU only). Stops at
     ``deadline`` (perf_counter), listing the points not measured."""
+    default = DECODE_NUM_STAGES if device.type == "cuda" else None
+    variants = {"paged": ("paged", {}), "contiguous": ("contiguous", {})}
+    if device.type == "cuda" if stage_variants is None else stage_variants:
+        variants.update({"paged_3_stages": ("paged", {"num_stages": 3}),
+                         "contiguous_3_stages": ("contiguous", {"num_stages": 3})})
     shapes, rows = grid_shapes(device, batches, contexts, heads)
     for i, (b, c) in enumerate(shapes):
         if time.perf_counter() > deadline:
             rows += [{"batch": bb, "context": cc, "skipped": "section budget spent"} for bb, cc in shapes[i:]]
             break
         bench = DecodeBench(device, heads, b, c)
-        t = bench.measure({"paged": ("paged", {}), "contiguous": ("contiguous", {})}, rounds, rep_ms)
-        over = t["paged"]["time_s"] / t["contiguous"]["time_s"]
-        rows += [bench.row(name, t[name], ceil, paging_overhead=over) for name in ("paged", "contiguous")]
+        t = bench.measure(variants, rounds, rep_ms)
+        for name, (layout, launch) in variants.items():
+            twin = "contiguous" + name.removeprefix(layout)  # the contiguous kernel launched alike
+            rows.append(bench.row(layout, t[name], ceil, variant=name, num_stages=launch.get("num_stages", default),
+                                  paging_overhead=t["paged" + name.removeprefix(layout)]["time_s"] / t[twin]["time_s"]))
         del bench
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -49,7 +49,7 @@ AZURE = "traces/azure_2023/AzureLLMInferenceTrace_conv.csv"
 BUNDLE_TRACE = ".device/azure_conv.csv"  # written by gpu/device_bundle.py
 SECTIONS = ("kernels", "bandwidth", "calibration", "replay", "validation")
 # Share of the time left that each section may use (the rest flows to later sections when unused).
-WEIGHTS = {"kernels": 1.0, "bandwidth": 1.1, "calibration": 0.7, "replay": 1.0, "validation": 0.3}
+WEIGHTS = {"kernels": 1.0, "bandwidth": 1.5, "calibration": 0.5, "replay": 0.8, "validation": 0.3}
 # The kernels a replay runs: Triton is used only if each of these passed its check (bf16, both layouts).
 REPLAY_KERNELS = {(k, layout, "bfloat16") for k in ("store_kv", "decode_attention", "decode_attention_split_k",
                                                      "prefill_attention") for layout in ("paged", "contiguous")}
@@ -387,13 +387,23 @@ RUNNERS = {"kernels": run_kernels, "bandwidth": run_bandwidth, "calibration": ru
            "replay": run_replay, "validation": run_validation}
 
 
+def bundle_source() -> dict | None:
+    """The commit (and files changed since it) that ``gpu/device_bundle.py`` recorded in the bundle's
+    MANIFEST.json when it was prepared; None without a bundle."""
+    try:
+        return json.loads((ROOT / ".device" / "MANIFEST.json").read_text()).get("source")
+    except (OSError, ValueError):
+        return None
+
+
 # ------------------------------------------------------------------------------------------ targets
 
 
 def targets(fig: dict) -> list[dict]:
     """The issue's targets with the measured figure each is judged on (None where not measured)."""
     bw = fig.get("bandwidth") or {}
-    dec = {(r["batch"], r["context"], r["layout"]): r for r in bw.get("decode_attention", []) if "time_s" in r}
+    dec = {(r["batch"], r["context"], r["layout"]): r for r in bw.get("decode_attention", [])
+           if "time_s" in r and r.get("variant", r["layout"]) == r["layout"]}  # the default launch's rows
     at = dec.get((64, 4096, "paged"))
     matched = bw.get("matched_overhead") or {}
     rep = fig.get("replay") or {}
@@ -595,8 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         trace = None
     ctx = Check(device, s, out, work, a.budget_s, inject, trace, places, a.quick)
     ctx.fig = fig
-    fig.update(provenance=provenance(device), settings=s, budget_s=a.budget_s, trace=str(trace) if trace else None,
-               injected_failures=sorted(inject), sections={})
+    fig.update(provenance={**provenance(device), "source": bundle_source()}, settings=s, budget_s=a.budget_s,
+               trace=str(trace) if trace else None, injected_failures=sorted(inject), sections={})
     if kind == "cuda":
         errors = [f"package {p} is not installed" for p in missing if p != "pynvml"]
         if "pynvml" in missing:

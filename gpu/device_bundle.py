@@ -48,9 +48,10 @@ CARRY = (".device",)
 # The device tool's command (2,000 characters at most; run in the repository root; $OUT comes back, 8 files at
 # most). Installs the wheels into /tmp/site (no index, no dependencies resolved: the bundle is complete), runs
 # the check under `timeout` (SIGTERM at 450 s, SIGKILL 15 s later: under 8 minutes; the check's own budget is
-# 420 s and it writes its JSON after every section), then copies the profile, the validation and nvidia-smi.
-# Files back: pip.log, device_check.json (+ .tmp only if killed mid-write), check.log, profile.json,
-# validation.json, nvidia-smi.txt.
+# 420 s and it writes its JSON after every section), then copies the profile, the validation and nvidia-smi,
+# and packs the work folder (the replay's scenario, requests, and both runs' tables: steps measured and
+# predicted, for analysis here). Files back: pip.log, device_check.json (+ .tmp only if killed mid-write),
+# check.log, profile.json, validation.json, nvidia-smi.txt, work.tgz.
 REMOTE_COMMAND = (
     "set -o pipefail; export PYTHONUNBUFFERED=1; "
     "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
@@ -59,10 +60,23 @@ REMOTE_COMMAND = (
     "timeout -k 15 450 python3 gpu/check.py --device cuda --trace .device/azure_conv.csv "
     "--out $OUT/device_check.json --work /tmp/dc --budget-s 420 2>&1 | tee $OUT/check.log; rc=$?; "
     "cp /tmp/dc/profile.json /tmp/dc/validation/validation.json $OUT/ 2>/dev/null; "
+    "tar czf $OUT/work.tgz -C /tmp dc 2>/dev/null; "
     "nvidia-smi > $OUT/nvidia-smi.txt 2>&1; exit $rc"
 )
 FILES_BACK = ("pip.log", "device_check.json", "device_check.json.tmp", "check.log", "profile.json",
-              "validation.json", "nvidia-smi.txt")
+              "validation.json", "nvidia-smi.txt", "work.tgz")
+
+
+def git_source() -> dict | None:
+    """The checkout's commit and the files that differ from it (what the device will run), or None
+    outside a git checkout. The device check copies this into its provenance."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "changed": [line[3:] for line in git("status", "--porcelain").splitlines()]}
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def sha256(path: Path) -> str:
@@ -197,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         versions = pinned_versions()
         manifest["wheels"] = download_wheels(out / "wheels", versions, a.python)
         manifest["versions"] = versions
+    manifest["source"] = git_source()
     manifest["remote_command"] = REMOTE_COMMAND
     manifest["carry"] = list(CARRY)
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))

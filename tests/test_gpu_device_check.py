@@ -113,6 +113,19 @@ def test_the_remote_command_fits_the_device_tool_and_is_the_readmes():
         check_command(REMOTE_COMMAND.replace("timeout -k 15 450", "timeout -k 15 470"))
 
 
+def test_the_bundle_records_the_commit_the_device_runs(tmp_path, monkeypatch):
+    from gpu import check, device_bundle
+
+    src = device_bundle.git_source()
+    assert re.fullmatch(r"[0-9a-f]{40}", src["commit"]) and isinstance(src["changed"], list)
+    (tmp_path / ".device").mkdir()
+    (tmp_path / ".device" / "MANIFEST.json").write_text(json.dumps({"source": src}))
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    assert check.bundle_source() == src
+    monkeypatch.setattr(check, "ROOT", tmp_path / "nowhere")
+    assert check.bundle_source() is None
+
+
 def test_the_trace_slice_is_the_traces_first_rows(tmp_path):
     from gpu.azure import azure_requests
     from gpu.device_bundle import write_trace_slice
@@ -189,6 +202,92 @@ def test_the_padded_decode_step_computes_the_eager_step(groups):
     log = step_log_summary(ex.step_log)
     assert log["graph"]["num_steps"] == 2 and log["graph"]["median_gpu_s"] is None  # the CPU: host time only
     assert log["graph"]["median_host_s"] > 0 and log["graph"]["host_bound_fraction"] is None
+
+
+def test_a_steps_host_work_is_outside_its_timing(monkeypatch):
+    """Everything a step does on the host (its inputs as lists, staged in pinned tensors, or a decode graph's
+    buffer filled) happens before the timed part starts, which holds only copies and launches. Filling
+    the graph buffer's block tables inside the CUDA events once made paged decode steps on an H200 read
+    1.9x slower than contiguous ones at 256 sequences."""
+    from gpu import executor
+    from gpu.executor import DecodeGraphs, TorchExecutor
+    from gpu.kv_cache import KvCache
+    from gpu.model import LlamaModel, ModelShape
+    from sim.core import StepPlan
+    from sim.kv import KvPool
+
+    timing, calls = [False], []
+    real_timed = executor.host_and_device_s
+
+    def timed(device, fn):
+        timing[0] = True
+        try:
+            return real_timed(device, fn)
+        finally:
+            timing[0] = False
+
+    def spy(cls, name):
+        real = getattr(cls, name)
+
+        def wrapped(self, *a, **k):
+            calls.append((name, timing[0]))
+            return real(self, *a, **k)
+        monkeypatch.setattr(cls, name, wrapped)
+
+    monkeypatch.setattr(executor, "host_and_device_s", timed)
+    for cls, name in ((TorchExecutor, "host_inputs"), (TorchExecutor, "stage"), (DecodeGraphs, "fill")):
+        spy(cls, name)
+    shape = ModelShape("t", 1, 64, 4, 2, 16, 96, 128, 256)
+    for paged in (True, False):
+        cache = KvCache(shape, KvPool(8, 16, 2 * 2 * 16 * 4, 0, 0, 0), torch.device("cpu"), torch.float32)
+        ex = TorchExecutor(LlamaModel.random(shape, "cpu", torch.float32, seed=1), cache, {0: 5, 1: 9},
+                           paged=paged, attention="triton", decode_graphs=True)
+
+        def plan(news, cached):
+            where = {"block_tables": ((7,), (6,))} if paged else {"slab_starts": (0, 64)}
+            return StepPlan.from_entries((0, 1), news, cached, 2, 16, **where)
+
+        ex.step_time_s(plan((5, 9), (0, 0)))  # eager: a prefill
+        ex.step_time_s(plan((1, 1), (5, 9)))  # a decode graph's bucket
+    assert {name for name, _ in calls} == {"host_inputs", "stage", "fill"}
+    assert not [c for c in calls if c[1]], calls
+
+
+def test_every_way_of_measuring_a_ceiling_runs_and_the_best_is_taken(monkeypatch):
+    """The copy and read ceilings are the best of several ways (torch's copy, a Triton copy kernel, Triton
+    sums of three grid shapes, torch's sum), each checked for its result; a way that fails is recorded
+    with its error and the others still give the figure."""
+    from gpu import bench
+
+    ceil = bench.ceilings(torch.device("cpu"), 1 << 16, 5, every_way=True)
+    for kind, ways in (("copy", 2), ("read", 4)):
+        rows = ceil[kind]["variants"]
+        assert len(rows) == ways and all(r["gb_per_s"] > 0 for r in rows)
+        assert ceil[kind]["gb_per_s"] == max(r["gb_per_s"] for r in rows)
+    monkeypatch.setattr(bench, "stream_copy", lambda x, y, block=0: None)  # a copy that copies nothing
+    ceil = bench.ceilings(torch.device("cpu"), 1 << 16, 5, every_way=True)
+    bad = [r for r in ceil["copy"]["variants"] if "error" in r]
+    assert len(bad) == 1 and "not its input" in bad[0]["error"] and ceil["copy"]["way"] == "torch copy_"
+
+
+def test_the_decode_grid_times_each_shape_at_both_pipeline_depths():
+    """On a GPU every grid point is timed at the default depth and at Triton's 3 stages; each row's paging
+    overhead is against the contiguous kernel launched alike; the targets read the default rows."""
+    import time as _time
+
+    from gpu import bench, check
+
+    ceil = {"copy": {"gb_per_s": 1.0}, "read": {"gb_per_s": 1.0}}
+    rows = bench.decode_grid(torch.device("cpu"), (4, 2, 16), (64,), (4096,), ceil, rounds=1, rep_ms=1,
+                             deadline=_time.perf_counter() + 600, stage_variants=True)
+    by = {r["variant"]: r for r in rows}
+    assert set(by) == {"paged", "contiguous", "paged_3_stages", "contiguous_3_stages"}
+    assert by["paged_3_stages"]["num_stages"] == by["contiguous_3_stages"]["num_stages"] == 3
+    for v in ("paged", "paged_3_stages"):
+        twin = by[v.replace("paged", "contiguous")]
+        assert by[v]["paging_overhead"] == by[v]["time_s"] / twin["time_s"] == twin["paging_overhead"]
+    got = check.targets({"bandwidth": {"decode_attention": rows}})
+    assert got[1]["measured"] == by["paged"]["paging_overhead"]  # the default launch's row, not 3 stages'
 
 
 def test_decode_graph_buckets():
