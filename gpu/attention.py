@@ -39,9 +39,11 @@ from gpu.kv_cache import check_head_major, check_launch, interpreting
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30  # the running max starts finite, so a fully masked tile gives exp2(-inf) = 0, never NaN
 PARTITION_SIZE = 512
-# Software pipeline depth of the 16-bit decode kernel on a GPU. Measured on an H200 (reports/device_check.json,
-# 64 sequences x 4k keys, bf16, 64 keys per tile, 4 warps): 2 stages 239 us contiguous / 242 us paged with
-# block ids prefetched, against Triton's default 3 stages 273 / 291 us and 1 stage 258 / 434 us.
+# Software pipeline depth of the 16-bit decode kernel on a GPU. Measured on an H200 (64 sequences x 4k keys,
+# bf16, 64 keys per tile, 4 warps; reports/device_check_run1.json): 2 stages 239 us contiguous / 242 us paged
+# with block ids prefetched, against Triton's default 3 stages 273 / 291 us and 1 stage 258 / 434 us. Over
+# the 30 shapes of reports/device_check.json, paged runs faster at 2 stages at 23 and contiguous at 3 stages
+# at 19 (by a median 2 %): no depth is best everywhere (README, GPU figures).
 DECODE_NUM_STAGES = 2
 
 
