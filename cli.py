@@ -399,11 +399,11 @@ def profile_errors():
 @profiles_app.command("fit")
 def profiles_fit(root: ProfileDir) -> None:
     """Fit every GPU's coefficients on all its models; print them as catalog literals (sim/catalog.py)."""
-    from sim.profiles import fit_catalog_literals, fit_literal, fit_notes, gpu_specs, profile_commit, read_profiles
+    from sim.profiles import fit_catalog_literals, fit_literal, fit_notes, gpu_specs, profile_origin, read_profiles
 
     with profile_errors():
         ps = read_profiles(root)
-        fits = fit_catalog_literals(ps, gpu_specs(ps), profile_commit(root))
+        fits = fit_catalog_literals(ps, gpu_specs(ps), profile_origin(root))
     for name, fit in fits.items():
         print(f"# {name}\n{fit_literal(fit)}")
     for line in fit_notes(ps, fits):  # on stderr: stdout is the literals, to paste

@@ -2,11 +2,15 @@
 ``sim profiles fit`` and ``sim profiles validate`` fit and check a GPU that Vidur never profiled (the H200).
 
     python gpu/gemm_profile.py --out DIR [--models NAME ...] [--tokens 1,2,4,...] [--repeats 15]
+    python gpu/gemm_profile.py --combine RUN1 RUN2 RUN3 --out DIR      # here: one profile of several runs
 
 Writes ``DIR/compute/<gpu>/<org>/<model>/mlp.csv`` (one row per token count and tensor-parallel degree:
 ``time_stats.<op>.{min,max,mean,median,std}`` in ms for ``attn_pre_proj``, ``attn_post_proj``,
 ``mlp_up_proj``, ``mlp_down_proj``, and the shape columns Vidur's files have) and ``DIR/provenance.json``.
-The elementwise ops are not measured: our PyTorch versions of them are not the fused kernels a serving
+``--combine`` merges runs of this script (on any machine): each op's median is the median of the runs'
+medians (a run's transient slowdown, such as one seen on an H200 where a handful of small GEMMs read 2-5x
+slow in one of three runs, does not reach the fit), min and max the extremes, mean the mean of the runs'
+means, std the spread of the runs' medians. The elementwise ops are not measured: our PyTorch versions of them are not the fused kernels a serving
 engine runs, so the catalog keeps the sibling GPU's fits for those.
 
 Each GEMM is ``torch.nn.functional.linear`` of bf16 random inputs (tokens x K) and a random weight (N x K):
@@ -104,7 +108,40 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+
+
+def combine(runs: list[Path], out: Path) -> list[Path]:
+    """One profile folder of several runs' (the same models, token counts and degrees in each)."""
+    written = []
+    first = sorted(Path(runs[0]).glob("compute/*/*/*/mlp.csv"))
+    if not first:
+        raise SystemExit(f"error: {runs[0]}: no compute/<gpu>/<org>/<model>/mlp.csv")
+    for path in first:
+        rel = path.relative_to(runs[0])
+        tables = []
+        for run in runs:
+            with open(Path(run) / rel, newline="") as f:
+                tables.append({(r["num_tokens"], r["num_tensor_parallel_workers"]): r for r in csv.DictReader(f)})
+        keys = list(tables[0])
+        if any(set(t) != set(keys) for t in tables):
+            raise SystemExit(f"error: {rel}: the runs measured different token counts or degrees")
+        rows = []
+        for key in keys:
+            row = dict(tables[0][key])
+            for op in GEMM_OPS:
+                col = lambda s: [float(t[key][f"time_stats.{op}.{s}"]) for t in tables]  # noqa: E731
+                medians = col("median")
+                row.update({f"time_stats.{op}.min": min(col("min")), f"time_stats.{op}.max": max(col("max")),
+                            f"time_stats.{op}.mean": statistics.fmean(col("mean")),
+                            f"time_stats.{op}.median": statistics.median(medians),
+                            f"time_stats.{op}.std": statistics.pstdev(medians)})
+            rows.append(row)
+        write_csv(out / rel, rows)
+        written.append(out / rel)
+    provs = [json.loads((Path(r) / "provenance.json").read_text()) for r in runs if (Path(r) / "provenance.json").exists()]
+    (out / "provenance.json").write_text(json.dumps({"combined": [str(r) for r in runs], "runs": provs}, indent=1))
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS), help="org/model names of MODELS")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--combine", nargs="+", default=None, help="run folders to merge into --out (no GPU needed)")
     a = ap.parse_args(argv)
+    if a.combine:
+        written = combine([Path(r) for r in a.combine], Path(a.out))
+        print(f"wrote {len(written)} profiles of {len(a.combine)} runs under {a.out}")
+        return 0
     import torch
 
     if not torch.cuda.is_available():

@@ -25,6 +25,7 @@ Op models (times in seconds; M tokens; N, K the GEMM's output and reduction size
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -468,9 +469,28 @@ def profile_commit(root: str | Path) -> str:
     return f.read_text(errors="replace").strip()[:64] if f.is_file() else ""
 
 
-def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: str = "") -> dict[str, OperatorFit]:
+def profile_origin(root: str | Path) -> str:
+    """Who measured a profile folder, as a fit's ``source`` begins: this project's ``gpu/gemm_profile.py``
+    (its ``provenance.json``: runs, device, date) or Vidur (its ``COMMIT`` file)."""
+    root = Path(root)
+    try:
+        prov = json.loads((root / "provenance.json").read_text())
+    except (OSError, ValueError):
+        prov = None
+    if isinstance(prov, dict):
+        runs = [r for r in (prov.get("runs") or [prov]) if isinstance(r, dict)]
+        devices = sorted({str(r["device"]) for r in runs if r.get("device")})
+        dates = sorted(str(r["date"])[:10] for r in runs if r.get("date"))
+        return (f"gpu/gemm_profile.py, {len(runs)} run{'s' if len(runs) != 1 else ''}"
+                f"{' on ' + ', '.join(devices) if devices else ''}{' ' + dates[0] if dates else ''}")
+    commit = profile_commit(root)
+    return f"Vidur profiles{' @' + commit[:12] if commit else ''}"
+
+
+def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], origin: str = "Vidur profiles"
+                         ) -> dict[str, OperatorFit]:
     """The coefficients the catalog ships: each profiled GPU fitted on all its models, with the
-    all-reduce of its topology."""
+    all-reduce of its topology; ``origin`` (``profile_origin``) begins each fit's source."""
     ps.need_compute()
     nets = {n.topology: n for n in ps.network}
     out = {}
@@ -478,7 +498,7 @@ def fit_catalog_literals(ps: ProfileSet, gpu_specs: dict[str, GpuSpec], commit: 
         name = PROFILE_GPUS.get(g, g)
         topo = next((t for t, gg in TOPOLOGY_GPUS.items() if gg == name and t in nets), None)
         models = sorted({p.model.split("/")[-1] for p in ps.for_gpu(g)})
-        src = f"Vidur profiles{' @' + commit[:12] if commit else ''}: {g}, {', '.join(models)}"
+        src = f"{origin}: {g}, {', '.join(models)}"
         if topo:
             src += f"; all-reduce {topo}"
         out[name] = fit_gpu(ps.for_gpu(g), gpu_specs[g], nets.get(topo) if topo else None, source=src)
