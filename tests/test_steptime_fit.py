@@ -500,6 +500,35 @@ def test_the_h200_gemm_fit_is_its_shipped_measurements():
     assert layer_gemm_mape(shipped) < 0.06 < 0.15 < layer_gemm_mape(GPUS["h100"].operators)
 
 
+def test_gemm_profile_runs_combine_into_one_profile_the_fit_reads(tmp_path):
+    """``gpu/gemm_profile.py --combine``: per point the median of the runs' medians (one run's transient slowdown
+    does not reach the fit), min and max the extremes; runs that measured different points are an error."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from gpu.gemm_profile import GEMM_OPS, STATS, combine, write_csv
+
+    def run(name, scale):
+        rows = [{**{f"time_stats.{op}.{s}": scale * (t + 1) * 0.01 for op in GEMM_OPS for s in STATS},
+                 "n_head": 4, "n_kv_head": 2, "n_embd": 64, "n_expanded_embd": 128, "vocab_size": 100,
+                 "use_gated_mlp": True, "num_tokens": t, "num_tensor_parallel_workers": 1} for t in (1, 8, 64)]
+        write_csv(tmp_path / name / "compute" / "h200" / "org" / "tiny" / "mlp.csv", rows)
+        (tmp_path / name / "provenance.json").write_text(json.dumps({"device": "NVIDIA H200", "date": "2026-12-04T1"}))
+        return tmp_path / name
+
+    runs = [run("a", 1.0), run("b", 5.0), run("c", 1.2)]
+    combine(runs, tmp_path / "all")
+    ps = read_profiles(tmp_path / "all")
+    got = ps.compute[0].table.set_index("num_tokens")["mlp_up_proj"]
+    assert got.to_dict() == pytest.approx({1: 0.024, 8: 0.108, 64: 0.78})  # the middle run's, not the slow one's
+    from sim.profiles import profile_origin
+    assert profile_origin(tmp_path / "all") == "gpu/gemm_profile.py, 3 runs on NVIDIA H200 2026-12-04"
+    (runs[2] / "compute" / "h200" / "org" / "tiny" / "mlp.csv").write_text(
+        (runs[0] / "compute" / "h200" / "org" / "tiny" / "mlp.csv").read_text().rsplit("\n", 2)[0] + "\n")
+    with pytest.raises(SystemExit, match="different token counts"):
+        combine(runs, tmp_path / "bad")
+
+
 def test_startup_delays_service_not_arrivals(make_scenario):
     """startup_s: no step before it; requests still arrive (and wait) from t = 0; exact and fast agree."""
     from sim import run
