@@ -16,10 +16,12 @@ engine runs, so the catalog keeps the sibling GPU's fits for those.
 Each GEMM is ``torch.nn.functional.linear`` of bf16 random inputs (tokens x K) and a random weight (N x K):
 cuBLAS, as an unquantized serving engine runs a linear layer, with (N, K) the model's per-rank shape
 (``ModelSpec.layer_gemms``: QKV and gate/up split by columns, output and down projections by rows, KV heads
-replicated below one per rank). Timing: ``repeats`` runs, each after a write of 256 MiB that evicts the L2
+replicated below one per rank). Timing: ``repeats`` runs, each after a read of 256 MiB that evicts the L2
 (a serving step streams every layer's weights, so a layer's GEMM never finds its weight cached), all
 enqueued before the first synchronisation so that no launch gap is inside the events; the median is the
-figure. The shapes are the four models of Vidur's H100 profiles plus Llama-3-8B, so the H100 and the
+figure. The eviction reads: the first H200 runs (reports/h200_gemm) evicted by writing, and their
+memory-bound GEMMs came out 17-25 % slower than the same GEMMs inside a real decode step
+(gpu/decode_breakdown.py), likely from writing back the dirty lines while the GEMM streamed its weights. The shapes are the four models of Vidur's H100 profiles plus Llama-3-8B, so the H100 and the
 measured GPU can be compared model by model.
 """
 
@@ -63,12 +65,13 @@ def gpu_folder(name: str) -> str:
 
 
 def time_ms(torch, fn, flush, repeats: int) -> list[float]:
-    """Per-run milliseconds of ``fn``, each after evicting the L2, all enqueued before one synchronisation."""
+    """Per-run milliseconds of ``fn``, each after evicting the L2 (by reading ``flush``), all enqueued before one
+    synchronisation."""
     fn()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     for start, end in events:
-        flush.zero_()
+        flush.sum()  # a read: the L2 holds clean lines of this buffer, none of the weight
         start.record()
         fn()
         end.record()
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prov = {**provenance(device), "source": bundle_source()}
     folder = Path(a.out) / "compute" / gpu_folder(prov["device"])
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
     a_ = torch.randn((4096, 4096), device=device, dtype=torch.bfloat16)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 2.0:  # clocks up before the first measurement
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {len(rows)} rows x {len(GEMM_OPS)} GEMMs in {time.perf_counter() - t:.1f} s", flush=True)
         torch.cuda.empty_cache()
     (Path(a.out) / "provenance.json").write_text(json.dumps(
-        {**prov, "method": "torch.nn.functional.linear, bf16 random inputs; L2 evicted (256 MiB write) before each "
+        {**prov, "method": "torch.nn.functional.linear, bf16 random inputs; L2 evicted (256 MiB read) before each "
                            f"of {a.repeats} runs; CUDA events; median", "wall_s": time.perf_counter() - started},
         indent=1))
     print(f"wrote {folder} in {time.perf_counter() - started:.1f} s")

@@ -6,7 +6,7 @@ A model can also be read from a Hugging Face ``config.json``; a GPU can be given
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.userfile import read_json
@@ -350,17 +350,6 @@ H100_FIT = OperatorFit(
     source='Vidur profiles @7d47513363ec: h100, CodeLlama-34b-Instruct-hf, Llama-2-70b-hf, Qwen-72B, phi-2; all-reduce h100_dgx',
 )
 
-# H200: the GEMMs fitted on this project's measurements (reports/h200_gemm: gpu/gemm_profile.py, cuBLAS bf16, the
-# L2 evicted before each run, the median of three runs; `sim profiles fit reports/h200_gemm` prints this gemm);
-# elementwise ops and all-reduce are H100's (the same GH100 chip): our PyTorch elementwise ops are not a serving
-# engine's fused kernels, and one GPU measures no all-reduce.
-H200_FIT = replace(
-    H100_FIT,
-    gemm=GemmFit(launch_s=7.842e-06, compute_efficiency=0.7786, bandwidth_efficiency=0.7653, sharpness=3.668, tile_tokens=1.884e-10),
-    source='gpu/gemm_profile.py, 3 runs on NVIDIA H200 2026-12-04: h200, CodeLlama-34b-Instruct-hf, Llama-2-70b-hf, '
-           'Meta-Llama-3-8B, Qwen-72B, phi-2; elementwise and all-reduce: ' + H100_FIT.source,
-)
-
 
 # NOTE: datasheet memory sizes are read as GiB (an "A100 40GB" has 40 GiB of HBM); the driver keeps a
 # little of it, which the scenario's `runtime_overhead_gib` stands for.
@@ -371,9 +360,8 @@ GPUS: dict[str, GpuSpec] = {
                 "fitted on A100 80GB SXM (same GA100 chip), at this GPU's bandwidth"),
         GpuSpec("a100-80gb", 80 * GIB, 2039e9, 312e12, 32e9, 300e9, A100_FIT, "fitted on A100 80GB SXM"),
         GpuSpec("h100", 80 * GIB, 3350e9, 989e12, 64e9, 450e9, H100_FIT, "fitted on H100 80GB SXM", fp8=True),
-        GpuSpec("h200", 141 * GIB, 4800e9, 989e12, 64e9, 450e9, H200_FIT,
-                "GEMMs fitted on H200 measurements (reports/h200_gemm); elementwise ops and all-reduce fitted on "
-                "H100 80GB SXM (same GH100 chip), at this GPU's bandwidth", fp8=True),
+        GpuSpec("h200", 141 * GIB, 4800e9, 989e12, 64e9, 450e9, H100_FIT,
+                "fitted on H100 80GB SXM (same GH100 chip), at this GPU's bandwidth", fp8=True),
         GpuSpec("l4", 24 * GIB, 300e9, 121e12, 32e9, 32e9, fp8=True),
         # A40 48GB: GDDR6 696 GB/s, 149.7 dense fp16/bf16 tensor TFLOP/s, PCIe 4.0 x16, NVLink bridge
         # 112.5 GB/s in both directions for a pair

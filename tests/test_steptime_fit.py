@@ -468,36 +468,19 @@ def test_leave_one_model_out_meets_the_targets():
         assert t.loc[(gpu, "layer"), "fitted"] < t.loc[(gpu, "layer"), "roofline"]
 
 
-def test_the_h200_gemm_fit_is_its_shipped_measurements():
-    """The catalog's H200 GEMM coefficients are what ``sim profiles fit reports/h200_gemm`` prints (measured on an
-    H200 by gpu/gemm_profile.py), they fit those measurements leaving each model out within 6 % per layer, and
-    they fit them better than the H100 coefficients the H200 borrowed before."""
-    from dataclasses import fields
-
-    from sim.profiles import GEMM_OPS, fit_catalog_literals, gpu_specs, leave_one_model_out, mape_table, \
-        measured_ops, profile_model, profile_origin
+def test_the_shipped_h200_gemm_runs_read_and_fit_but_the_catalog_keeps_h100s():
+    """reports/h200_gemm (three runs of gpu/gemm_profile.py on an H200) reads and fits like Vidur's folders, and
+    its fit's source says who measured it; the catalog keeps H100's coefficients for the H200, because those runs
+    evicted the L2 by writing and priced in-step GEMMs 17-25 % slow (README, H200)."""
+    from sim.profiles import fit_catalog_literals, gpu_specs, leave_one_model_out, mape_table, profile_origin
 
     root = Path(__file__).resolve().parents[1] / "reports" / "h200_gemm"
     ps = read_profiles(root)
     fit = fit_catalog_literals(ps, gpu_specs(ps), profile_origin(root))["h200"]
-    shipped = GPUS["h200"].operators
-    for f in fields(GemmFit):
-        assert getattr(shipped.gemm, f.name) == pytest.approx(getattr(fit.gemm, f.name), rel=2e-3, abs=1e-6), f.name
-    assert shipped.source.startswith(fit.source) and "3 runs on NVIDIA H200" in fit.source
+    assert fit.source.startswith("gpu/gemm_profile.py, 3 runs on NVIDIA H200 2026-12-04: h200")
     t = mape_table(leave_one_model_out(ps, {"h200": GPUS["h200"]})).set_index(["gpu", "op"])
     assert t.loc[("h200", "layer"), "fitted"] <= 6.0
-
-    def layer_gemm_mape(operators):
-        e = []
-        for p in ps.compute:
-            model = profile_model(p.table, p.model)
-            for tp in sorted(p.table.num_tensor_parallel_workers.unique()):
-                tokens, meas = measured_ops(p, int(tp))
-                pred = predict_ops(operators, GPUS["h200"], model, int(tp), tokens)
-                e.append(np.abs(sum(pred[o] for o in GEMM_OPS) / sum(meas[o] for o in GEMM_OPS) - 1))
-        return float(np.concatenate(e).mean())
-
-    assert layer_gemm_mape(shipped) < 0.06 < 0.15 < layer_gemm_mape(GPUS["h100"].operators)
+    assert GPUS["h200"].operators is GPUS["h100"].operators
 
 
 def test_gemm_profile_runs_combine_into_one_profile_the_fit_reads(tmp_path):
