@@ -55,3 +55,22 @@ def test_the_simulator_reads_the_shipped_profile_and_the_readme_quotes_its_error
     for layout, text in zip(("paged", "contiguous"), quoted.groups()):
         e = [r["predicted_s"] / r["measured_s"] - 1 for r in rows if r["layout"] == layout and r["kind"] == "decode"]
         assert 100 * sum(e) / len(e) == pytest.approx(percent(text), abs=0.051)
+
+
+def test_the_readme_decode_breakdown_is_the_shipped_measurement():
+    from gpu.decode_breakdown import group_of
+
+    assert [group_of(n) for n in ("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_splitK_TNT", "void cublasLt::splitKreduce_kernel<32>",
+                                  "_decode_attention_kernel", "_decode_reduce_kernel", "_store_kv_kernel",
+                                  "void at::native::reduce_kernel<512, 1, ArgMaxOps>", "Memcpy HtoD (Pinned -> Device)",
+                                  "void at::native::vectorized_elementwise_kernel<8, BinaryFunctor>", "mystery")] == [
+        "gemm", "gemm", "attention", "attention", "store_kv", "reduction", "copy", "elementwise", "other"]
+    fig = json.loads((ROOT / "reports" / "decode_breakdown_h200.json").read_text())
+    assert fig["provenance"]["device"] == "NVIDIA H200"
+    text = section()
+    for p in fig["points"]:
+        g = p["kernel_us_by_group"]
+        cells = [p["graph_step_us"], g["gemm"], g["elementwise"], g["reduction"], g["attention"],
+                 g["store_kv"] + g["copy"]]
+        row = f"| {p['batch']} × {p['mean_context']:,} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |"
+        assert row in text, row
