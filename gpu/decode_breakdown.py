@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", default="1x2048,16x2048,64x512,256x188", help="batch x mean context, comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from gpu.calibrate import StepBench, spread
