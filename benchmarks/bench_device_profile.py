@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from sim.catalog import resolve_gpu, resolve_model  # noqa: E402
-from sim.config import RooflineConfig  # noqa: E402
+from sim.catalog import CatalogError, resolve_gpu, resolve_model  # noqa: E402
+from sim.config import RooflineConfig, ScenarioError  # noqa: E402
 from sim.core import StepPlan  # noqa: E402
 from sim.steptime import PROFILE_MODEL_KEYS, RooflineStepTime, load_profile, measured_gpu  # noqa: E402
 
@@ -73,12 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default=None, help="catalog GPU (default: the profile's provenance.device)")
     ap.add_argument("--engine", default="none", choices=("none", "vllm-0.5", "vllm-0.6", "vllm-v1"))
     a = ap.parse_args(argv)
-    prof = load_profile(a.profile)
+    try:
+        prof = load_profile(a.profile)
+    except ScenarioError as e:
+        raise SystemExit(f"error: {e}") from None
+    if not prof.get("points"):
+        raise SystemExit(f"error: {a.profile}: no measured steps (points): not a profile written by sim calibrate")
     device = prof.get("provenance", {}).get("device", "")
     gpu_name = a.gpu or measured_gpu(device)
     if gpu_name is None:
         raise SystemExit(f"error: {a.profile} was measured on {device!r}, no catalog GPU: give --gpu")
-    model, gpu = profiled_model(a.model, prof), resolve_gpu(gpu_name)
+    try:
+        model, gpu = profiled_model(a.model, prof), resolve_gpu(gpu_name)
+    except CatalogError as e:
+        raise SystemExit(f"error: {e}") from None
     rows = compare(prof, model, gpu, a.engine)
     print(f"{a.profile}: {len(rows)} steps measured on {device} ({prof['provenance'].get('date', '?')}); "
           f"roofline for {model.name} x {model.num_layers} layers on {gpu.name}, engine {a.engine}")

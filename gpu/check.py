@@ -11,9 +11,9 @@ overruns its share by half), the JSON rewritten atomically after each one so a k
                its own (a fault cannot take the rest down); a deliberately broken case that must fail;
                on a GPU also 16k-33k contexts, block sizes 8/16/32, block ids near the top of a pool of
                more than 2^31 elements (``gpu.kernel_cases``)
-  bandwidth    a warm-up burn; copy and read-only streaming ceilings; decode attention, paged and
-               contiguous in alternation, batch {1..256} x context {512..32k} (what fits), CUDA-graph
-               timed; the paging overhead at matched num_stages/tile/warps and best against best (block
+  bandwidth    a warm-up burn; copy and read-only streaming ceilings (each the best of several ways);
+               decode attention, paged and contiguous in alternation at the default pipeline depth and at
+               3 stages, batch {1..256} x context {512..32k} (what fits), CUDA-graph timed; the paging overhead at matched num_stages/tile/warps and best against best (block
                ids prefetched one tile ahead, and not); each compiled kernel's registers, shared memory,
                spills (``gpu.bench``)
   calibration  a Llama-3-8B-shaped model (``--layers`` of its 32) measured over the replay's range and

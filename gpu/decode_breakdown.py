@@ -2,7 +2,7 @@
 (batch, mean context) points, each step timed as the replay times it (a CUDA graph, events) and its kernels
 timed by the profiler (CUPTI) on the same step run eagerly.
 
-    python gpu/decode_breakdown.py --out breakdown.json [--device cuda] [--points 1x2048,16x2048,64x512,256x188]
+    python gpu/decode_breakdown.py --out breakdown.json [--device cuda[:N]] [--points 1x2048,16x2048,64x512,256x188]
 
 Kernels are grouped by name: ``gemm`` (cuBLAS), ``attention`` (our Triton decode kernels), ``store_kv``,
 ``elementwise`` (PyTorch's pointwise kernels: norms, rotary, activation, residual adds, casts), ``reduction``
@@ -54,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", default="1x2048,16x2048,64x512,256x188", help="batch x mean context, comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
+    try:
+        points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
+    except ValueError:
+        points = []
+    if not points or any(len(p) != 2 or min(p) < 1 for p in points) or a.repeats < 1 or a.layers < 1:
+        ap.error(f"--points {a.points!r}: expected BATCHxCONTEXT pairs of positive integers, comma-separated "
+                 "(and --repeats, --layers at least 1)")
     from torch.profiler import ProfilerActivity, profile
 
     from gpu.calibrate import StepBench, spread
@@ -63,13 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     from sim.catalog import MODELS
     from sim.kv import KvPool
 
-    dev = resolve_device(a.device)
-    gpu = dev.type == "cuda"
+    try:
+        dev = resolve_device(a.device)
+    except ValueError as e:  # ScenarioError is a ValueError too: a user's --device, said plainly
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if dev.type != "cuda":
+        print(f"error: --device {a.device}: the breakdown reads CUDA kernel times (CUPTI): it needs a GPU",
+              file=sys.stderr)
+        return 2
     dtype, attention = default_dtype(dev), default_attention(dev)
     spec = MODELS["llama-3-8b"]
     shape = ModelShape.from_spec(spec, a.layers)
     llama = LlamaModel.random(shape, dev, dtype, 0)
-    points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
     bs = 16
     blocks = max(b * (-(-(2 * c + 2) // bs) + 1) for b, c in points)
     cache = KvCache(shape, KvPool(blocks, bs, spec.kv_bytes_per_token(1), 0, 0, 0), dev, dtype)
@@ -85,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         graphs.step_s(news, cached)  # captures this bucket's graph
         step = statistics.median(graphs.step_s(news, cached) for _ in range(a.repeats))
         eager.step_s(news, cached)
-        with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(a.repeats):
                 eager.step_s(news, cached)
         kernels = {k: v / a.repeats for k, v in kernel_times_us(prof).items()}

@@ -10,8 +10,8 @@ Writes ``DIR/compute/<gpu>/<org>/<model>/mlp.csv`` (one row per token count and 
 ``--combine`` merges runs of this script (on any machine): each op's median is the median of the runs'
 medians (a run's transient slowdown, such as one seen on an H200 where a handful of small GEMMs read 2-5x
 slow in one of three runs, does not reach the fit), min and max the extremes, mean the mean of the runs'
-means, std the spread of the runs' medians. The elementwise ops are not measured: our PyTorch versions of them are not the fused kernels a serving
-engine runs, so the catalog keeps the sibling GPU's fits for those.
+means, std the spread of the runs' medians. The elementwise ops are not measured: our PyTorch versions of
+them are not the fused kernels a serving engine runs, so the catalog keeps the sibling GPU's fits for those.
 
 Each GEMM is ``torch.nn.functional.linear`` of bf16 random inputs (tokens x K) and a random weight (N x K):
 cuBLAS, as an unquantized serving engine runs a linear layer, with (N, K) the model's per-rank shape
@@ -21,8 +21,9 @@ replicated below one per rank). Timing: ``repeats`` runs, each after a read of 2
 enqueued before the first synchronisation so that no launch gap is inside the events; the median is the
 figure. The eviction reads: the first H200 runs (reports/h200_gemm) evicted by writing, and their
 memory-bound GEMMs came out 17-25 % slower than the same GEMMs inside a real decode step
-(gpu/decode_breakdown.py), likely from writing back the dirty lines while the GEMM streamed its weights. The shapes are the four models of Vidur's H100 profiles plus Llama-3-8B, so the H100 and the
-measured GPU can be compared model by model.
+(gpu/decode_breakdown.py), likely from writing back the dirty lines while the GEMM streamed its weights.
+The shapes are the four models of Vidur's H100 profiles plus Llama-3-8B, so the H100 and the measured GPU
+can be compared model by model.
 """
 
 from __future__ import annotations
@@ -124,8 +125,11 @@ def combine(runs: list[Path], out: Path) -> list[Path]:
         rel = path.relative_to(runs[0])
         tables = []
         for run in runs:
-            with open(Path(run) / rel, newline="") as f:
-                tables.append({(r["num_tokens"], r["num_tensor_parallel_workers"]): r for r in csv.DictReader(f)})
+            try:
+                with open(Path(run) / rel, newline="") as f:
+                    tables.append({(r["num_tokens"], r["num_tensor_parallel_workers"]): r for r in csv.DictReader(f)})
+            except (OSError, KeyError) as e:
+                raise SystemExit(f"error: {Path(run) / rel}: not a run of this script ({e.__class__.__name__}: {e})")
         keys = list(tables[0])
         if any(set(t) != set(keys) for t in tables):
             raise SystemExit(f"error: {rel}: the runs measured different token counts or degrees")
@@ -133,7 +137,12 @@ def combine(runs: list[Path], out: Path) -> list[Path]:
         for key in keys:
             row = dict(tables[0][key])
             for op in GEMM_OPS:
-                col = lambda s: [float(t[key][f"time_stats.{op}.{s}"]) for t in tables]  # noqa: E731
+                def col(stat: str) -> list[float]:
+                    try:
+                        return [float(t[key][f"time_stats.{op}.{stat}"]) for t in tables]
+                    except (KeyError, TypeError, ValueError):
+                        raise SystemExit(f"error: {rel}: time_stats.{op}.{stat} missing or not a number at "
+                                         f"num_tokens {key[0]}, degree {key[1]} in one of the runs") from None
                 medians = col("median")
                 row.update({f"time_stats.{op}.min": min(col("min")), f"time_stats.{op}.max": max(col("max")),
                             f"time_stats.{op}.mean": statistics.fmean(col("mean")),
@@ -155,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--combine", nargs="+", default=None, help="run folders to merge into --out (no GPU needed)")
     a = ap.parse_args(argv)
+    try:
+        tokens = [int(t) for t in a.tokens.split(",")]
+    except ValueError:
+        ap.error(f"--tokens {a.tokens!r}: expected comma-separated positive integers")
+    if not tokens or min(tokens) < 1 or a.repeats < 1:
+        ap.error("--tokens must be positive integers and --repeats at least 1")
     if a.combine:
         written = combine([Path(r) for r in a.combine], Path(a.out))
         print(f"wrote {len(written)} profiles of {len(a.combine)} runs under {a.out}")
@@ -168,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)}; expected some of {', '.join(MODELS)}", file=sys.stderr)
         return 2
-    tokens = [int(t) for t in a.tokens.split(",")]
     device = torch.device("cuda")
     from gpu.check import bundle_source
     from gpu.device import provenance

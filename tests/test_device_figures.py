@@ -74,3 +74,48 @@ def test_the_readme_decode_breakdown_is_the_shipped_measurement():
                  g["store_kv"] + g["copy"]]
         row = f"| {p['batch']} × {p['mean_context']:,} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |"
         assert row in text, row
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/nowhere.json"], "no such step-time profile"),
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--gpu", "nope"], "unknown gpu 'nope'"),
+    (["--model", "llama-2-7b"], "is not the profiled shape"),
+])
+def test_bench_device_profile_bad_input_is_one_line(args, message):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_device_profile as bench
+
+    with pytest.raises(SystemExit, match=message):
+        bench.main(args)
+
+
+def test_bench_device_profile_refuses_a_profile_without_steps(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_device_profile as bench
+
+    prof = json.loads(PROFILE.read_text())
+    del prof["points"]
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    with pytest.raises(SystemExit, match="no measured steps"):
+        bench.main([str(tmp_path / "p.json")])
+
+
+def test_gemm_profile_bad_input_is_one_line(tmp_path, capsys):
+    from gpu import gemm_profile
+
+    with pytest.raises(SystemExit):
+        gemm_profile.main(["--out", str(tmp_path / "o"), "--tokens", "a,b"])
+    assert "--tokens 'a,b': expected comma-separated positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no compute/<gpu>/<org>/<model>/mlp.csv"):
+        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(tmp_path / "nowhere")])
+    run = ROOT / "reports" / "h200_gemm"
+    broken = tmp_path / "broken" / "compute" / "h200" / "microsoft" / "phi-2"
+    broken.mkdir(parents=True)
+    (broken / "mlp.csv").write_text("num_tokens,num_tensor_parallel_workers\n1,1\n")
+    with pytest.raises(SystemExit, match="not a run of this script"):  # the other models' files are missing
+        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(run), str(tmp_path / "broken")])
+    with pytest.raises(SystemExit, match="different token counts or degrees"):
+        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(tmp_path / "broken"), str(run)])
+    with pytest.raises(SystemExit, match="time_stats.attn_pre_proj.median missing or not a number"):
+        gemm_profile.combine([tmp_path / "broken"], tmp_path / "o2")

@@ -292,6 +292,22 @@ def test_the_decode_grid_times_each_shape_at_both_pipeline_depths():
     assert got[1]["measured"] == by["paged"]["paging_overhead"]  # the default launch's row, not 3 stages'
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--device", "cpu"], "needs a GPU"),
+    (["--device", "foo"], "expected cuda or cpu"),
+    (["--points", "1x0"], "BATCHxCONTEXT pairs of positive integers"),
+    (["--points", "abc"], "BATCHxCONTEXT pairs of positive integers"),
+])
+def test_decode_breakdown_bad_input_is_one_line(tmp_path, capsys, args, message):
+    from gpu import decode_breakdown
+
+    try:
+        rc = decode_breakdown.main(["--out", str(tmp_path / "b.json"), *args])
+    except SystemExit as e:  # argparse's error
+        rc = e.code
+    assert rc == 2 and message in capsys.readouterr().err and not (tmp_path / "b.json").exists()
+
+
 def test_decode_graph_buckets():
     from gpu.executor import BATCH_BUCKETS, DecodeGraphs
 
