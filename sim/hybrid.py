@@ -29,12 +29,12 @@ their state.
 
 from __future__ import annotations
 
-from array import array
 from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
 
+from sim.buffers import append, vec
 from sim.core import Sequence
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_INTERNAL, SLOT_RESERVED, SLOT_TOKEN, ContiguousKv,
                     FifoBlockPool, _merge_runs, blocks_for)
@@ -743,16 +743,20 @@ class GroupTimeline:
     def __init__(self, kv) -> None:
         self.kv = kv
         self.labels = kv.group_labels()
-        self._rows = array("d")
+        self._rows = vec[float](capacity=1024)
 
     def add(self, start_s: float, duration_s: float) -> None:
-        self._rows.extend((start_s, duration_s, *self.kv.group_slots()))
+        # (appended one by one, unboxed: a tuple of them given to an array's extend cost four times as much)
+        rows = append(append(self._rows, start_s), duration_s)
+        for x in self.kv.group_slots():
+            rows = append(rows, float(x))
+        self._rows = rows
 
     def table(self, bin_s: float) -> Columns:
         """One row per time bin and group class: ``bin_start_s``, ``group`` (its label: kind and window),
         ``kind``, ``window``, ``groups`` (how many groups the class has), ``slots`` (the mean over the bin)."""
         k = len(self.labels)
-        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, k + 2)
+        rows = np.frombuffer(memoryview(self._rows), dtype=np.float64).reshape(-1, k + 2)
         labels = [(f"{kind} W={window:,}" if kind == "sliding" else f"{kind} C={window:,}" if kind == "chunked"
                    else "Mamba state" if kind == "mamba" else kind) + f" ({n} group{'s' * (n != 1)})"
                   for kind, window, n in self.labels]

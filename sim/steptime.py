@@ -48,7 +48,8 @@ from sim.catalog import GPUS, GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
-from sim.layouts import kv_layout, window_sums
+from sim.buffers import append, vec
+from sim.layouts import kv_layout
 from sim.userfile import read_json
 
 
@@ -300,28 +301,44 @@ class RooflineStepTime:
         # each step's figure is the same bits as stepping's: there a step's attention is 0.0 + each group's
         # keys * key_s * f + pairs * pair_s in turn, then + r0 + r1 + r2; adding an exact zero to a float
         # >= 0 changes no bit, so the zeros (no pairs in a decode; no Mamba layer) are left out
-        # NOTE: concrete types (the groups narrowed from None, keys a list[int], t a list[float]) so that the
-        # compiled build does the arithmetic unboxed; read through an Optional (and a ``list | range``), every
-        # multiply went through Python's generic number protocol (ten times the single-group span's cost)
+        # NOTE: concrete types (the groups narrowed from None, ``t`` a vec[float]) so that the compiled build
+        # does the arithmetic unboxed: read through an Optional, every multiply went through Python's generic
+        # number protocol (ten times the single-group span's cost). Each step's figure is built in ``t``,
+        # group after group, and boxed once at the end; a window group's keys are layouts.window_sums' runs,
+        # priced as they are found (a list of its keys first, and one of floats per group, cost a third more)
         offs, prefix, d = ctx
         m = len(offs)
-        t: list[float] = []
-        keys: list[int]
+        t = vec[float](capacity=k)
+        first = True
         groups = self._groups
         assert groups is not None  # (set: several groups; narrowed, key_s is a float to the compiled build)
         for kind, window, key_s, _ in groups:
-            if kind == "sliding":  # keys stop growing at W
-                keys = window_sums(offs, prefix, d, window, k)
-            elif kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
-                keys = [sum([(o + d - 1 + j) % window + 1 for o in offs]) for j in range(k)]
+            if kind == "sliding":  # keys stop growing at W: layouts.window_sums, each run priced as it is found
+                w = window - d  # o + d + j reaches the window at j = w - o
+                i, j = bisect_left(offs, w), 0
+                while j < k:
+                    end = k if i == 0 else min(k, w - offs[i - 1])
+                    base = prefix[i] + i * d + window * (m - i)
+                    for q in range(j, end):
+                        x = (base + q * i) * key_s * f
+                        if first:
+                            t = append(t, x)
+                        else:
+                            t[q] = t[q] + x
+                    j = end
+                    if j < k:
+                        i = bisect_left(offs, w - j, 0, i)
             else:
-                total = prefix[-1] + m * d
-                keys = [total + m * j for j in range(k)]
-            if not t:
-                t = [x * key_s * f for x in keys]
-            else:
-                for j in range(k):
-                    t[j] = t[j] + keys[j] * key_s * f
+                for q in range(k):
+                    if kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
+                        x = sum([(o + d - 1 + q) % window + 1 for o in offs]) * key_s * f
+                    else:
+                        x = (prefix[-1] + m * d + m * q) * key_s * f
+                    if first:
+                        t = append(t, x)
+                    else:
+                        t[q] = t[q] + x
+            first = False
         if r0 == 0.0 and r1 == 0.0:
             return [serial + (g if (g := gpu + (x + r2)) >= hidden else hidden) for x in t]
         return [serial + (g if (g := gpu + (x + r0 + r1 + r2)) >= hidden else hidden) for x in t]
