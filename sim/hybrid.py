@@ -38,7 +38,7 @@ from sim.buffers import append, vec
 from sim.core import Sequence
 from sim.kv import (SLOT_EXTERNAL, SLOT_FREE, SLOT_INTERNAL, SLOT_RESERVED, SLOT_TOKEN, ContiguousKv,
                     FifoBlockPool, _merge_runs, blocks_for)
-from sim.layouts import KvLayout, first_kept, window_sums
+from sim.layouts import KvLayout, first_kept, window_runs
 from sim.outputs import Columns
 from sim.sharing import SharedBlockPool, extend_block_hashes, prompt_block_hashes
 
@@ -704,11 +704,15 @@ class HybridContiguousKv(ContiguousKv):
         offs, prefix, d = ctx
         n, full, state = len(offs), self._full, self._state
         total = prefix[-1] + n * d
-        logical = range(total, total + n * (k + 1), n) if n else [total] * (k + 1)
-        physical = [full * x + n * state for x in logical]
+        out: list[int] = []  # (one pass per window size, no list per term: this runs at every decode span)
+        for j in range(k + 1):
+            x = total + n * j  # the cached tokens, of which the full groups fill all
+            out.append(x - full * x - n * state)
         for w, m in self._window_counts:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-            physical = [p + m * x for p, x in zip(physical, window_sums(offs, prefix, d, w, k + 1))]
-        return [x - p for x, p in zip(logical, physical)]
+            for j0, j1, base, slope in window_runs(offs, prefix, d, w, k + 1):
+                for q in range(j0, j1):
+                    out[q] -= m * (base + q * slope)
+        return out
 
     @property
     def shared_filled(self) -> int:  # type: ignore[override]  # (ContiguousKv: a plain 0; mypyc takes this)

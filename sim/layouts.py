@@ -56,21 +56,19 @@ def first_kept(g: KvGroup, computed: int, block_size: int) -> int:
     return 0
 
 
-def window_sums(offs: list[int], prefix: list[int], d: int, window: int, k: int) -> list[int]:
-    """sum(min(o + d + j, window) for o in offs) for j = 0 .. k - 1: the keys a window group reads over
-    ``k`` decode steps, or the slots it holds (``offs`` sorted, ``prefix`` their prefix sums). Linear in j
-    while no value reaches the window (the ``i`` below it grow, the rest hold ``window``): one range per
-    such run, the next run found by bisection."""
+def window_runs(offs: list[int], prefix: list[int], d: int, window: int, k: int) -> list[tuple[int, int, int, int]]:
+    """sum(min(o + d + j, window) for o in offs) for j = 0 .. k - 1 -- the keys a window group reads over ``k``
+    decode steps, or the slots it holds (``offs`` sorted, ``prefix`` their prefix sums) -- as runs ``(j0, j1,
+    base, slope)``: for j0 <= j < j1 the sum is ``base + j * slope``. Linear in j while no value reaches the
+    window (the ``slope`` below it grow, the rest hold ``window``): one run per such stretch, the next found
+    by bisection. (Runs, not the k sums: a caller prices each step as it goes, with no list of them.)"""
     n = len(offs)
-    out: list[int] = []
+    out: list[tuple[int, int, int, int]] = []
     w = window - d  # o + d + j reaches the window at j = w - o
     i, j = bisect_left(offs, w), 0
-    if k == 1:
-        return [prefix[i] + i * d + window * (n - i)]
     while j < k:
         end = k if i == 0 else min(k, w - offs[i - 1])
-        base = prefix[i] + i * d + window * (n - i)
-        out.extend(range(base + j * i, base + end * i, i) if i else [base] * (end - j))
+        out.append((j, end, prefix[i] + i * d + window * (n - i), i))
         j = end
         if j < k:
             i = bisect_left(offs, w - j, 0, i)

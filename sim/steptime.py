@@ -49,7 +49,7 @@ from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
 from sim.buffers import append, vec
-from sim.layouts import kv_layout
+from sim.layouts import kv_layout, window_runs
 from sim.userfile import read_json
 
 
@@ -304,8 +304,8 @@ class RooflineStepTime:
         # NOTE: concrete types (the groups narrowed from None, ``t`` a vec[float]) so that the compiled build
         # does the arithmetic unboxed: read through an Optional, every multiply went through Python's generic
         # number protocol (ten times the single-group span's cost). Each step's figure is built in ``t``,
-        # group after group, and boxed once at the end; a window group's keys are layouts.window_sums' runs,
-        # priced as they are found (a list of its keys first, and one of floats per group, cost a third more)
+        # group after group, and boxed once at the end; a window group's keys come as runs of one slope
+        # (layouts.window_runs)
         offs, prefix, d = ctx
         m = len(offs)
         t = vec[float](capacity=k)
@@ -313,21 +313,14 @@ class RooflineStepTime:
         groups = self._groups
         assert groups is not None  # (set: several groups; narrowed, key_s is a float to the compiled build)
         for kind, window, key_s, _ in groups:
-            if kind == "sliding":  # keys stop growing at W: layouts.window_sums, each run priced as it is found
-                w = window - d  # o + d + j reaches the window at j = w - o
-                i, j = bisect_left(offs, w), 0
-                while j < k:
-                    end = k if i == 0 else min(k, w - offs[i - 1])
-                    base = prefix[i] + i * d + window * (m - i)
-                    for q in range(j, end):
-                        x = (base + q * i) * key_s * f
+            if kind == "sliding":  # keys stop growing at W
+                for j0, j1, base, slope in window_runs(offs, prefix, d, window, k):
+                    for q in range(j0, j1):
+                        x = (base + q * slope) * key_s * f
                         if first:
                             t = append(t, x)
                         else:
                             t[q] = t[q] + x
-                    j = end
-                    if j < k:
-                        i = bisect_left(offs, w - j, 0, i)
             else:
                 for q in range(k):
                     if kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step

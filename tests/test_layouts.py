@@ -16,7 +16,7 @@ from sim.config import ScenarioError, parse_scenario
 from sim.core import Sequence
 from sim.hybrid import HybridContiguousKv, HybridPagedKv, _CrossingPool
 from sim.kv import MEMORY_CLASSES, BuddyAllocator, FifoBlockPool, Reservation, activation_bytes, breakdown, kv_pool
-from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout
+from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout, window_runs
 from sim.policy import resolve_policy
 from sim.sharing import SharedBlockPool
 from sim.steptime import distinct_experts
@@ -73,6 +73,23 @@ def test_window_rules():
     assert first_kept(s, 63, B) == 0 and first_kept(s, 80, B) == 1  # position 17.. needed: block 1 onwards
     assert first_kept(c, 63, B) == 0 and first_kept(c, 64, B) == 4 and first_kept(c, 127, B) == 4
     assert first_kept(KvGroup("full", 1), 10**6, B) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=12), st.integers(0, 200), st.integers(1, 400), st.integers(1, 300))
+def test_window_runs_are_the_window_sums(offs, d, window, k):
+    """The runs a window group's span is priced from give sum(min(o + d + j, W)) at every step j, and cover
+    the steps 0 .. k - 1 once each, in order."""
+    offs = sorted(offs)
+    prefix = [0]
+    for o in offs:
+        prefix.append(prefix[-1] + o)
+    runs = window_runs(offs, prefix, d, window, k)
+    assert [j for j0, j1, _, _ in runs for j in range(j0, j1)] == list(range(k))
+    for j0, j1, base, slope in runs:
+        assert j0 < j1
+        for j in range(j0, j1):
+            assert base + j * slope == sum(min(o + d + j, window) for o in offs)
 
 
 def test_capacity_per_gpu_by_hand():
