@@ -35,7 +35,6 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from sim.core import Sequence
@@ -149,8 +148,12 @@ class DecodeClock:
         if self._offsets is None:  # first asked: kept sorted from now on
             self._offsets = sorted(s._computed for s in self.members)
         prefix = self._prefix
-        if prefix is None:
-            prefix = self._prefix = [0, *accumulate(self._offsets)]
+        if prefix is None:  # (a typed loop: ``[0, *accumulate(...)]`` went through Python's generic iteration)
+            prefix, total = [0], 0
+            for o in self._offsets:
+                total += o
+                prefix.append(total)
+            self._prefix = prefix
         return self._offsets, prefix, self.ticks + 1
 
     def _next_finish_tick(self) -> int:

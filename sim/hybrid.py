@@ -701,7 +701,9 @@ class HybridContiguousKv(ContiguousKv):
         if ctx is None:
             c = sorted([s.num_computed_tokens for s in self._live])
             ctx = (c, [0, *accumulate(c)], 0)
-        offs, prefix, d = ctx
+        offs: list[int] = ctx[0]  # (typed: unpacked from a bare tuple, every sum below was Python's generic one)
+        prefix: list[int] = ctx[1]
+        d: int = ctx[2]
         n, full, state = len(offs), self._full, self._state
         total = prefix[-1] + n * d
         out: list[int] = []  # (one pass per window size, no list per term: this runs at every decode span)

@@ -570,11 +570,16 @@ class Scheduler:
         kv = self.kv
         rate: int = kv.fill_rate  # slots a cached token fills: 1, or one per attention group (sim/hybrid.py)
         span_shared = kv.span_shared_filled  # several KV groups in slabs (sim/hybrid.py); else None
-        span_sf = None if span_shared is None else span_shared(k, self._contexts())  # now, then after each step
+        # now, then after each step (typed: read from the untyped manager, each figure below went through
+        # Python's generic arithmetic)
+        span_sf: list[int] | None = None if span_shared is None else span_shared(k, self._contexts())
         sf0: int = kv.shared_filled if span_sf is None else span_sf[0]
         f0 = self.filled * rate - sf0  # physical slots
-        per = rate * n  # (typed ints: read from the untyped manager, each product was Python's generic one)
-        filled = [f0 + per * j for j in range(1, k + 1)]
+        per = rate * n
+        if span_sf is None:
+            filled = [f0 + per * j for j in range(1, k + 1)]
+        else:  # slabs of several KV groups: less the slots that window groups do not fill
+            filled = [f0 + per * j - (span_sf[j] - sf0) for j in range(1, k + 1)]
         alloc, capped = kv.alloc, kv.capped
         shared = kv.shared_blocks
         if self.paged and k > 1:
@@ -583,8 +588,6 @@ class Scheduler:
             alloc, capped = self.clock.place_span_blocks(kv, k, filled, sf0 if kv.slides else None, track)
             if track is not None:
                 shared = track
-        if span_sf is not None:
-            filled = [x - (s - sf0) for x, s in zip(filled, span_sf[1:])]
         mem = (filled, alloc, capped, kv.rounding, kv.held, self.blocked)
         self.filled += n * k
         self.clock.advance(k, ends_s)
