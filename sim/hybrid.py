@@ -69,6 +69,20 @@ class _CrossingPool:
         return self._pool.num_evicted  # prefix caching's evictions (a sharing.SharedBlockPool)
 
 
+class _Pages:
+    """What ``HybridPagedKv`` keeps of one live sequence: ``end``, the token blocks it has pages for;
+    ``firsts``, per class, its first kept block (those before left a window); ``tables``, per class, the pages
+    of blocks ``firsts[i] .. end - 1``, a row of one page per group of the class per block; ``state``, its
+    Mamba state's pages. (A class, not a list: the compiled build reads and writes its fields unboxed, at
+    every block crossing of every decoding sequence.)"""
+
+    def __init__(self, end: int, firsts: list[int], tables: list[list[int]], state: list[int]) -> None:
+        self.end = end
+        self.firsts = firsts
+        self.tables = tables
+        self.state = state
+
+
 class HybridPagedKv:
     kind = "paged"
     copies: tuple = ()
@@ -105,8 +119,7 @@ class HybridPagedKv:
         self.capped = 0
         self.rounding = 0
         self.held = 0
-        # seq -> [end block, [first block per class], [pages per class], state pages]
-        self._st: dict[Sequence, list] = {}
+        self._st: dict[Sequence, _Pages] = {}  # each live sequence's pages
         self._first_sum = 0  # over live sequences and attention groups: first kept block
         self._states = 0  # live sequences holding a Mamba state
         self._pages = [0] * len(self.classes)  # pages each class's tables hold, a shared page once per holder
@@ -138,11 +151,11 @@ class HybridPagedKv:
             for f, (_, n) in zip(firsts, self.classes):
                 take += n * (end - f)
             return end, firsts, take, 0
-        end0 = st[0]
+        end0 = st.end
         if end <= end0:
             return None
         firsts, take, freed = [], 0, 0
-        for (g, n), f0 in zip(self.classes, st[1]):
+        for (g, n), f0 in zip(self.classes, st.firsts):
             f = first_kept(g, c, B) if g.window else 0
             if f < f0:
                 f = f0
@@ -196,8 +209,8 @@ class HybridPagedKv:
         if not self.caching or not ch[3]:
             return ch[3]
         multi, st = self.blocks.multi, self._st[seq]  # (held by this sequence: by it alone unless in multi)
-        return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st[1], st[2]) if f > f0
-                   for b in table[:n * (min(f, st[0]) - f0)] if b not in multi)
+        return sum(1 for (_, n), f, f0, table in zip(self.classes, ch[1], st.firsts, st.tables) if f > f0
+                   for b in table[:n * (min(f, st.end) - f0)] if b not in multi)
 
     def admit(self, seq: Sequence, num_new: int, hits=()) -> None:
         if hits:
@@ -223,13 +236,13 @@ class HybridPagedKv:
                 pages[i] += m
                 capped += n * (top - min(f * B, cap))
                 first_sum += n * f
-            self._st[seq] = [end, firsts, tables, new[:self.state_pages]]
+            self._st[seq] = _Pages(end, firsts, tables, new[:self.state_pages])
             self._states += 1
             self.capped += capped
             self._first_sum += first_sum
             self.alloc += take * B  # the state's pages included
             return
-        end0, firsts0, tables = st[0], st[1], st[2]
+        end0, firsts0, tables = st.end, st.firsts, st.tables
         pages = self._pages
         # NOTE: every class frees before any takes: a chunked group may free more pages at a chunk's start
         # than the others take, and can_grow counted them free (where the pool has the pages anyway, the
@@ -248,7 +261,7 @@ class HybridPagedKv:
             pages[i] += n * (end - start)
             self.capped += n * (min(end * B, cap) - min(start * B, cap))
         self.alloc += (take - freed) * B
-        st[0], st[1] = end, firsts
+        st.end, st.firsts = end, firsts
 
     def add_blocks(self, seqs: list[Sequence]) -> None:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block (``span_blocks``)."""
@@ -284,10 +297,10 @@ class HybridPagedKv:
             alloc += grown * len(seqs)
             for seq in seqs:
                 st = st_of[seq]
-                end0: int = st[0]
-                st[0] = end0 + 1
+                end0 = st.end
+                st.end = end0 + 1
                 c = end0 * B
-                tables: list[list[int]] = st[2]
+                tables = st.tables
                 x = seq.max_kv_tokens - c  # capped grows by the new blocks' slots the request will fill
                 capped += grown if x >= B else per * x if x > 0 else 0
                 if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
@@ -295,7 +308,7 @@ class HybridPagedKv:
                         tables[i].extend(new[p:p + n])  # (extend: += was Python's generic in-place add)
                         p += n
                     continue
-                firsts: list[int] = st[1]
+                firsts = st.firsts
                 cap = seq.max_kv_tokens
                 for i, sliding, window, n in spec:
                     table = tables[i]
@@ -336,10 +349,10 @@ class HybridPagedKv:
         if st is None:
             return
         B, cap, pages, caching = self.block_size, seq.max_kv_tokens, self._pages, self.caching
-        top = min(st[0] * B, cap)
+        top = min(st.end * B, cap)
         held = capped = first_sum = 0
         for i, (_, n) in enumerate(self.classes):
-            f, table = st[1][i], st[2][i]
+            f, table = st.firsts[i], st.tables[i]
             pages[i] -= len(table)
             if caching:
                 self._drop(i, table)
@@ -351,16 +364,16 @@ class HybridPagedKv:
         self.alloc -= held * B
         self.capped -= capped
         self._first_sum -= first_sum
-        if st[3]:
-            self.blocks.free(st[3])
-            self.alloc -= len(st[3]) * B
-            self.capped -= len(st[3]) * B
+        if st.state:
+            self.blocks.free(st.state)
+            self.alloc -= len(st.state) * B
+            self.capped -= len(st.state) * B
         self._states -= 1
 
     def table(self, seq: Sequence) -> list[int]:
         """Every page ``seq`` holds (swap copies them); ``seq.block_table`` is not kept (one list per group)."""
         st = self._st.get(seq)
-        return [] if st is None else [b for t in st[2] for b in t] + st[3]
+        return [] if st is None else [b for t in st.tables for b in t] + st.state
 
     def group_tables(self, seq_ids) -> list[list[list[int]]]:
         """Read-only, for the GPU replay (``gpu/executor.py``): per attention group of ``layout.groups``, in
@@ -374,7 +387,7 @@ class HybridPagedKv:
                 i = keys.index((g.kind, g.window))
                 q = seen[keys[i]] = seen.get(keys[i], -1) + 1  # the class's q-th group: page q of each row
                 n = self.classes[i][1]
-                out.append([[-1] * st_of[s][1][i] + st_of[s][2][i][q::n] for s in seq_ids])
+                out.append([[-1] * st_of[s].firsts[i] + st_of[s].tables[i][q::n] for s in seq_ids])
         return out
 
     @property
@@ -512,7 +525,7 @@ class HybridPagedKv:
             if n_held:
                 self._share(i, n_held)
         state = blocks.allocate(self.state_pages) if self.state_pages else []
-        self._st[seq] = [h, firsts, tables, state]
+        self._st[seq] = _Pages(h, firsts, tables, state)
         self._states += 1
         seq.num_computed_tokens = h * B
 
@@ -521,7 +534,7 @@ class HybridPagedKv:
         freed, as ``sharing.SharedPagedKv.keep``."""
         st = self._st.get(seq)
         if st is not None:
-            extend_block_hashes(seq, self.block_size, min(seq.num_computed_tokens // self.block_size, st[0]))
+            extend_block_hashes(seq, self.block_size, min(seq.num_computed_tokens // self.block_size, st.end))
         self.register(seq)
 
     def register(self, seq: Sequence, upto: int | None = None) -> None:
@@ -534,12 +547,12 @@ class HybridPagedKv:
             return
         B = self.block_size
         hashes = prompt_block_hashes(seq, B)
-        done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // B, st[0])
+        done = min(len(hashes), (seq.num_computed_tokens if upto is None else upto) // B, st.end)
         register = self.blocks.register
         for i in range(seq.num_registered, done):
             hb, ident = hashes[i]
             parent = hashes[i - 1][0] if i else None
-            for k, ((_, n), f, table) in enumerate(zip(self.classes, st[1], st[2])):
+            for k, ((_, n), f, table) in enumerate(zip(self.classes, st.firsts, st.tables)):
                 if i >= f:
                     row = (i - f) * n
                     for j in range(n):
@@ -553,8 +566,8 @@ class HybridPagedKv:
         for s in seqs:
             st = self._st.get(s)
             if st is not None:
-                out.append((tuple(st[1]), tuple(tuple(t) for t in st[2]), tuple(st[3]), s.num_computed_tokens,
-                            min(st[0] * self.block_size, s.max_kv_tokens)))
+                out.append((tuple(st.firsts), tuple(tuple(t) for t in st.tables), tuple(st.state),
+                            s.num_computed_tokens, min(st.end * self.block_size, s.max_kv_tokens)))
         return out, self.blocks.free_state()
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
@@ -719,12 +732,14 @@ class HybridContiguousKv(ContiguousKv):
     @property
     def shared_filled(self) -> int:  # type: ignore[override]  # (ContiguousKv: a plain 0; mypyc takes this)
         """``_shared(0)``, without sorting: the cached tokens minus the slots they fill now."""
-        c = [s.num_computed_tokens for s in self._live]
-        logical = sum(c)
-        physical = self._full * logical + len(c) * self._state
-        for w, m in self._window_counts:
-            physical += m * sum([x if x < w else w for x in c])
-        return logical - physical
+        logical = windows = n = 0  # (typed loops: ``sum`` of a list took Python's generic path, every step)
+        for s in self._live:
+            c = s.num_computed_tokens
+            logical += c
+            n += 1
+            for w, m in self._window_counts:
+                windows += m * (c if c < w else w)
+        return logical - (self._full * logical + n * self._state + windows)
 
     def span_shared_filled(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` now and after each of the next ``k`` decode steps of every live sequence (a

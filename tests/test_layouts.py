@@ -330,7 +330,8 @@ def _check_paged(kv: HybridPagedKv, seqs):
     B = kv.block_size
     filled = 0
     for s in seqs:
-        end, firsts, tables, state = kv._st[s]
+        p = kv._st[s]
+        end, firsts, tables, state = p.end, p.firsts, p.tables, p.state
         c = s.num_computed_tokens
         assert end * B >= c
         for (g, n), f, t in zip(kv.classes, firsts, tables):
@@ -343,7 +344,7 @@ def _check_paged(kv: HybridPagedKv, seqs):
     logical = sum(s.num_computed_tokens for s in seqs)
     assert logical * kv.fill_rate - kv.shared_filled == filled
     # the memory figure by layer group: each class's pages, then the Mamba states; they add up to alloc
-    per_class = [sum(len(kv._st[s][2][i]) for s in seqs) * B for i in range(len(kv.classes))]
+    per_class = [sum(len(kv._st[s].tables[i]) for s in seqs) * B for i in range(len(kv.classes))]
     states = [len(seqs) * kv.state_pages * B] if kv.state_pages else []
     assert kv.group_slots() == per_class + states and len(kv.group_labels()) == len(kv.group_slots())
     assert sum(kv.group_slots()) == kv.alloc
@@ -351,7 +352,7 @@ def _check_paged(kv: HybridPagedKv, seqs):
     tables = kv.group_tables([s.seq_id for s in seqs])
     assert len(tables) == kv.layout.num_attention_groups
     for j, s in enumerate(seqs):
-        end, firsts, _, state = kv._st[s]
+        end, firsts, state = kv._st[s].end, kv._st[s].firsts, kv._st[s].state
         rows = [t[j] for t in tables]
         assert all(len(r) == end for r in rows)
         kept = [b for r in rows for b in r if b >= 0]
@@ -441,7 +442,7 @@ def test_window_blocks_are_freed_as_they_leave():
     for _ in range(300):
         kv.grow(s, 1)
         s.num_computed_tokens += 1
-    end, firsts, tables, _ = kv._st[s]
+    end, firsts, tables = kv._st[s].end, kv._st[s].firsts, kv._st[s].tables
     assert len(tables[1]) == end and len(tables[0]) <= 32 // 8 + 1  # full keeps all, sliding W/B + 1
     assert kv.blocks.num_free == 1000 - len(tables[0]) - len(tables[1])
 
@@ -508,7 +509,7 @@ def test_add_blocks_is_grow_at_crossings(kinds, reqs, blocks):
                     s.num_computed_tokens += 1
     a, b = pair
     assert a._st.keys() == b._st.keys() or [s.seq_id for s in a._st] == [s.seq_id for s in b._st]
-    assert [a._st[s][:3] for s in a._st] == [b._st[t][:3] for t in b._st]
+    assert [(p.end, p.firsts, p.tables) for p in a._st.values()] == [(p.end, p.firsts, p.tables) for p in b._st.values()]
     assert (a.alloc, a.capped, a._first_sum, a.group_slots()) == (b.alloc, b.capped, b._first_sum, b.group_slots())
     assert a.blocks.free_blocks == b.blocks.free_blocks
 
@@ -730,7 +731,7 @@ def _check_shared(kv: HybridPagedKv, seqs):
     filled = capped = 0
     seen = set()
     for s in seqs:
-        end, firsts, tables, _ = kv._st[s]
+        end, firsts, tables = kv._st[s].end, kv._st[s].firsts, kv._st[s].tables
         c = s.num_computed_tokens
         for (g, n), f, t in zip(kv.classes, firsts, tables):
             assert len(t) == n * (end - f) and f * B <= c
@@ -744,7 +745,7 @@ def _check_shared(kv: HybridPagedKv, seqs):
                     assert c >= lo + B and s.max_kv_tokens >= lo + B
     logical = sum(s.num_computed_tokens for s in seqs)
     assert logical * kv.fill_rate - kv.shared_filled == filled and kv.capped == capped
-    per_class = [len({b for s in seqs for b in kv._st[s][2][i]}) * B for i in range(len(kv.classes))]
+    per_class = [len({b for s in seqs for b in kv._st[s].tables[i]}) * B for i in range(len(kv.classes))]
     assert kv.group_slots() == per_class and sum(per_class) == kv.alloc
     classes = breakdown(kv.capacity, filled, kv.alloc, kv.capped, kv.rounding, kv.held, False)
     assert sum(classes) == kv.capacity and min(classes) >= 0
