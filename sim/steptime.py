@@ -190,7 +190,7 @@ class RooflineStepTime:
         # several KV groups: attention priced per group (_groups_attention_s)
         self._groups: list[tuple[str, int, float, float]] | None = None
         # (plan, (sorted decode offsets, prefix sums, shift)): _decode_contexts
-        self._contexts: tuple[StepPlan, tuple] | None = None
+        self._contexts: tuple[StepPlan, tuple[list[int], list[int], int]] | None = None
         if layout is not None:
             self._set_layout(layout)
 
