@@ -135,14 +135,14 @@ class HybridPagedKv:
 
     # ------------------------------------------------------------------ the rule
 
-    def _change(self, seq: Sequence, num_new: int, c: int | None = None):
+    def _change(self, seq: Sequence, num_new: int, c: int | None = None) -> tuple[int, list[int], int, int] | None:
         """(new end, new firsts, pages to take, pages to free) if ``seq``, ``c`` tokens cached (default: as
         it says), writes ``num_new`` more; None if it needs no page."""
         st = self._st.get(seq)
         if c is None:
             c = seq.num_computed_tokens
         B = self.block_size
-        end = blocks_for(c + num_new, B)
+        end = -(-(c + num_new) // B)  # (kv.blocks_for, in ints: it takes numpy arrays too, so it is untyped)
         if st is None:
             if not c:  # a new request with no hit: every block of every group (the common admission)
                 return end, [0] * len(self.classes), self.fill_rate * end + self.state_pages, 0
@@ -186,6 +186,7 @@ class HybridPagedKv:
     def can_admit(self, seq: Sequence, num_new: int, hits=()) -> bool:
         if hits:  # the hit's pages are there (those in the free queue leave it): the rest are new
             ch = self._change(seq, num_new, len(hits) * self.block_size)
+            assert ch is not None  # (a sequence taking a hit holds no pages yet)
             hit = self._hit_pages(hits)
             need = ch[2] - hit
             pool = self.blocks
@@ -203,7 +204,7 @@ class HybridPagedKv:
         ch = self._change(seq, num_new)
         return ch is None or self.blocks.can_allocate(ch[2] - self._freeable(seq, ch))
 
-    def _freeable(self, seq: Sequence, ch) -> int:
+    def _freeable(self, seq: Sequence, ch: tuple[int, list[int], int, int]) -> int:
         """Pages the change ``ch`` frees (it gives back ``ch[3]``; with prefix caching, one that another
         sequence holds too stays held)."""
         if not self.caching or not ch[3]:
