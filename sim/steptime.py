@@ -44,11 +44,11 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.buffers import append, vec
 from sim.catalog import GPUS, GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
-from sim.buffers import append, vec
 from sim.layouts import kv_layout, window_runs
 from sim.userfile import read_json
 

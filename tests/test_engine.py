@@ -149,6 +149,37 @@ def test_spans_give_the_exact_answers(make_scenario, rate):
             assert te[col].sum() == pytest.approx(tf[col].sum(), rel=1e-9, abs=1e-9), col
 
 
+def test_a_short_span_priced_whole_is_the_span_priced_up_to_the_next_arrival(make_scenario, monkeypatch):
+    """A lone server prices a decode span of at most ``engine.PRICE_WHOLE`` steps whole and cuts it at its
+    next arrival, instead of pricing one step first to bound it: the same steps, to the bit (every table),
+    with fewer one-step pricing calls. With the bound always taken (PRICE_WHOLE 0), the old way."""
+    needs_plain_python("counting the executor's pricing calls")
+    import sim.engine
+    from sim.steptime import RooflineStepTime
+
+    calls: list[int] = []
+    orig = RooflineStepTime.decode_span_s
+
+    def counted(self, plan, k):
+        calls.append(k)
+        return orig(self, plan, k)
+
+    monkeypatch.setattr(RooflineStepTime, "decode_span_s", counted)
+    s = small(make_scenario, rate=8.0, n=300, policies=["vllm", "orca-oracle", "vllm-v1"])
+    whole = run(s)
+    ones_whole = calls.count(1)
+    calls.clear()
+    monkeypatch.setattr(sim.engine, "PRICE_WHOLE", 0)
+    bounded = run(s)
+    ones_bounded = calls.count(1)
+    for name in whole.policies:
+        a, b = whole.policies[name], bounded.policies[name]
+        assert a.summary == b.summary, name
+        for t in ("requests", "steps", "timeline"):
+            pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
+    assert ones_whole < 0.8 * ones_bounded, (ones_whole, ones_bounded)  # (69 against 111 when written)
+
+
 def test_paged_keeps_kv_in_token_states_at_saturation(make_scenario):
     r = run(small(make_scenario, rate=20.0, n=600, policies=["orca-max", "orca-oracle", "vllm"]))
     m = {n: res.summary for n, res in r.policies.items()}
