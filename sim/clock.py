@@ -193,17 +193,7 @@ class DecodeClock:
         alloc, capped = [kv.alloc], [kv.capped]
         t0, B, cross, add = self.ticks, self.block_size, self._cross, kv.add_blocks
         if shared0 is not None:  # several KV groups: the whole span's crossings in one call (sim/hybrid.py)
-            # (typed: read from an untyped manager, each figure went through Python's generic arithmetic)
-            ticks: list[tuple[int, int, int, int]] = kv.span_blocks([cross[(t0 + 1 + j) % B] for j in range(1, k)])
-            base: int = shared0
-            counts: list[int] = filled
-            for j in range(1, k):
-                a, c, sf, sb = ticks[j - 1]
-                alloc.append(a)
-                capped.append(c)
-                counts[j] = counts[j] - (sf - base)  # (an augmented item assignment stays generic)
-                if shared is not None:
-                    shared.append(sb)
+            kv.span_blocks([cross[(t0 + 1 + j) % B] for j in range(1, k)], alloc, capped, filled, shared0, shared)
             return alloc, capped
         a, c = alloc[0], capped[0]
         for j in range(1, k):

@@ -268,32 +268,39 @@ class HybridPagedKv:
         """The scheduler's decode fast path: each of ``seqs`` crosses into a new block (``span_blocks``)."""
         self.span_blocks([seqs])
 
-    def span_blocks(self, ticks: list[list[Sequence]]) -> list[tuple[int, int, int, int]]:
+    def span_blocks(self, ticks: list[list[Sequence]], alloc_out: list[int] | None = None,
+                    capped_out: list[int] | None = None, filled: list[int] | None = None, filled0: int = 0,
+                    shared_out: list[int] | None = None) -> None:
         """Each tick's crossing sequences, tick after tick (a decode span's ticks, or one tick of the fast
         path): each crosses into a new block. Within a decode span the sequences' counters have not advanced
         yet: a crossing sequence has exactly its blocks' tokens cached, which is what is used (``grow(seq, 1,
-        end * B)``, unrolled: the hot path of decoding). Returns (alloc, capped, shared_filled,
-        shared_blocks) after each tick.
+        end * B)``, unrolled: the hot path of decoding). After tick j (from 1) it appends ``alloc`` and
+        ``capped`` to ``alloc_out`` and ``capped_out``, takes from ``filled[j]`` the growth of
+        ``shared_filled`` since ``filled0`` (the slots of pages that left a window), and appends
+        ``shared_blocks`` to ``shared_out`` (each where given: ``DecodeClock.place_span_blocks``).
 
         NOTE: the pages of all the ticks are taken in one call. The caller has checked that the pool holds a
         page per attention group and crossing (``pool.can_allocate``, ``DecodeClock.span``) without the
         pages freed meanwhile, so the pages taken one group and tick at a time would be the same ones:
         those at the head of the free queue, which the window pages freed meanwhile (appended at its tail)
         never reach. The frees follow in the same order as one at a time (with prefix caching, one call per
-        table, as ``grow`` frees: a call frees its pages tail first)."""
+        table, as ``grow`` frees: a call frees its pages tail first).
+        NOTE: pages are moved as objects (``list[Any]``): read from a ``list[int]``, the compiled build
+        unboxes an id and boxes it again into a new int object per page (and a slice per table cost an
+        allocation, a copy and a free); the figures after each tick go straight to the caller's lists."""
         B, blocks, spec, st_of, caching = self.block_size, self.blocks, self._spec, self._st, self.caching
         per = self.fill_rate
         m = 0
         for seqs in ticks:
             m += len(seqs)
-        new: list[int] = blocks.allocate(per * m)
+        new: list[Any] = blocks.allocate(per * m)
         alloc, capped, first_sum, shared = self.alloc, self.capped, self._first_sum, self.shared_blocks
         dropped: list[int] = []
-        out: list[tuple[int, int, int, int]] = []
         p, pages, extra = 0, self._pages, self._extra
         base = self._states * self.state_pages
         multi: Any = blocks.multi if caching else None
         grown, wmin, sizes = per * B, self._window_min, self._sizes
+        j = 0
         for seqs in ticks:
             alloc += grown * len(seqs)
             for seq in seqs:
@@ -306,13 +313,15 @@ class HybridPagedKv:
                 capped += grown if x >= B else per * x if x > 0 else 0
                 if c < wmin:  # no window is full yet: nothing leaves (layouts.first_kept is 0)
                     for i, n in sizes:
-                        tables[i].extend(new[p:p + n])  # (extend: += was Python's generic in-place add)
+                        row: list[Any] = tables[i]
+                        for q in range(p, p + n):
+                            row.append(new[q])
                         p += n
                     continue
                 firsts = st.firsts
                 cap = seq.max_kv_tokens
                 for i, sliding, window, n in spec:
-                    table = tables[i]
+                    table: list[Any] = tables[i]
                     if window and c >= window:  # layouts.first_kept, inlined (0 while the window is not full)
                         f = (c + 1 - window) // B if sliding else c // window * window // B
                         f0 = firsts[i]
@@ -335,15 +344,23 @@ class HybridPagedKv:
                             first_sum += drop
                             pages[i] -= drop
                             firsts[i] = f
-                    table.extend(new[p:p + n])
+                    for q in range(p, p + n):
+                        table.append(new[q])
                     p += n
-            out.append((alloc, capped, B * (first_sum - base + shared), shared))
+            j += 1
+            if alloc_out is not None:
+                alloc_out.append(alloc)
+            if capped_out is not None:
+                capped_out.append(capped)
+            if filled is not None:
+                filled[j] = filled[j] - (B * (first_sum - base + shared) - filled0)
+            if shared_out is not None:
+                shared_out.append(shared)
         for i, n in enumerate(self._class_groups):
             pages[i] += n * m
         if dropped:
             blocks.free(dropped)
         self.alloc, self.capped, self._first_sum, self.shared_blocks = alloc, capped, first_sum, shared
-        return out
 
     def free(self, seq: Sequence) -> None:
         st = self._st.pop(seq, None)
