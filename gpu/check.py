@@ -549,7 +549,8 @@ class Check:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (a GPU) or cpu (small shapes, Triton interpreter)")
-    ap.add_argument("--out", default="reports/device_check.json", help="the JSON of figures")
+    ap.add_argument("--out", default=None, help="the JSON of figures (default: reports/device_check.json on a GPU, "
+                    "runs/device_check_cpu.json on the CPU, so a CPU run leaves the committed GPU record alone)")
     ap.add_argument("--work", default=None, help="folder for the profile and validation runs (default: next to --out)")
     ap.add_argument("--trace", default=None, help=f"the Azure conv CSV (default: {BUNDLE_TRACE}, then shared/{AZURE})")
     ap.add_argument("--layers", type=int, default=None, help="model layers (GPU default 8 of Llama-3-8B's 32)")
@@ -569,9 +570,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = inject - set(SECTIONS)
     if bad:
         ap.error(f"KVSIM_INJECT_FAILURE: unknown section(s) {sorted(bad)}; expected {', '.join(SECTIONS)}")
-    out = Path(a.out)
+    # absolute: the replay's scenario is written in ``work`` and reads the profile by this path, which a
+    # scenario resolves against its own folder (a relative default sent it to work/work/profile.json)
+    out = Path(a.out or ("runs/device_check_cpu.json" if kind == "cpu" else "reports/device_check.json")).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work) if a.work else out.with_name(out.stem + "_files")
+    work = Path(a.work).absolute() if a.work else out.with_name(out.stem + "_files")
     work.mkdir(parents=True, exist_ok=True)
     missing = missing_packages()
     fig: dict = {"preflight": {"missing_packages": missing, "python": sys.version.split()[0],

@@ -58,6 +58,20 @@ def test_a_failure_in_bandwidth_or_calibration_leaves_kernels_and_replay(tmp_pat
     assert "no result from calibration" in fig["sections"]["validation"]["error"]
 
 
+def test_the_whole_check_passes_with_the_default_relative_out(tmp_path, monkeypatch):
+    """As the README runs it (the default ``--out``, relative): the replay reads the calibrated profile
+    through the scenario it writes in the work folder, so the profile's path must not be relative."""
+    from gpu import check
+
+    monkeypatch.chdir(tmp_path)
+    rc = check.main(["--device", "cpu", "--quick", "--trace", str(shared_trace(AZURE))])
+    fig = json.loads((tmp_path / "runs" / "device_check_cpu.json").read_text())  # not the committed GPU record
+    assert {n: s["status"] for n, s in fig["sections"].items()} == dict.fromkeys(check.SECTIONS, "ok") and rc == 0
+    assert (tmp_path / "runs" / "device_check_cpu_files" / "profile.json").is_file()
+    assert not (tmp_path / "reports").exists()
+    assert fig["replay"]["sizing"]["rule"] != "" and not fig["replay"]["sizing"]["rule"].startswith("no calibrated")
+
+
 def test_a_kill_leaves_a_valid_json_saying_where_it_stopped(tmp_path):
     out = tmp_path / "check.json"
     p = subprocess.Popen([sys.executable, str(ROOT / "gpu" / "check.py"), "--device", "cpu", "--quick", "--out",
