@@ -61,6 +61,13 @@ def locate(rel: str | Path, explicit: str | Path | None = None) -> Path:
     return find_trace(rel, explicit) or trace_dirs(explicit)[0] / rel
 
 
+def named(p: str | Path) -> Path:
+    """A trace named on the command line: ``traces:REL`` is looked for in the traces folders, as in a
+    scenario (``locate``); any other path is taken as given."""
+    s = str(p)
+    return locate(s[len(PREFIX):]) if s.startswith(PREFIX) else Path(p)
+
+
 def searched(explicit: str | Path | None = None) -> str:
     """The search order in words, for a 'not found' message."""
     env = os.environ.get(ENV, "").strip()

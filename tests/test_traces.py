@@ -92,6 +92,18 @@ def test_sim_trace_info_prints_the_readme_figures(rel):
                 assert got == pytest.approx(v, abs=_tol(v)), (key, got, v)
 
 
+def test_sim_trace_commands_find_traces_by_name_as_scenarios_do(tmp_path, monkeypatch):
+    """``traces:REL`` on the command line is looked for in the traces folders, as a scenario's path is."""
+    rel = "azure_2023/AzureLLMInferenceTrace_conv.csv"
+    monkeypatch.setenv("KVSIM_TRACES", str(shared_trace(rel))[:-len(rel)])
+    r = runner.invoke(app, ["trace", "info", "traces:" + rel, "-w", "window.end_s=600"])
+    assert r.exit_code == 0 and "format azure" in r.output, r.output
+    r = runner.invoke(app, ["trace", "convert", "traces:" + rel, str(tmp_path / "a.parquet"), "-w", "num_requests=10"])
+    assert r.exit_code == 0 and (tmp_path / "a.parquet").is_file(), r.output
+    r = runner.invoke(app, ["trace", "info", "traces:azure_2023/nope.csv"])
+    assert r.exit_code == 2 and "nope.csv: no such trace file" in r.output, r.output
+
+
 def test_mooncake_prefix_blocks_match_the_readme():
     t = load(shared_trace("mooncake/conversation_trace.jsonl"))
     h = t.prefix_hashes

@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
+from sim import trace_paths
 from sim.config import ScenarioError, TraceWorkload, format_validation_error
 from sim.schema import plural
 from sim.workload import RequestTable
@@ -127,6 +128,7 @@ def _read_max_model_len(w: TraceWorkload, max_model_len: int | None) -> None:
 
 def trace_info(path: Path, settings: list[str], max_model_len: int | None = None) -> list[str]:
     """``sim trace info``: the trace's statistics, after the transforms in ``settings``."""
+    path = trace_paths.named(path)
     w = workload_from_options(path, settings)
     _read_max_model_len(w, max_model_len)
     t = load_trace(w, path, max_model_len, allow_untimed=True)
@@ -136,6 +138,7 @@ def trace_info(path: Path, settings: list[str], max_model_len: int | None = None
 
 def trace_convert(path: Path, out: Path, settings: list[str], max_model_len: int | None = None) -> list[str]:
     """``sim trace convert``: write the (transformed) canonical table as parquet."""
+    path = trace_paths.named(path)
     if out.suffix != ".parquet":
         raise ScenarioError(f"{out}: the canonical table is written as parquet; name it *.parquet")
     if out.exists() and path.exists() and out.resolve() == path.resolve():  # (-w sample=0.5 halved the input)
