@@ -977,15 +977,24 @@ _KIND_COMMAND = {"scenario": "sim run", "sweep": "sim sweep", "plan": "sim plan"
 
 
 def file_kind(data: Any) -> str | None:
-    """What a user's YAML file is, by its top-level keys: ``plan`` or ``sweep`` (each has ``base:``, and keys
-    the other's file does not: ``PlanFile``'s, ``SweepFile``'s), else ``scenario``; None when it cannot tell
-    (a ``base:`` and nothing else that a plan or sweep has)."""
-    if not isinstance(data, dict) or "base" not in data:
+    """What a user's YAML file is, by its top-level keys: ``plan`` or ``sweep`` (each has ``base:`` (or a key
+    close to it, and no ``model``, ``gpu`` or ``workload``), and keys the other's file does not: ``PlanFile``'s,
+    ``SweepFile``'s), else ``scenario`` (and for what is not a mapping, or an empty one); None when it cannot
+    tell (a ``base:`` and nothing else that a plan or sweep has)."""
+    if not isinstance(data, dict) or not data or (
+            "base" not in data and any(k in data for k in ("model", "gpu", "workload"))):
         return "scenario"
     from sim.plan import PlanFile
     from sim.sweep.spec import SweepFile
 
     plan, sweep = set(PlanFile.model_fields), set(SweepFile.model_fields)
+    if "base" not in data:  # a sweep or plan whose base: is missing or misspelt (bse:, Base:), told so by its own
+        import difflib  # validation (was: "a scenario file ..., not a plan file: run it with sim run")
+
+        plan, sweep = plan - set(Scenario.model_fields), sweep - set(Scenario.model_fields)
+        near_base = difflib.get_close_matches("base", [k.lower() for k in data if isinstance(k, str)], 1, 0.7)
+        if not near_base and not any(k in plan | sweep for k in data):
+            return "scenario"
     for kind, keys in (("plan", plan - sweep), ("sweep", sweep - plan)):
         if any(k in data for k in keys):
             return kind
@@ -995,7 +1004,7 @@ def file_kind(data: Any) -> str | None:
 def check_kind(data: Any, path: str | Path, expected: str) -> None:
     """One clear error for a file of another kind (a plan given to ``sim run``), instead of one per key."""
     kind = file_kind(data)
-    if kind is not None and kind != expected:
+    if kind is not None and kind != expected and isinstance(data, dict) and data:  # (else: expected a mapping)
         keys = ", ".join(f"{k}:" for k in list(data)[:5])
         raise ScenarioError(f"{path}: a {kind} file ({keys} ...), not a {expected} file: run it with "
                             f"`{_KIND_COMMAND[kind]} {path}`")
