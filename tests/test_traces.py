@@ -390,6 +390,28 @@ def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):
             read_trace(open_trace(q), bad_rows="drop", chunk_rows=chunk_rows)
 
 
+def test_a_field_past_the_csv_modules_limit_is_a_value_like_any_other(tmp_path):
+    """A first data row with a field of more than 131,072 characters raised _csv.Error (plain or gzip, with
+    bad_rows: drop too), and such a field in the header was "cannot read as parquet"."""
+    head = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+    for name, row, message, dropped in [("long.csv", "0,10,4" + "0" * 200_000, ":2: num_decode_tokens = '4000",
+                                         {"not_a_number": 1}),
+                                        ("wide.csv", "0,10,4," + "x" * 200_000, ":2: 4 fields, expected 3",
+                                         {"too_many_fields": 1})]:
+        p = write(tmp_path, name, head + row + "\n1,5,5\n")
+        z = tmp_path / (name + ".gz")
+        z.write_bytes(gzip.compress(p.read_bytes()))
+        for f in (p, z):
+            with pytest.raises(ScenarioError, match=re.escape(f"{f}{message}")):
+                load(f)
+            t = load(f, "bad_rows=drop")
+            assert list(t.prompt_tokens) == [5] and t.dropped == dropped
+    p = write(tmp_path, "header.csv", head.replace("\n", "y" * 200_000 + "\n") + "0,10,4\n")
+    r = runner.invoke(app, ["trace", "info", str(p)])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {p}:1: not a CSV header (field larger than field limit"), \
+        r.output
+
+
 def test_a_byte_that_is_not_utf8_is_named_by_line_or_dropped_and_counted(tmp_path):
     good = "".join(f"{TS},5,3\n" for _ in range(3000))
     p = tmp_path / "b.csv"

@@ -19,7 +19,6 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import warnings
@@ -33,7 +32,7 @@ import pandas as pd
 
 from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
-from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
+from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text
 
 CHUNK_ROWS = 1 << 20
 BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical table
@@ -80,7 +79,7 @@ def _first_rows(tf: TraceFile) -> tuple[int, list[tuple[int, int]]]:
             return 1, []
         long = []
         for line_no, line in enumerate(f, head + 1):
-            n = len(next(csv.reader([line]), []))
+            n = csv_fields(line)
             if n <= len(tf.names):
                 break
             long.append((line_no, n))
