@@ -329,6 +329,23 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
 
 
+def test_a_session_id_that_is_a_list_or_a_mapping_is_a_bad_value(tmp_path):
+    """A list (JSON, or a parquet list column) crashed the reader with "setting an array element with a
+    sequence"; a mapping was kept as the text "{'a': 1}"."""
+    rows = [{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1, "session_id": s} for s in ([1], {"a": 1}, "u")]
+    p = write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:1: session_id = [1], expected a session id (or set")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert list(t.session_id) == ["u"] and t.dropped == {"bad_session_id": 2}
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [1, 1],
+                  "session_id": [[1], [2]]}).to_parquet(tmp_path / "s.parquet")
+    with pytest.raises(ScenarioError, match=re.escape("s.parquet: row 1: session_id = [1], expected a session id")):
+        load(tmp_path / "s.parquet")
+    with pytest.raises(ScenarioError, match="all 2 rows were dropped \\(bad_session_id: 2\\)"):
+        load(tmp_path / "s.parquet", "bad_rows=drop")
+
+
 def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_minute(tmp_path):
     """An arrival more than 1e9 s after the start is a bad value (dropped and counted as too_large); the
     peak rate counts runs of sorted arrivals, so a span stretched by rate_scale allocates nothing per minute

@@ -9,7 +9,7 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 - structural problems (missing column, empty file, arrivals out of order) stop with an error;
 - a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, an arrival more
   than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids, more hash ids than the
-  prompt has blocks) stops with an error naming file, line, column and what was expected, or with
+  prompt has blocks, a session id that is a list or a mapping) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
 - a CSV line with more fields than the header stops with an error naming the line, or with
   ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
@@ -39,8 +39,8 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 
 # Row problems: code -> reason counted in RequestTable.dropped (code 0: none).
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
-            "bad_hash_ids", "too_large", "too_many_hash_ids")
-MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES = range(1, 9)
+            "bad_hash_ids", "too_large", "too_many_hash_ids", "bad_session_id")
+MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES, BAD_SESSION = range(1, 10)
 MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
@@ -260,6 +260,13 @@ def _nans(col: pd.Series) -> np.ndarray:
     return np.zeros(len(col), dtype=bool)
 
 
+def _nested(col: pd.Series) -> np.ndarray:
+    """Cells that are lists or mappings (JSON, parquet list and struct columns): not a session id."""
+    if col.dtype != object:
+        return np.zeros(len(col), dtype=bool)
+    return col.map(lambda v: isinstance(v, (list, dict, np.ndarray))).to_numpy(dtype=bool)
+
+
 def _show(v: Any) -> str:
     """A cell as the user wrote it: strings quoted, numbers plain, a float NaN as NaN."""
     v = v.item() if isinstance(v, np.generic) else v
@@ -368,8 +375,8 @@ class _Collector:
             checks.append((fmt.hash_ids, c))
         if fmt.session_id in frame:
             sessions = frame[fmt.session_id]
-            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions)],
-                                                     [MISSING, NOT_A_NUMBER]).astype(np.int8)))
+            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions), _nested(sessions)],
+                                                     [MISSING, NOT_A_NUMBER, BAD_SESSION]).astype(np.int8)))
 
         self._problems(chunk, checks, drop)
         ok = drop == 0
