@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -764,7 +765,31 @@ MAX_YAML_VALUES = 100_000  # values a document may expand to, aliases counted at
 MAX_YAML_DEPTH = 64
 # libyaml's parser where PyYAML was built with it (linear in the text; the pure-Python scanner is quadratic
 # in the nesting of flow collections, seconds for a hostile "[[[[...]]]]"), else PyYAML's safe loader
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Numbers as YAML 1.2's core schema reads them: ``1:30`` and ``1:30.5`` are text, not YAML 1.1's base-60
+    numbers (``num_requests: 1:30`` ran 90 requests; ``prefill_decode: [1:3]`` was the number 63), and ``010``
+    is ten, not YAML 1.1's octal 8 (``0o10`` is eight). Kept from YAML 1.1: ``_`` between digits (1_000_000),
+    ``0b`` binary, and the floats 1.1 knows (``1e9``, without a dot, is text, which a number field reads)."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, {_INT: re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?0b[0-1_]+)$"),
+                   _FLOAT: re.compile(r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]"
+                                      r"[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")}.get(tag, rx))
+            for tag, rx in resolvers]
+    for first, resolvers in _YamlLoader.yaml_implicit_resolvers.items()}
+
+
+def _yaml_int(loader: yaml.BaseLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    return sign * (int(digits[2:], 8) if digits[:2] == "0o" else int(digits, 0) if digits[:2] in ("0x", "0b")
+                   else int(digits))  # (int("010") is 10: decimal)
+
+
+_YamlLoader.add_constructor(_INT, _yaml_int)
+YAML_LOADER = _YamlLoader  # (also the -w values of sim trace)
 
 
 def _key_lines(root: yaml.Node) -> dict[tuple, int]:
@@ -954,9 +979,9 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     path = Path(path)
     text = read_text(path, f"{what} file", ScenarioError)
     try:
-        node = yaml.compose(text, Loader=_YAML_LOADER)
+        node = yaml.compose(text, Loader=YAML_LOADER)
         lines = _key_lines(node) if node is not None else {}
-        data = yaml.load(text, Loader=_YAML_LOADER)
+        data = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

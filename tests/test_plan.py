@@ -225,6 +225,13 @@ def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
     assert message.split(":")[0] in res.output
 
 
+def test_a_ratio_written_without_quotes_is_a_ratio(tmp_path):
+    """YAML 1.1 read 1:3 as the base-60 number 63 ("Input should be a valid string (got 63)")."""
+    plan = load_plan(plan_file(tmp_path, **{"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\n"
+                                                               "prefill_decode: [1:3, 1:1]"}))
+    assert plan.spec.ratios == [(1, 3), (1, 1)]
+
+
 def test_a_shape_that_cannot_run_is_reported_and_the_others_are_searched(tmp_path):
     path = plan_file(tmp_path, **{"model: opt-13b": "model: llama-2-70b", "gpus: [a100-40gb, h100]":
                                   "gpus: [a100-40gb]\ntensor_parallel: [1, 4]", "prices: {h100: 9.5}\n": ""})

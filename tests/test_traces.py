@@ -467,6 +467,7 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
     assert r.exit_code == 2 and "name it *.parquet" in r.output
+    assert workload_from_options(p, ["num_requests=010"]).num_requests == 10  # (as in a file: YAML 1.1 read 8)
 
 
 def test_bom_and_long_fractions_are_read(tmp_path):

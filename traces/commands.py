@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from sim.config import ScenarioError, TraceWorkload, format_validation_error
+from sim.config import YAML_LOADER, ScenarioError, TraceWorkload, format_validation_error
 from sim.schema import plural
 from sim.workload import RequestTable
 from traces.formats import open_trace
@@ -41,7 +41,7 @@ def workload_from_options(path: Path, settings: list[str]) -> TraceWorkload:
             if not isinstance(node, dict):
                 raise ScenarioError(f"-w {item!r}: {k} is not a mapping")
         try:
-            node[keys[-1]] = yaml.safe_load(text)
+            node[keys[-1]] = yaml.load(text, Loader=YAML_LOADER)  # (numbers as in a scenario file: 010 is 10)
         except yaml.YAMLError as e:
             raise ScenarioError(f"-w {item!r}: not a YAML value ({getattr(e, 'problem', None) or e})") from None
     try:
