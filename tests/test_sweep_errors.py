@@ -63,6 +63,14 @@ BAD_INPUT = {
                        "capacity: give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)"),
     "capacity axis zipped with another": ("zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n" + CAP + "}\n",
                                           "capacity.axis: workload.arrival.rate is zipped with other axes"),
+    # YAML's true read as 1.0 (the README: numbers are never booleans)
+    "capacity min a boolean": ("capacity: {slo: {p99_ttft_ms: 500}, min: true, max: 8, tolerance: 0.5}\n",
+                               ":8: capacity.min: expected a number, not true"),
+    "capacity tolerance a boolean": ("capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: true}\n",
+                                     ":8: capacity.tolerance: expected a number, not true"),
+    "capacity start a boolean": (CAP + ", start: true}\n", ":8: capacity.start: expected a number, not true"),
+    "an SLO bound a boolean": ("capacity: {slo: {p99_ttft_ms: {max: true}}, min: 1, max: 8, tolerance: 0.5}\n",
+                               ":8: capacity.slo.p99_ttft_ms.max: expected a number, not true"),
     "unknown sweep key": ("axis:\n  seed: [0, 1]\n", ":8: axis: unknown key"),
     "a field of every policy and of a named one": (
         "axes:\n  policies.vllm.block_size: [8, 16]\n  block_size: [32]\n",

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from sim.config import (Name, PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
+from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         check_kind, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
@@ -53,8 +53,8 @@ def known_slo_metrics(slo: dict) -> dict:
 class Bound(Strict):
     """A limit on one summary metric: ``max`` (at most) and/or ``min`` (at least)."""
 
-    max: float | None = None
-    min: float | None = None
+    max: Real | None = None
+    min: Real | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -90,13 +90,13 @@ class CapacityConfig(Strict):
 
     axis: str = Field(RATE_AXIS, description="the swept quantity, e.g. workload.arrival.rate or workload.rate_scale")
     slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
-    min: float = Field(gt=0, le=1e12, description="lowest value tried: if it fails, the answer is 'none'")
-    max: float = Field(gt=0, le=1e12, description="highest value tried: if it passes, the answer is 'above max'")
-    start: float | None = Field(None, gt=0, le=1e12, description="first probe when the axis is not swept "
+    min: Real = Field(gt=0, le=1e12, description="lowest value tried: if it fails, the answer is 'none'")
+    max: Real = Field(gt=0, le=1e12, description="highest value tried: if it passes, the answer is 'above max'")
+    start: Real | None = Field(None, gt=0, le=1e12, description="first probe when the axis is not swept "
                                 "(default: min)")
-    tolerance: float | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
+    tolerance: Real | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
                                     "this close (axis units)")
-    relative_tolerance: float | None = Field(None, gt=0, lt=1, description="... or this close relative to the "
+    relative_tolerance: Real | None = Field(None, gt=0, lt=1, description="... or this close relative to the "
                                              "passing value (0.02: within 2 %)")
 
     @field_validator("slo")
