@@ -720,6 +720,9 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _names(self) -> "Scenario":
         check_unique_names(self.policies)
+        if self.horizon_s is not None and self.startup_s >= self.horizon_s:  # (it finished nothing, said nothing)
+            raise ValueError(f"startup_s ({self.startup_s:g} s) must be below horizon_s ({self.horizon_s:g} s): the "
+                             "server would start serving when the simulation stops")
         return self
 
     @field_validator("gpu")
