@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
-                      field_validator, model_validator)
+                      ValidationInfo, field_validator, model_validator)
 
 from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
                          model_from_hf_config)
@@ -720,10 +720,16 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _names(self) -> "Scenario":
         check_unique_names(self.policies)
-        if self.horizon_s is not None and self.startup_s >= self.horizon_s:  # (it finished nothing, said nothing)
-            raise ValueError(f"startup_s ({self.startup_s:g} s) must be below horizon_s ({self.horizon_s:g} s): the "
-                             "server would start serving when the simulation stops")
         return self
+
+    @field_validator("startup_s")
+    @classmethod
+    def _starts_before_the_horizon(cls, v: float, info: ValidationInfo) -> float:
+        horizon = info.data.get("horizon_s")  # (a run finished nothing, and said nothing)
+        if horizon is not None and v >= horizon:
+            raise ValueError(f"must be below horizon_s ({horizon:g} s): the server would start serving when the "
+                             "simulation stops")
+        return v
 
     @field_validator("gpu")
     @classmethod

@@ -94,7 +94,7 @@ def test_valid_scenario_loads(tmp_path):
     (BASE.replace("num_requests: 10", "num_requests: 10\n  shared_prefixes: {lengths: []}"),
      "workload.shared_prefixes.lengths: List should have at least 1 item"),
     # finished nothing, and said nothing
-    (BASE + "startup_s: 10\nhorizon_s: 10\n", "startup_s (10 s) must be below horizon_s (10 s)"),
+    (BASE + "startup_s: 10\nhorizon_s: 10\n", "s.yaml:9: startup_s: must be below horizon_s (10 s)"),
     ("[1, 2]\n", "expected a mapping of scenario keys"),
     ("name: [unclosed\n", "not valid YAML"),
 ])
