@@ -71,6 +71,11 @@ BAD_INPUT = {
     "capacity start a boolean": (CAP + ", start: true}\n", ":8: capacity.start: expected a number, not true"),
     "an SLO bound a boolean": ("capacity: {slo: {p99_ttft_ms: {max: true}}, min: 1, max: 8, tolerance: 0.5}\n",
                                ":8: capacity.slo.p99_ttft_ms.max: expected a number, not true"),
+    # each ran twice (a plan refuses a value listed twice)
+    "a value listed twice": ("axes:\n  seed: [1, 2, 1]\n", ":9: axes.seed: 1 is listed twice (values 1 and 3); "
+                             "give each value once"),
+    "a zipped combination listed twice": ("zip:\n  - {seed: [1, 1], block_size: [16, 16]}\n",
+                                          ":9: zip[0]: seed=1, block_size=16 is listed twice (values 1 and 2)"),
     "unknown sweep key": ("axis:\n  seed: [0, 1]\n", ":8: axis: unknown key"),
     "a field of every policy and of a named one": (
         "axes:\n  policies.vllm.block_size: [8, 16]\n  block_size: [32]\n",

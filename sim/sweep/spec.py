@@ -310,7 +310,7 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
     groups: list[list[Axis]] = []
     seen: dict[tuple[str, ...], str] = {}
 
-    def one(path: str, values: Any, key: str, loc: tuple) -> Axis:
+    def one(path: str, values: Any, key: str, loc: tuple, zipped: bool = False) -> Axis:
         where = f"{source}{_line_of(lines, *loc)}: {key}"
         if not isinstance(values, list):
             raise ScenarioError(f"{where}: expected a list of values (got {values!r})")
@@ -329,6 +329,8 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
             if same and not whole_list:
                 raise ScenarioError(f"{where}: sets the same field as {other_key}")
         seen[target] = key
+        if not zipped:  # (a zipped axis may repeat a value: its group's combinations must differ)
+            _no_repeats([(v,) for v in values], where, [])
         column = "seed" if target == ("workload", "seed") else path
         if target == ("policies",):
             column = "policies"
@@ -343,15 +345,30 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
     for i, group in enumerate(spec.zip_groups()):
         if not group:
             raise ScenarioError(f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}: empty group")
-        members = [one(p, v, f"{zip_key(i)}.{p}", (*zip_loc(i), p)) for p, v in group.items()]
+        members = [one(p, v, f"{zip_key(i)}.{p}", (*zip_loc(i), p), zipped=True) for p, v in group.items()]
         lengths = {a.key: len(a.values) for a in members}
         if len(set(lengths.values())) > 1:
             raise ScenarioError(f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}: zipped axes differ in "
                                 "length (" + ", ".join(f"{k.split('.', 1)[1]}: {n}" for k, n in lengths.items())
                                 + "); give each the same number of values")
+        _no_repeats(list(zip(*(a.values for a in members))), f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}",
+                    [a.column for a in members])
         axes += members
         groups.append(members)
     return axes, groups
+
+
+def _no_repeats(combos: list[tuple], where: str, columns: list[str]) -> None:
+    """Each value of an axis (each combination of a zipped group's ``columns``) once: a repeat ran the same
+    points twice (a plan refuses a value listed twice too)."""
+    first: dict[tuple, int] = {}
+    for i, combo in enumerate(combos):
+        k = tuple(_display(v) for v in combo)
+        if k in first:
+            shown = ", ".join(f"{c}={v}" for c, v in zip(columns, k)) if columns else str(k[0])
+            raise ScenarioError(f"{where}: {shown} is listed twice (values {first[k] + 1} and {i + 1}); give each "
+                                f"{'combination' if columns else 'value'} once")
+        first[k] = i
 
 
 def _grid(groups: list[list[Axis]]) -> Iterator[dict[str, Any]]:
