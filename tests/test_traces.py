@@ -462,7 +462,12 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
                               (["columns={arrival: ts, prompt_tokens: p, output_tokens: ts}"],
                                "columns: arrival and output_tokens both read column 'ts'"),
                               (["columns={arrival: ts, prompt_tokens: p, output_tokens: o, session_id: p}"],
-                               "columns: prompt_tokens and session_id both read column 'p'")]:
+                               "columns: prompt_tokens and session_id both read column 'p'"),
+                              # the last was kept, silently
+                              (["sample=0.5", "sample=0.9"], "-w 'sample=0.9': sample is already set (by -w "
+                               "'sample=0.5'); give each key once"),
+                              (["window.end_s=5", "window={start_s: 1}"], "-w 'window={start_s: 1}': window is "
+                               "already set (by -w 'window.end_s=5')")]:
         with pytest.raises(ScenarioError, match=re.escape(message)):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
