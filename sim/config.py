@@ -271,6 +271,17 @@ class TraceWorkload(Strict):
         "truncated (prompt to max - 1, output to what is left) and counted")
     seed: Seed = Field(0, description="seeds sample and arrival")
 
+    @field_validator("path")
+    @classmethod
+    def _inside_the_traces_folders(cls, v: str) -> str:
+        """``traces:REL`` names a file inside the traces folders: ``traces:../../etc/passwd`` read outside them."""
+        if v.startswith(TRACE_PREFIX):
+            rel = v[len(TRACE_PREFIX):]
+            if Path(rel).is_absolute() or ".." in rel.replace("\\", "/").split("/"):
+                raise ValueError(f"{TRACE_PREFIX}REL names a file inside the traces folders; {rel!r} leads out of "
+                                 "them (an absolute path, or '..'): give the path without traces:")
+        return v
+
     @model_validator(mode="after")
     def _coherent(self) -> "TraceWorkload":
         if self.columns is not None and self.format != "auto":
