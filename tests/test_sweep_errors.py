@@ -103,6 +103,17 @@ def test_a_value_the_field_does_not_take_is_one_line_per_policy(tmp_path):
                                 "should be greater than 0 (got 0)" for i in (0, 1)]
 
 
+def test_a_capacity_search_on_a_trace_without_an_axis_names_the_trace_axis(tmp_path):
+    """It said "workload.arrival: Unable to extract tag using discriminator 'kind'" (the default axis is a
+    generated workload's rate)."""
+    base = BASE.replace("{arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 20}",
+                        "{kind: trace, path: t.csv}")
+    assert base != BASE
+    msg = sweep_error(tmp_path, "axes: {seed: [0]}\n" + CAP + "}\n", base=base)
+    assert msg == (f"error: {tmp_path / 's.yaml'}:9: capacity.axis: the base workload is a trace, with its own arrival "
+                   "times: set capacity.axis: workload.rate_scale (or give the trace an arrival process)"), msg
+
+
 def test_a_missing_base_file(tmp_path):
     msg = sweep_error(tmp_path, "", base="base: nowhere.yaml\n")
     assert f":1: base: {tmp_path / 'nowhere.yaml'}: no such scenario file" in msg

@@ -429,6 +429,14 @@ def load_sweep(path: str | Path) -> Sweep:
         if cap.axis not in RATE_AXES:  # the search assumes more of it is harder to serve
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is not a "
                                 f"request rate; the search is over {' or '.join(RATE_AXES)}")
+        workload = base.get("workload") if isinstance(base, dict) else None
+        if (cap.axis == RATE_AXIS and isinstance(workload, dict) and workload.get("kind") in ("trace", "table")
+                and not isinstance(workload.get("arrival"), dict)
+                and not any(a.target[:2] == ("workload", "arrival") for a in axes)):
+            # (was: "workload.arrival: Unable to extract tag using discriminator 'kind'")
+            raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis') or _line_of(lines, 'capacity')}: "
+                                f"capacity.axis: the base workload is a trace, with its own arrival times: set "
+                                f"capacity.axis: workload.rate_scale (or give the trace an arrival process)")
         zipped = [a for g in groups if len(g) > 1 for a in g if a.target == target]
         if zipped:
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is zipped "
