@@ -289,6 +289,13 @@ TS = "2023-11-16 18:15:47.0000000"
      "trace's start (are the times in a finer unit than s?)"),
     ("late.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1e20, "input_length": 5, '
      '"output_length": 1}\n', "late.jsonl:2: timestamp = 1e+20, expected an arrival at most 1,000,000,000 s"),
+    # read as a CSV ("column ' \"input_length\": 5' appears more than once") or as parquet (RecursionError)
+    ("array.jsonl", '[{"timestamp": 0, "input_length": 5, "output_length": 1},\n {"timestamp": 1}]\n',
+     "array.jsonl:1: a JSON array; expected JSONL, one JSON object per line"),
+    ("deep.jsonl", '{"timestamp": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+     "deep.jsonl:1: nested too deeply to read; expected one JSON object per line"),
+    ("deep2.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": ' + "[" * 100_000
+     + "]" * 100_000 + "}\n", "deep2.jsonl:2: nested too deeply to read, expected one JSON object per line"),
     ("year.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,374,44\n9999-12-31 23:59:59,396,109\n",
      "year.csv:3: TIMESTAMP = '9999-12-31 23:59:59', expected an arrival at most 1,000,000,000 s (about 32 years) "
      "after the trace's start"),

@@ -99,7 +99,7 @@ def container_of(path: Path) -> Container:
             return "parquet"
     with open_text(path) as f:
         first = f.read(4096).lstrip()
-    return "jsonl" if first.startswith("{") else "csv"
+    return "jsonl" if first.startswith(("{", "[")) else "csv"  # ([: a JSON array, which header() names)
 
 
 def _unique(path: Path, names: list[str], where: str = "") -> list[str]:
@@ -128,12 +128,18 @@ def header(path: Path, container: Container) -> list[str]:
                 except csv.Error as e:  # a field over the csv module's limit of 131,072 characters
                     raise ScenarioError(f"{path}:{line_no}: not a CSV header ({e}); expected a line naming the "
                                         "columns") from None
+            if line.lstrip().startswith("["):  # (read as a CSV: "column ' "input_length": 5' appears more than once")
+                raise ScenarioError(f"{path}:{line_no}: a JSON array; expected JSONL, one JSON object per line "
+                                    "(jq -c '.[]' turns one into JSONL)")
             try:
                 # NOTE: the first object's keys are the columns: a key given twice there is an error
                 pairs = json.loads(line, object_pairs_hook=lambda kv: kv)
             except json.JSONDecodeError as e:
                 raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object "
                                     "per line") from None
+            except RecursionError:
+                raise ScenarioError(f"{path}:{line_no}: nested too deeply to read; expected one JSON object per "
+                                    "line") from None
             if not isinstance(pairs, list) or not line.lstrip().startswith("{"):
                 got = type(json.loads(line)).__name__
                 raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {got}")

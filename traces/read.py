@@ -149,6 +149,8 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                     problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
                 except json.JSONDecodeError as e:
                     problem = f"not valid JSON ({e.msg}), expected one JSON object per line"
+                except RecursionError:
+                    problem = "nested too deeply to read, expected one JSON object per line"
                 if problem is not None:
                     rows.bad_line(tf.where(line_no), "invalid_json", problem)
                     continue
