@@ -89,7 +89,7 @@ def test_trace_convert_out_is_a_folder(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"\x00\xff\xfe binary", "cannot read as text"),
+    (b"\x00\xff\xfe binary", "m.json:1: not UTF-8 text (byte 0xff at column 2; expected a model config file)"),
     (b"[1, 2]", "expected a JSON object"),
     (b"{not json", "not valid JSON"),
 ])

@@ -21,7 +21,9 @@ CASES = {
     "duplicate_key": ("name: a\nmodel: opt-13b\nname: b\n", "line 3: duplicate key 'name' (first at line 1)"),
     "duplicate_nested": ("workload:\n  seed: 1\n  seed: 2\n", "line 3: duplicate key 'seed'"),
     "not_yaml": ("name: [unclosed\n", "not valid YAML"),
-    "binary": (b"\x00\xff\xfe\x81garbage", "cannot read as text"),
+    "binary": (b"\x00\xff\xfe\x81garbage", "binary.yaml:1: not UTF-8 text (byte 0xff at column 2"),
+    # said "cannot read as text (UnicodeDecodeError: UnicodeDecodeError)": no line, no byte
+    "latin1": (b"name: x\nmodel: opt-13b\ngpu: h\xe9100\n", "latin1.yaml:3: not UTF-8 text (byte 0xe9 at column 7"),
 }
 
 
