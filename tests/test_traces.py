@@ -289,6 +289,9 @@ TS = "2023-11-16 18:15:47.0000000"
      "trace's start (are the times in a finer unit than s?)"),
     ("late.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1e20, "input_length": 5, '
      '"output_length": 1}\n', "late.jsonl:2: timestamp = 1e+20, expected an arrival at most 1,000,000,000 s"),
+    # echoed whole: a message of 140 KB
+    ("digits.csv", HEAD + f"{TS},{'9' * 140_000},3\n", "digits.csv:3: ContextTokens = '" + "9" * 39 + "… (140,002 "
+     "characters), expected a whole number of tokens"),
     # read as a CSV ("column ' \"input_length\": 5' appears more than once") or as parquet (RecursionError)
     ("array.jsonl", '[{"timestamp": 0, "input_length": 5, "output_length": 1},\n {"timestamp": 1}]\n',
      "array.jsonl:1: a JSON array; expected JSONL, one JSON object per line"),

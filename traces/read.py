@@ -274,7 +274,9 @@ def _show(v: Any) -> str:
     v = v.item() if isinstance(v, np.generic) else v
     if isinstance(v, float) and np.isnan(v):
         return "NaN"
-    return repr(v) if isinstance(v, str) else str(v)
+    text = repr(v) if isinstance(v, str) else str(v)
+    # (a value of 140,000 digits was echoed whole: a message of 140 KB)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text):,} characters)"
 
 
 def _expected(fmt: TraceFormat, column: str, code: int) -> str:
