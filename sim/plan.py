@@ -39,6 +39,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +132,10 @@ class PlanFile(Strict):
     @classmethod
     def _ratios(cls, v: list[str] | None) -> list[str] | None:
         for x in v or []:
-            p, _, d = str(x).partition(":")
-            if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
-                raise ValueError(f"{x!r}: expected prefill:decode replicas per unit, such as '1:3'")
+            # NOTE: ASCII digits only (str.isdigit took '¹', which int() refuses, and Arabic-Indic '١', which it reads)
+            if not (re.fullmatch(r"[0-9]+:[0-9]+", str(x)) and min(ratio(x)) > 0):
+                raise ValueError(f"{x!r}: expected prefill:decode replicas per unit, whole numbers of 1 or more in "
+                                 "the digits 0-9, such as '1:3'")
         if v is not None and len({ratio(x) for x in v}) < len(v):
             raise ValueError("a ratio is listed twice")
         return v

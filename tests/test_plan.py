@@ -180,6 +180,11 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: infiniband"}, "kv_transfer: unknown link 'infiniband'"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['1:0']"},
      "prefill_decode: '1:0': expected prefill:decode replicas per unit"),
+    # Python's "invalid literal for int()"; Arabic-Indic digits were read
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['¹:1']"},
+     "prefill_decode: '¹:1': expected prefill:decode replicas per unit, whole numbers of 1 or more in the digits 0-9"),
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['١:1']"},
+     "prefill_decode: '١:1': expected prefill:decode replicas per unit, whole numbers of 1 or more in the digits 0-9"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['2:3']"},
      "prefill_decode: a 2:3 unit is 5 replicas, and no whole number of units lies in replicas 1 to 4"),
     ({"policies: [vllm]": "max_num_seqs: [64, 64]"}, "max_num_seqs: a value is listed twice"),  # (read: two policies named vllm)
