@@ -318,6 +318,9 @@ def load_requests(s: Scenario, read_trace: TraceReader | None = None) -> Request
         return generate(w, s.horizon_s, s.model_spec().max_model_len)
     path = s.resolve_path(w.path)
     if not path.is_file():  # (a folder too: traces: with no file, a path to a directory)
+        if path.exists() and not w.path.startswith(trace_paths.PREFIX):  # (/dev/null was "no such trace file")
+            raise ScenarioError(f"workload.path: {path}: not a regular file (a folder or a device); expected a "
+                                "trace file")
         if w.path.startswith(trace_paths.PREFIX):
             raise ScenarioError(f"workload.path: {w.path}: not found in the traces folders "
                                 f"({trace_paths.searched()}); `sim trace fetch --list` names the public traces "
