@@ -459,7 +459,27 @@ def load_plan(path: str | Path) -> Plan:
             raise ScenarioError(f"{source}{_line_of(lines, 'policies')}: policies: two policies named "
                                 f"{s.policy_name!r}; give each a distinct name")
         names[key] = s
+    _check_some_shape_runs(plan, first)
     return plan
+
+
+def _check_some_shape_runs(plan: Plan, rate: float) -> None:
+    """A plan none of whose shapes can run (a GPU that cannot hold the model, static batching with a
+    disaggregated split, ...) stops here, each shape's reason a line, as ``sim check`` does; while one can run,
+    the others' failures are reported by the search (a shape of a larger GPU or tensor parallelism may be the
+    answer). The shapes are resolved as a run resolves them, up to the first that runs; nothing is simulated."""
+    from sim.run import resolve_all
+
+    reasons: dict[str, str] = {}
+    for s in plan.shapes:
+        scenario = plan.scenario(rate, s, s.counts(plan.spec)[0])
+        try:
+            resolve_all(scenario, scenario.model_spec(), scenario.gpu_spec())
+            return
+        except ScenarioError as e:
+            reasons[s.label] = str(e)
+    raise ScenarioError("\n".join(f"{plan.source}: no shape of the plan can run: {label}: {why}"
+                                  for label, why in reasons.items()))
 
 
 # ---------------------------------------------------------------------------------------------- search
