@@ -450,6 +450,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
                 v = cfg[k]
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                     raise CatalogError(f"{path}: '{k}' must be a positive integer, got {v!r}")
+                most = MAX_LAYERS if k == "num_hidden_layers" else MAX_CONFIG_INT
+                if v > most:
+                    raise CatalogError(f"{path}: '{k}' must be at most {most:,}, got {_count(v)}")
                 return v
         raise CatalogError(f"{path}: missing '{keys[0]}'")
 
@@ -504,6 +507,17 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 
 MAX_MODEL_LEN = 2**31 - 1  # token counts are 32-bit (sim.config.MAX_TOKENS)
+# NOTE: a config.json's sizes and counts (heads, widths, vocabulary, experts) are at most int32's largest: 2**1100
+# overflowed a float (OverflowError); layers at most MAX_LAYERS, 32 times Llama 3.1 405B's 126: state is kept per
+# layer (2**27 layers took 1.1 GB, 2**40 a MemoryError, 2**63 an OverflowError)
+MAX_CONFIG_INT = 2**31 - 1
+MAX_LAYERS = 4096
+
+
+def _count(v: int) -> str:
+    """A config.json's number for a message: 1,099,511,627,776, or a 332-digit number (its digits in full made a
+    line of 400 characters)."""
+    return f"{v:,}" if v < 10**24 else f"a {len(str(v)):,}-digit number"
 
 
 def _whole(path: Path, cfg: dict, key: str, default: int = 0) -> int:
@@ -513,6 +527,8 @@ def _whole(path: Path, cfg: dict, key: str, default: int = 0) -> int:
         return default
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise CatalogError(f"{path}: '{key}' must be a whole number (0 or more), got {v!r}")
+    if v > MAX_CONFIG_INT:
+        raise CatalogError(f"{path}: '{key}' must be at most {MAX_CONFIG_INT:,}, got {_count(v)}")
     return v
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
-                      field_validator, model_validator)
+                      ValidationInfo, field_validator, model_validator)
 
 from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
                          model_from_hf_config)
@@ -269,6 +270,17 @@ class TraceWorkload(Strict):
         "reject", description="prompt + output over the model's max length: the engine rejects it, or it is "
         "truncated (prompt to max - 1, output to what is left) and counted")
     seed: Seed = Field(0, description="seeds sample and arrival")
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_traces_folders(cls, v: str) -> str:
+        """``traces:REL`` names a file inside the traces folders: ``traces:../../etc/passwd`` read outside them."""
+        if v.startswith(TRACE_PREFIX):
+            rel = v[len(TRACE_PREFIX):]
+            if Path(rel).is_absolute() or ".." in rel.replace("\\", "/").split("/"):
+                raise ValueError(f"{TRACE_PREFIX}REL names a file inside the traces folders; {rel!r} leads out of "
+                                 "them (an absolute path, or '..'): give the path without traces:")
+        return v
 
     @model_validator(mode="after")
     def _coherent(self) -> "TraceWorkload":
@@ -721,6 +733,15 @@ class Scenario(Strict):
         check_unique_names(self.policies)
         return self
 
+    @field_validator("startup_s")
+    @classmethod
+    def _starts_before_the_horizon(cls, v: float, info: ValidationInfo) -> float:
+        horizon = info.data.get("horizon_s")  # (a run finished nothing, and said nothing)
+        if horizon is not None and v >= horizon:
+            raise ValueError(f"must be below horizon_s ({horizon:g} s): the server would start serving when the "
+                             "simulation stops")
+        return v
+
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v):
@@ -764,7 +785,31 @@ MAX_YAML_VALUES = 100_000  # values a document may expand to, aliases counted at
 MAX_YAML_DEPTH = 64
 # libyaml's parser where PyYAML was built with it (linear in the text; the pure-Python scanner is quadratic
 # in the nesting of flow collections, seconds for a hostile "[[[[...]]]]"), else PyYAML's safe loader
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Numbers as YAML 1.2's core schema reads them: ``1:30`` and ``1:30.5`` are text, not YAML 1.1's base-60
+    numbers (``num_requests: 1:30`` ran 90 requests; ``prefill_decode: [1:3]`` was the number 63), and ``010``
+    is ten, not YAML 1.1's octal 8 (``0o10`` is eight). Kept from YAML 1.1: ``_`` between digits (1_000_000),
+    ``0b`` binary, and the floats 1.1 knows (``1e9``, without a dot, is text, which a number field reads)."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, {_INT: re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?0b[0-1_]+)$"),
+                   _FLOAT: re.compile(r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]"
+                                      r"[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")}.get(tag, rx))
+            for tag, rx in resolvers]
+    for first, resolvers in _YamlLoader.yaml_implicit_resolvers.items()}
+
+
+def _yaml_int(loader: yaml.BaseLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    return sign * (int(digits[2:], 8) if digits[:2] == "0o" else int(digits, 0) if digits[:2] in ("0x", "0b")
+                   else int(digits))  # (int("010") is 10: decimal)
+
+
+_YamlLoader.add_constructor(_INT, _yaml_int)
+YAML_LOADER = _YamlLoader  # (also the -w values of sim trace)
 
 
 def _key_lines(root: yaml.Node) -> dict[tuple, int]:
@@ -954,9 +999,9 @@ def read_yaml(path: Path, what: str = "scenario") -> tuple[Any, dict[tuple, int]
     path = Path(path)
     text = read_text(path, f"{what} file", ScenarioError)
     try:
-        node = yaml.compose(text, Loader=_YAML_LOADER)
+        node = yaml.compose(text, Loader=YAML_LOADER)
         lines = _key_lines(node) if node is not None else {}
-        data = yaml.load(text, Loader=_YAML_LOADER)
+        data = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -977,15 +1022,24 @@ _KIND_COMMAND = {"scenario": "sim run", "sweep": "sim sweep", "plan": "sim plan"
 
 
 def file_kind(data: Any) -> str | None:
-    """What a user's YAML file is, by its top-level keys: ``plan`` or ``sweep`` (each has ``base:``, and keys
-    the other's file does not: ``PlanFile``'s, ``SweepFile``'s), else ``scenario``; None when it cannot tell
-    (a ``base:`` and nothing else that a plan or sweep has)."""
-    if not isinstance(data, dict) or "base" not in data:
+    """What a user's YAML file is, by its top-level keys: ``plan`` or ``sweep`` (each has ``base:`` (or a key
+    close to it, and no ``model``, ``gpu`` or ``workload``), and keys the other's file does not: ``PlanFile``'s,
+    ``SweepFile``'s), else ``scenario`` (and for what is not a mapping, or an empty one); None when it cannot
+    tell (a ``base:`` and nothing else that a plan or sweep has)."""
+    if not isinstance(data, dict) or not data or (
+            "base" not in data and any(k in data for k in ("model", "gpu", "workload"))):
         return "scenario"
     from sim.plan import PlanFile
     from sim.sweep.spec import SweepFile
 
     plan, sweep = set(PlanFile.model_fields), set(SweepFile.model_fields)
+    if "base" not in data:  # a sweep or plan whose base: is missing or misspelt (bse:, Base:), told so by its own
+        import difflib  # validation (was: "a scenario file ..., not a plan file: run it with sim run")
+
+        plan, sweep = plan - set(Scenario.model_fields), sweep - set(Scenario.model_fields)
+        near_base = difflib.get_close_matches("base", [k.lower() for k in data if isinstance(k, str)], 1, 0.7)
+        if not near_base and not any(k in plan | sweep for k in data):
+            return "scenario"
     for kind, keys in (("plan", plan - sweep), ("sweep", sweep - plan)):
         if any(k in data for k in keys):
             return kind
@@ -995,7 +1049,7 @@ def file_kind(data: Any) -> str | None:
 def check_kind(data: Any, path: str | Path, expected: str) -> None:
     """One clear error for a file of another kind (a plan given to ``sim run``), instead of one per key."""
     kind = file_kind(data)
-    if kind is not None and kind != expected:
+    if kind is not None and kind != expected and isinstance(data, dict) and data:  # (else: expected a mapping)
         keys = ", ".join(f"{k}:" for k in list(data)[:5])
         raise ScenarioError(f"{path}: a {kind} file ({keys} ...), not a {expected} file: run it with "
                             f"`{_KIND_COMMAND[kind]} {path}`")

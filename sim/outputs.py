@@ -17,6 +17,9 @@ from sim.config import ScenarioError
 ReportWriter = Callable[[Path], Path]
 
 
+MAX_NEW_FOLDERS = 100  # folders an output path may create, one inside the other
+
+
 def out_dir(path: str | Path, what: str = "--out") -> Path:
     """An output folder that exists or can be created (nothing is created here: a run that stops on bad
     input leaves nothing behind); an existing file, or a place that cannot be written, is an error. An empty
@@ -26,11 +29,13 @@ def out_dir(path: str | Path, what: str = "--out") -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ScenarioError(f"{what} {p}: exists and is not a folder (give a folder for the results)")
-    base = p
+    base, missing = p, 0
     while not base.exists():  # the nearest existing folder above must be a writable folder
         if base.parent == base:
             break
-        base = base.parent
+        base, missing = base.parent, missing + 1
+    if missing > MAX_NEW_FOLDERS:  # (pathlib's mkdir recurses once per folder: a RecursionError at about 1,000)
+        raise ScenarioError(f"{what} {p}: {missing:,} nested folders to create; expected at most {MAX_NEW_FOLDERS}")
     if base.exists() and not base.is_dir():
         raise ScenarioError(f"{what} {p}: cannot create the folder ({base} is a file)")
     if not os.access(base, os.W_OK | os.X_OK):

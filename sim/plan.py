@@ -39,6 +39,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +132,10 @@ class PlanFile(Strict):
     @classmethod
     def _ratios(cls, v: list[str] | None) -> list[str] | None:
         for x in v or []:
-            p, _, d = str(x).partition(":")
-            if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
-                raise ValueError(f"{x!r}: expected prefill:decode replicas per unit, such as '1:3'")
+            # NOTE: ASCII digits only (str.isdigit took '¹', which int() refuses, and Arabic-Indic '١', which it reads)
+            if not (re.fullmatch(r"[0-9]+:[0-9]+", str(x)) and min(ratio(x)) > 0):
+                raise ValueError(f"{x!r}: expected prefill:decode replicas per unit, whole numbers of 1 or more in "
+                                 "the digits 0-9, such as '1:3'")
         if v is not None and len({ratio(x) for x in v}) < len(v):
             raise ValueError("a ratio is listed twice")
         return v
@@ -457,7 +459,27 @@ def load_plan(path: str | Path) -> Plan:
             raise ScenarioError(f"{source}{_line_of(lines, 'policies')}: policies: two policies named "
                                 f"{s.policy_name!r}; give each a distinct name")
         names[key] = s
+    _check_some_shape_runs(plan, first)
     return plan
+
+
+def _check_some_shape_runs(plan: Plan, rate: float) -> None:
+    """A plan none of whose shapes can run (a GPU that cannot hold the model, static batching with a
+    disaggregated split, ...) stops here, each shape's reason a line, as ``sim check`` does; while one can run,
+    the others' failures are reported by the search (a shape of a larger GPU or tensor parallelism may be the
+    answer). The shapes are resolved as a run resolves them, up to the first that runs; nothing is simulated."""
+    from sim.run import resolve_all
+
+    reasons: dict[str, str] = {}
+    for s in plan.shapes:
+        scenario = plan.scenario(rate, s, s.counts(plan.spec)[0])
+        try:
+            resolve_all(scenario, scenario.model_spec(), scenario.gpu_spec())
+            return
+        except ScenarioError as e:
+            reasons[s.label] = str(e)
+    raise ScenarioError("\n".join(f"{plan.source}: no shape of the plan can run: {label}: {why}"
+                                  for label, why in reasons.items()))
 
 
 # ---------------------------------------------------------------------------------------------- search

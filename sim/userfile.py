@@ -21,7 +21,12 @@ def read_text(path: str | Path, what: str, error: type[Exception], hint: str = "
         return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise error(f"{path}: no such {what}{hint}") from None
-    except (OSError, UnicodeDecodeError) as e:  # permission, a symlink loop, binary content
+    except UnicodeDecodeError as e:  # binary content: where, as the trace reader says it (traces.formats.not_utf8)
+        data = bytes(e.object)
+        line, start = data.count(b"\n", 0, e.start) + 1, data.rfind(b"\n", 0, e.start) + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {e.start - start + 1}; "
+                    f"expected a {what})") from None
+    except OSError as e:  # permission, a symlink loop
         raise error(f"{path}: cannot read as text ({e.__class__.__name__}: "
                     f"{getattr(e, 'strerror', None) or e.__class__.__name__})") from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -175,6 +176,31 @@ def _gaps(arrival: Poisson | Gamma, n: int, rng: np.random.Generator) -> np.ndar
 
 _CHUNK = 1 << 20  # draws per chunk: generating holds O(requests kept + one chunk), never the whole stream
 MAX_GENERATED = 10**8  # the bound on num_requests, and on the expected count of a duration_s workload
+# NOTE: what a run holds per request, measured: `sim run` of one policy (vllm, opt-13b on h100, alpaca lengths)
+# peaked at 0.77 GB for 1e6 generated requests and 1.39 GB for 2e6 (/usr/bin/time), 640 bytes a request more.
+# More policies hold more (three: 1.68 GB for 1e6): a count this figure says cannot fit surely cannot.
+BYTES_PER_REQUEST = 640
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_count(expected: float, what: str, fix: str) -> None:
+    """Refuse a generated workload of about ``expected`` requests (``what``: the key and the count in words)
+    that no run can hold: past MAX_GENERATED, or needing more memory than the machine has (a run of 1e7
+    requests took 5.4 GB, 1e8 exhausted the machine's memory)."""
+    if expected > MAX_GENERATED:
+        raise ScenarioError(f"{what}, more than the {MAX_GENERATED:.0e} a run can hold; {fix}")
+    memory = physical_memory()
+    if memory and expected * BYTES_PER_REQUEST > memory:
+        raise ScenarioError(f"{what}, which need about {expected * BYTES_PER_REQUEST / 1e9:,.1f} GB to simulate (at "
+                            f"least {BYTES_PER_REQUEST} bytes a request), more than this machine's "
+                            f"{memory / 1e9:,.1f} GB of memory; {fix}")
 
 
 def _skip_lengths(dist: Fixed | Uniform | LogNormal, n: int, rng: np.random.Generator) -> None:
@@ -196,6 +222,10 @@ def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_reques
     horizon = math.inf if horizon_s is None else horizon_s
     if num_requests is not None:
         end = math.inf if duration_s is None else duration_s
+        if num_requests > arrival.rate * min(end, horizon):  # (the arrivals' count is near its expectation)
+            _check_count(arrival.rate * min(end, horizon), *_about(arrival, duration_s, horizon))
+        else:
+            _check_count(num_requests, f"workload.num_requests: {num_requests:,} requests", "lower it")
         kept: list[np.ndarray] = [np.zeros(1)] if 0.0 < horizon else []
         total, beyond, t0, left = 1, 0 if 0.0 < horizon else 1, 0.0, num_requests - 1
         while left > 0:
@@ -213,11 +243,7 @@ def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_reques
                 kept.append(c[:n_kept])
         return np.concatenate(kept) if kept else np.zeros(0), total, beyond
     stop = min(duration_s, horizon)
-    expected = arrival.rate * stop
-    if expected > MAX_GENERATED:
-        raise ScenarioError(f"workload.duration_s: {duration_s:g} s at {arrival.rate:g} requests/s is about "
-                            f"{expected:.3g} requests{' before the horizon' if horizon < duration_s else ''}, "
-                            f"more than the {MAX_GENERATED:.0e} a run can hold; shorten it or set horizon_s")
+    _check_count(arrival.rate * stop, *_about(arrival, duration_s, horizon))
     chunks, t0 = [np.zeros(1)], 0.0
     chunk = min(_CHUNK, max(16, int(arrival.rate * stop * 1.1) + 16))
     while t0 < stop:
@@ -227,6 +253,16 @@ def arrival_times(arrival: Poisson | Gamma, rng: np.random.Generator, num_reques
     t = np.concatenate(chunks)
     t = t[t < stop]
     return t, len(t), 0
+
+
+def _about(arrival: Poisson | Gamma, duration_s: float | None, horizon: float) -> tuple[str, str]:
+    """A duration's (or the horizon's, where it comes first) expected request count in words, naming the key,
+    and what to do about it."""
+    if duration_s is None or horizon < duration_s:
+        return (f"horizon_s: {horizon:g} s at {arrival.rate:g} requests/s is about {arrival.rate * horizon:.3g} "
+                "requests", "shorten it")
+    return (f"workload.duration_s: {duration_s:g} s at {arrival.rate:g} requests/s is about "
+            f"{arrival.rate * duration_s:.3g} requests", "shorten it or set horizon_s")
 
 
 def generate(w: SyntheticWorkload, horizon_s: float | None = None, max_model_len: int | None = None) -> RequestTable:
@@ -282,6 +318,9 @@ def load_requests(s: Scenario, read_trace: TraceReader | None = None) -> Request
         return generate(w, s.horizon_s, s.model_spec().max_model_len)
     path = s.resolve_path(w.path)
     if not path.is_file():  # (a folder too: traces: with no file, a path to a directory)
+        if path.exists() and not w.path.startswith(trace_paths.PREFIX):  # (/dev/null was "no such trace file")
+            raise ScenarioError(f"workload.path: {path}: not a regular file (a folder or a device); expected a "
+                                "trace file")
         if w.path.startswith(trace_paths.PREFIX):
             raise ScenarioError(f"workload.path: {w.path}: not found in the traces folders "
                                 f"({trace_paths.searched()}); `sim trace fetch --list` names the public traces "

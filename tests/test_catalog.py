@@ -105,6 +105,15 @@ _JAMBA = {"attn_layer_period": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba
     ({**_MOE, "first_k_dense_replace": -5}, "'first_k_dense_replace' must be a whole number (0 or more), got -5"),
     ({"num_local_experts": 4, "num_experts_per_tok": 8}, "'num_experts_per_tok' 8 is more than the 4 experts"),
     ({"max_position_embeddings": 10**12}, "'max_position_embeddings' must be at most 2,147,483,647"),
+    # state kept per layer: an OverflowError (2**63 layers), a MemoryError (2**40), 1.1 GB (2**27)
+    ({"num_hidden_layers": 2**63}, "'num_hidden_layers' must be at most 4,096, got 9,223,372,036,854,775,808"),
+    ({"num_hidden_layers": 4097}, "'num_hidden_layers' must be at most 4,096, got 4,097"),
+    # 2**1100 overflowed a float (OverflowError); its 332 digits are not echoed
+    ({"hidden_size": 2**1100}, "'hidden_size' must be at most 2,147,483,647, got a 332-digit number"),
+    ({"vocab_size": 2**40}, "'vocab_size' must be at most 2,147,483,647, got 1,099,511,627,776"),
+    ({"num_key_value_heads": 2**31}, "'num_key_value_heads' must be at most 2,147,483,647, got 2,147,483,648"),
+    ({**_MOE, "num_local_experts": 2**40}, "'num_local_experts' must be at most 2,147,483,647"),
+    ({**_MOE, "first_k_dense_replace": 2**63}, "'first_k_dense_replace' must be at most 2,147,483,647"),
     ({"tie_word_embeddings": "no"}, "'tie_word_embeddings' must be true or false, got 'no'"),  # read as true
     # said "no attention layer" (every layer Mamba) without naming the key
     ({**_JAMBA, "attn_layer_offset": 5}, "'attn_layer_offset' 5 must be below attn_layer_period 2"),

@@ -5,6 +5,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -142,6 +143,32 @@ def test_a_file_of_another_kind_gets_one_line_naming_the_command(tmp_path):
         assert len(lines) == 1 and kind in lines[0] and f"`{command} {args[1]}`" in r.output.replace("\n", ""), r.output
     r = CliRunner().invoke(app, ["check", str(sweep)])
     assert r.exit_code == 0 and "ok (a sweep: " in " ".join(r.output.split()), r.output  # (wrapped at 80 columns)
+
+
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+@pytest.mark.parametrize("text", ["", "# a comment only\n", "null\n", "~\n", "---\n", "hello\n", "[]\n"])
+def test_a_sweep_or_plan_file_that_is_not_a_mapping(tmp_path, command, text):
+    """An empty (or null) file crashed `sim sweep` and `sim plan` with a TypeError; a scalar was read as the
+    keys "h:, e:, l:, ..." of a scenario file."""
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    r = runner.invoke(app, [command, str(p), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {p}: expected a mapping of {command} keys"), r.output
+
+
+@pytest.mark.parametrize("command", ["sweep", "plan", "check"])
+@pytest.mark.parametrize("key", ["bse", "Base", None])
+def test_a_sweep_or_plan_file_without_its_base_says_base_is_missing(tmp_path, command, key):
+    """It was told "a scenario file ..., not a sweep file: run it with sim run"."""
+    body = ("axes: {seed: [1, 2]}\n" if command == "sweep" else
+            "rates: [1]\nslo: {mean_tpot_ms: 50}\ngpus: [h100]\nreplicas: {min: 1, max: 2}\n")
+    p = tmp_path / "s.yaml"
+    p.write_text("name: x\n" + (f"{key}: {{model: opt-13b}}\n" if key else "") + body)
+    r = runner.invoke(app, [command, str(p), "--out", str(tmp_path / "o")] if command != "check" else [command, str(p)])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "base: required key is missing" in out and "sim run" not in out, r.output
+    if key:
+        assert f"{p}:2: {key}: unknown key (did you mean 'base'?)" in out, r.output
 
 
 def test_sim_check_of_a_sweep_checks_what_each_point_runs(tmp_path):

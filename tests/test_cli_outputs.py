@@ -39,6 +39,13 @@ def test_run_out_cannot_be_created(tmp_path, scenario):
     assert r.exit_code == 2 and "cannot create the folder" in r.output
 
 
+def test_run_out_nested_a_thousand_folders_deep(tmp_path, scenario):
+    """pathlib's mkdir recursed once per folder: a RecursionError traceback after the run."""
+    r = invoke("run", scenario, "--out", tmp_path / ("b/" * 1000), "--no-report")
+    assert r.exit_code == 2 and "1,000 nested folders to create; expected at most 100" in r.output, r.output
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: a read-only folder is not read-only to root")
 def test_run_out_not_writable(tmp_path, scenario):
     ro = tmp_path / "ro"
@@ -82,7 +89,7 @@ def test_trace_convert_out_is_a_folder(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"\x00\xff\xfe binary", "cannot read as text"),
+    (b"\x00\xff\xfe binary", "m.json:1: not UTF-8 text (byte 0xff at column 2; expected a model config file)"),
     (b"[1, 2]", "expected a JSON object"),
     (b"{not json", "not valid JSON"),
 ])

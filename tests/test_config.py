@@ -93,6 +93,8 @@ def test_valid_scenario_loads(tmp_path):
      "popularity has 1 weights for 2 lengths"),
     (BASE.replace("num_requests: 10", "num_requests: 10\n  shared_prefixes: {lengths: []}"),
      "workload.shared_prefixes.lengths: List should have at least 1 item"),
+    # finished nothing, and said nothing
+    (BASE + "startup_s: 10\nhorizon_s: 10\n", "s.yaml:9: startup_s: must be below horizon_s (10 s)"),
     ("[1, 2]\n", "expected a mapping of scenario keys"),
     ("name: [unclosed\n", "not valid YAML"),
 ])

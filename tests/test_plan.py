@@ -180,6 +180,11 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: infiniband"}, "kv_transfer: unknown link 'infiniband'"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['1:0']"},
      "prefill_decode: '1:0': expected prefill:decode replicas per unit"),
+    # Python's "invalid literal for int()"; Arabic-Indic digits were read
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['¹:1']"},
+     "prefill_decode: '¹:1': expected prefill:decode replicas per unit, whole numbers of 1 or more in the digits 0-9"),
+    ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['١:1']"},
+     "prefill_decode: '١:1': expected prefill:decode replicas per unit, whole numbers of 1 or more in the digits 0-9"),
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['2:3']"},
      "prefill_decode: a 2:3 unit is 5 replicas, and no whole number of units lies in replicas 1 to 4"),
     ({"policies: [vllm]": "max_num_seqs: [64, 64]"}, "max_num_seqs: a value is listed twice"),  # (read: two policies named vllm)
@@ -211,6 +216,12 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
      "tensor_parallel: opt-13b: 40 attention heads do not split over tensor_parallel=3"),
     ({"policies: [vllm]": "router: session-affinity"}, "session-affinity needs the trace's session ids"),
     ({"rates: [4, 16]": "rate_scales: [1, 2]"}, "rate_scales: the base workload is generated: give rates"),
+    # nothing can run: `sim check` said so, `sim plan` ran every shape and exited 1 with a "failed:" line each
+    ({"model: opt-13b": "model: llama-2-70b", "gpus: [a100-40gb, h100]": "gpus: [a100-40gb]", "prices: {h100: 9.5}\n": ""},
+     "p.yaml: no shape of the plan can run: vllm on a100-40gb tp1: small: llama-2-70b does not fit on a100-40gb"),
+    ({"policies: [vllm]": "policies: [fastertransformer]\nsplit: disaggregated\nkv_transfer: nvlink"},
+     "no shape of the plan can run: fastertransformer on a100-40gb tp1 1:1: cluster.prefill (1 x a100-40gb): policy "
+     "fastertransformer: static batching is not simulated with prefill/decode disaggregation"),
     # every rate checked at load (the lowest ran and was stored first, then the error came without its key)
     ({"rates: [4, 16]": "rates: [4, 1.0e+13]"}, "rates: 1e+13: point rate="),
 ])
@@ -223,6 +234,13 @@ def test_each_mistake_in_a_plan_is_one_clear_error(tmp_path, replace, message):
     res = runner.invoke(app, ["plan", str(path), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2, res.output
     assert message.split(":")[0] in res.output
+
+
+def test_a_ratio_written_without_quotes_is_a_ratio(tmp_path):
+    """YAML 1.1 read 1:3 as the base-60 number 63 ("Input should be a valid string (got 63)")."""
+    plan = load_plan(plan_file(tmp_path, **{"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\n"
+                                                               "prefill_decode: [1:3, 1:1]"}))
+    assert plan.spec.ratios == [(1, 3), (1, 1)]
 
 
 def test_a_shape_that_cannot_run_is_reported_and_the_others_are_searched(tmp_path):

@@ -63,6 +63,19 @@ BAD_INPUT = {
                        "capacity: give one of 'tolerance' (in the axis's units) and 'relative_tolerance' (a fraction)"),
     "capacity axis zipped with another": ("zip: {workload.arrival.rate: [1, 2], seed: [0, 1]}\n" + CAP + "}\n",
                                           "capacity.axis: workload.arrival.rate is zipped with other axes"),
+    # YAML's true read as 1.0 (the README: numbers are never booleans)
+    "capacity min a boolean": ("capacity: {slo: {p99_ttft_ms: 500}, min: true, max: 8, tolerance: 0.5}\n",
+                               ":8: capacity.min: expected a number, not true"),
+    "capacity tolerance a boolean": ("capacity: {slo: {p99_ttft_ms: 500}, min: 1, max: 8, tolerance: true}\n",
+                                     ":8: capacity.tolerance: expected a number, not true"),
+    "capacity start a boolean": (CAP + ", start: true}\n", ":8: capacity.start: expected a number, not true"),
+    "an SLO bound a boolean": ("capacity: {slo: {p99_ttft_ms: {max: true}}, min: 1, max: 8, tolerance: 0.5}\n",
+                               ":8: capacity.slo.p99_ttft_ms.max: expected a number, not true"),
+    # each ran twice (a plan refuses a value listed twice)
+    "a value listed twice": ("axes:\n  seed: [1, 2, 1]\n", ":9: axes.seed: 1 is listed twice (values 1 and 3); "
+                             "give each value once"),
+    "a zipped combination listed twice": ("zip:\n  - {seed: [1, 1], block_size: [16, 16]}\n",
+                                          ":9: zip[0]: seed=1, block_size=16 is listed twice (values 1 and 2)"),
     "unknown sweep key": ("axis:\n  seed: [0, 1]\n", ":8: axis: unknown key"),
     "a field of every policy and of a named one": (
         "axes:\n  policies.vllm.block_size: [8, 16]\n  block_size: [32]\n",
@@ -88,6 +101,17 @@ def test_a_value_the_field_does_not_take_is_one_line_per_policy(tmp_path):
     msg = sweep_error(tmp_path, "axes:\n  block_size: [16, 0]\n")
     assert msg.splitlines() == [f"error: {tmp_path / 's.yaml'}: point block_size=0: policies[{i}].block_size: Input "
                                 "should be greater than 0 (got 0)" for i in (0, 1)]
+
+
+def test_a_capacity_search_on_a_trace_without_an_axis_names_the_trace_axis(tmp_path):
+    """It said "workload.arrival: Unable to extract tag using discriminator 'kind'" (the default axis is a
+    generated workload's rate)."""
+    base = BASE.replace("{arrival: {kind: poisson, rate: 2.0}, lengths: alpaca, num_requests: 20}",
+                        "{kind: trace, path: t.csv}")
+    assert base != BASE
+    msg = sweep_error(tmp_path, "axes: {seed: [0]}\n" + CAP + "}\n", base=base)
+    assert msg == (f"error: {tmp_path / 's.yaml'}:9: capacity.axis: the base workload is a trace, with its own arrival "
+                   "times: set capacity.axis: workload.rate_scale (or give the trace an arrival process)"), msg
 
 
 def test_a_missing_base_file(tmp_path):

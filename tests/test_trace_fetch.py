@@ -238,3 +238,17 @@ def test_scenario_traces_prefix_searches_the_traces_folders(tmp_path, monkeypatc
     text = " ".join(r.output.split())
     assert "workload.path: traces:mine/trace.csv: not found in the traces folders ($KVSIM_TRACES (" in text
     assert "sim trace fetch --list" in text
+
+
+@pytest.mark.parametrize("rel", ["../../../etc/passwd", "/etc/passwd", "mine/../../x.csv"])
+def test_a_traces_path_that_leads_out_of_the_traces_folders_is_refused(tmp_path, monkeypatch, rel):
+    """traces:../../../etc/passwd read a file outside the traces folders."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "x.csv").write_bytes(CSV)  # (mine/../../x.csv from t/ is this file)
+    s = tmp_path / "s.yaml"
+    s.write_text(f"name: t\nmodel: opt-13b\ngpu: a100-40gb\nworkload: {{kind: trace, path: 'traces:{rel}'}}\n"
+                 "policies: [vllm]\n")
+    monkeypatch.setenv(trace_paths.ENV, str(tmp_path / "t"))
+    r = runner.invoke(app, ["check", str(s)])
+    assert r.exit_code == 2 and f"{s}:4: workload.path: traces:REL names a file inside the traces folders; " \
+        f"{rel!r} leads out of them" in " ".join(r.output.split()), r.output

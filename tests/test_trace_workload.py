@@ -199,6 +199,16 @@ def test_scenario_with_an_absent_trace_fails_clearly(tmp_path):
         assert "workload.path:" in r.output and "nowhere/trace.csv: no such trace file" in r.output.replace("\n", "")
 
 
+@pytest.mark.parametrize("path", ["/dev/null", "."])
+def test_scenario_with_a_trace_path_that_is_not_a_file_says_so(tmp_path, path):
+    """It said "no such trace file" of /dev/null, which exists."""
+    s = tmp_path / "s.yaml"
+    s.write_text(f"name: t\nmodel: opt-13b\ngpu: a100-40gb\nworkload: {{kind: trace, path: {path}}}\npolicies: [vllm]\n")
+    r = runner.invoke(app, ["check", str(s)])
+    assert r.exit_code == 2 and "workload.path: " in r.output and ": not a regular file (a folder or a device); " \
+        "expected a trace file" in " ".join(r.output.split()), r.output
+
+
 def test_trace_workload_keys_are_validated_with_their_line(tmp_path):
     s = tmp_path / "s.yaml"
     s.write_text("name: t\nmodel: opt-13b\ngpu: a100-40gb\nworkload:\n  kind: trace\n  path: t.csv\n"

@@ -301,6 +301,16 @@ TS = "2023-11-16 18:15:47.0000000"
      "trace's start (are the times in a finer unit than s?)"),
     ("late.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1e20, "input_length": 5, '
      '"output_length": 1}\n', "late.jsonl:2: timestamp = 1e+20, expected an arrival at most 1,000,000,000 s"),
+    # echoed whole: a message of 140 KB
+    ("digits.csv", HEAD + f"{TS},{'9' * 140_000},3\n", "digits.csv:3: ContextTokens = '" + "9" * 39 + "… (140,002 "
+     "characters), expected a whole number of tokens"),
+    # read as a CSV ("column ' \"input_length\": 5' appears more than once") or as parquet (RecursionError)
+    ("array.jsonl", '[{"timestamp": 0, "input_length": 5, "output_length": 1},\n {"timestamp": 1}]\n',
+     "array.jsonl:1: a JSON array; expected JSONL, one JSON object per line"),
+    ("deep.jsonl", '{"timestamp": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+     "deep.jsonl:1: nested too deeply to read; expected one JSON object per line"),
+    ("deep2.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": ' + "[" * 100_000
+     + "]" * 100_000 + "}\n", "deep2.jsonl:2: nested too deeply to read, expected one JSON object per line"),
     ("year.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,374,44\n9999-12-31 23:59:59,396,109\n",
      "year.csv:3: TIMESTAMP = '9999-12-31 23:59:59', expected an arrival at most 1,000,000,000 s (about 32 years) "
      "after the trace's start"),
@@ -339,6 +349,23 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+
+
+def test_a_session_id_that_is_a_list_or_a_mapping_is_a_bad_value(tmp_path):
+    """A list (JSON, or a parquet list column) crashed the reader with "setting an array element with a
+    sequence"; a mapping was kept as the text "{'a': 1}"."""
+    rows = [{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1, "session_id": s} for s in ([1], {"a": 1}, "u")]
+    p = write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ScenarioError, match=re.escape(f"{p}:1: session_id = [1], expected a session id (or set")):
+        load(p)
+    t = load(p, "bad_rows=drop")
+    assert list(t.session_id) == ["u"] and t.dropped == {"bad_session_id": 2}
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [1, 1],
+                  "session_id": [[1], [2]]}).to_parquet(tmp_path / "s.parquet")
+    with pytest.raises(ScenarioError, match=re.escape("s.parquet: row 1: session_id = [1], expected a session id")):
+        load(tmp_path / "s.parquet")
+    with pytest.raises(ScenarioError, match="all 2 rows were dropped \\(bad_session_id: 2\\)"):
+        load(tmp_path / "s.parquet", "bad_rows=drop")
 
 
 def test_arrivals_past_the_time_bound_are_dropped_and_the_peak_needs_no_bin_per_minute(tmp_path):
@@ -402,6 +429,28 @@ def test_bad_rows_drop_skips_and_counts_lines_with_too_many_fields(tmp_path):
             read_trace(open_trace(q), bad_rows="drop", chunk_rows=chunk_rows)
 
 
+def test_a_field_past_the_csv_modules_limit_is_a_value_like_any_other(tmp_path):
+    """A first data row with a field of more than 131,072 characters raised _csv.Error (plain or gzip, with
+    bad_rows: drop too), and such a field in the header was "cannot read as parquet"."""
+    head = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+    for name, row, message, dropped in [("long.csv", "0,10,4" + "0" * 200_000, ":2: num_decode_tokens = '4000",
+                                         {"not_a_number": 1}),
+                                        ("wide.csv", "0,10,4," + "x" * 200_000, ":2: 4 fields, expected 3",
+                                         {"too_many_fields": 1})]:
+        p = write(tmp_path, name, head + row + "\n1,5,5\n")
+        z = tmp_path / (name + ".gz")
+        z.write_bytes(gzip.compress(p.read_bytes()))
+        for f in (p, z):
+            with pytest.raises(ScenarioError, match=re.escape(f"{f}{message}")):
+                load(f)
+            t = load(f, "bad_rows=drop")
+            assert list(t.prompt_tokens) == [5] and t.dropped == dropped
+    p = write(tmp_path, "header.csv", head.replace("\n", "y" * 200_000 + "\n") + "0,10,4\n")
+    r = runner.invoke(app, ["trace", "info", str(p)])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {p}:1: not a CSV header (field larger than field limit"), \
+        r.output
+
+
 def test_a_byte_that_is_not_utf8_is_named_by_line_or_dropped_and_counted(tmp_path):
     good = "".join(f"{TS},5,3\n" for _ in range(3000))
     p = tmp_path / "b.csv"
@@ -435,11 +484,17 @@ def test_workload_keys_on_the_command_line_are_checked(tmp_path):
                               (["columns={arrival: ts, prompt_tokens: p, output_tokens: ts}"],
                                "columns: arrival and output_tokens both read column 'ts'"),
                               (["columns={arrival: ts, prompt_tokens: p, output_tokens: o, session_id: p}"],
-                               "columns: prompt_tokens and session_id both read column 'p'")]:
+                               "columns: prompt_tokens and session_id both read column 'p'"),
+                              # the last was kept, silently
+                              (["sample=0.5", "sample=0.9"], "-w 'sample=0.9': sample is already set (by -w "
+                               "'sample=0.5'); give each key once"),
+                              (["window.end_s=5", "window={start_s: 1}"], "-w 'window={start_s: 1}': window is "
+                               "already set (by -w 'window.end_s=5')")]:
         with pytest.raises(ScenarioError, match=re.escape(message)):
             workload_from_options(p, settings)
     r = runner.invoke(app, ["trace", "convert", str(p), str(tmp_path / "out.csv")])
     assert r.exit_code == 2 and "name it *.parquet" in r.output
+    assert workload_from_options(p, ["num_requests=010"]).num_requests == 10  # (as in a file: YAML 1.1 read 8)
 
 
 def test_bom_and_long_fractions_are_read(tmp_path):

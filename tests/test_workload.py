@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -113,6 +115,21 @@ def test_a_duration_beyond_what_a_run_can_hold_is_refused():
     with pytest.raises(ScenarioError, match="workload.duration_s: 1e.09 s .* more than"):
         generate(wl(num_requests=None, duration_s=1e9))
     assert len(generate(wl(num_requests=None, duration_s=1e9), horizon_s=10.0)) < 60  # bounded by the horizon
+
+
+@pytest.mark.parametrize("kw, key", [({"num_requests": None, "duration_s": 1.0}, "workload.duration_s: 1 s at 1e+07"),
+                                     ({"num_requests": 10**7}, "workload.num_requests: 10,000,000 requests"),
+                                     ({"duration_s": 1.0, "num_requests": 10**8}, "workload.duration_s: 1 s")])
+def test_a_workload_that_needs_more_memory_than_the_machine_has_is_refused(kw, key, monkeypatch):
+    """Under the 1e8 cap: a run of 1e7 requests took 5.4 GB, 1e8 exhausted the machine's memory."""
+    import sim.workload as W
+
+    monkeypatch.setattr(W, "physical_memory", lambda: 4e9)
+    with pytest.raises(ScenarioError, match=re.escape(key) + ".*, which need about 6.4 GB to simulate " + re.escape(
+            "(at least 640 bytes a request), more than this machine's 4.0 GB of memory")):
+        generate(wl(**{"arrival": {"kind": "poisson", "rate": 1e7}, **kw}))
+    if kw["num_requests"] is None:  # a horizon bounds what is held (a count's gaps are drawn on: seconds)
+        assert len(generate(wl(**{"arrival": {"kind": "poisson", "rate": 1e7}, **kw}), horizon_s=1e-4)) < 2000
 
 
 def test_shared_prefixes_name_content_only_up_to_the_models_length():

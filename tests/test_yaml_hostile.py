@@ -21,7 +21,9 @@ CASES = {
     "duplicate_key": ("name: a\nmodel: opt-13b\nname: b\n", "line 3: duplicate key 'name' (first at line 1)"),
     "duplicate_nested": ("workload:\n  seed: 1\n  seed: 2\n", "line 3: duplicate key 'seed'"),
     "not_yaml": ("name: [unclosed\n", "not valid YAML"),
-    "binary": (b"\x00\xff\xfe\x81garbage", "cannot read as text"),
+    "binary": (b"\x00\xff\xfe\x81garbage", "binary.yaml:1: not UTF-8 text (byte 0xff at column 2"),
+    # said "cannot read as text (UnicodeDecodeError: UnicodeDecodeError)": no line, no byte
+    "latin1": (b"name: x\nmodel: opt-13b\ngpu: h\xe9100\n", "latin1.yaml:3: not UTF-8 text (byte 0xe9 at column 7"),
 }
 
 
@@ -58,3 +60,21 @@ def test_fifo_is_refused_not_read(tmp_path):
 def test_folder_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["check", str(tmp_path)])
     assert r.exit_code == 2 and "not a regular file" in r.output
+
+
+SCENARIO = ("name: n\nmodel: opt-13b\ngpu: a100-40gb\npolicies: [vllm]\n"
+            "workload: {{arrival: {{kind: poisson, rate: 1}}, lengths: alpaca, num_requests: {}}}\n")
+
+
+@pytest.mark.parametrize("value, expect", [
+    # YAML 1.1's base-60 numbers: 90 requests ran; now text, which the field says it cannot read
+    ("1:30", "workload.num_requests: Input should be a valid integer, unable to parse string as an integer "
+             "(got '1:30')"),
+    ("1:30.5", "(got '1:30.5')"),
+    # YAML 1.1's octal: 8 requests ran; YAML 1.2 reads 010 as ten (0o10 is eight)
+    ("010", "10 requests"), ("0o10", "8 requests"), ("1_0", "10 requests")])
+def test_numbers_are_read_as_yaml_1_2_does(tmp_path, value, expect):
+    f = tmp_path / "s.yaml"
+    f.write_text(SCENARIO.format(value))
+    r = CliRunner().invoke(app, ["check", str(f)])
+    assert r.exit_code == (0 if expect.endswith("requests") else 2) and expect in r.output.replace("\n", ""), r.output

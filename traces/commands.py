@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from sim import trace_paths
-from sim.config import ScenarioError, TraceWorkload, format_validation_error
+from sim.config import YAML_LOADER, ScenarioError, TraceWorkload, format_validation_error
 from sim.schema import plural
 from sim.workload import RequestTable
 from traces.formats import open_trace
@@ -29,6 +29,7 @@ PERCENTILES = (50, 90, 99)
 def workload_from_options(path: Path, settings: list[str]) -> TraceWorkload:
     """A trace workload for ``path`` from ``KEY=VALUE`` settings (``window.start_s=600``)."""
     data: dict = {"kind": "trace", "path": str(path)}
+    given: dict[tuple[str, ...], str] = {}
     for item in settings:
         key, sep, text = item.partition("=")
         keys = key.strip().split(".")
@@ -41,8 +42,12 @@ def workload_from_options(path: Path, settings: list[str]) -> TraceWorkload:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ScenarioError(f"-w {item!r}: {k} is not a mapping")
+        if keys[-1] in node:  # (the last one was kept, silently)
+            first = next((it for k, it in given.items() if k[:len(keys)] == tuple(keys) or tuple(keys[:len(k)]) == k), "")
+            raise ScenarioError(f"-w {item!r}: {key.strip()} is already set (by -w {first!r}); give each key once")
+        given[tuple(keys)] = item
         try:
-            node[keys[-1]] = yaml.safe_load(text)
+            node[keys[-1]] = yaml.load(text, Loader=YAML_LOADER)  # (numbers as in a scenario file: 010 is 10)
         except yaml.YAMLError as e:
             raise ScenarioError(f"-w {item!r}: not a YAML value ({getattr(e, 'problem', None) or e})") from None
     try:

@@ -99,7 +99,7 @@ def container_of(path: Path) -> Container:
             return "parquet"
     with open_text(path) as f:
         first = f.read(4096).lstrip()
-    return "jsonl" if first.startswith("{") else "csv"
+    return "jsonl" if first.startswith(("{", "[")) else "csv"  # ([: a JSON array, which header() names)
 
 
 def _unique(path: Path, names: list[str], where: str = "") -> list[str]:
@@ -123,18 +123,41 @@ def header(path: Path, container: Container) -> list[str]:
             if not line.strip():
                 continue
             if container == "csv":
-                return _unique(path, next(csv.reader([line])), f":{line_no}")
+                try:
+                    return _unique(path, next(csv.reader([line])), f":{line_no}")
+                except csv.Error as e:  # a field over the csv module's limit of 131,072 characters
+                    raise ScenarioError(f"{path}:{line_no}: not a CSV header ({e}); expected a line naming the "
+                                        "columns") from None
+            if line.lstrip().startswith("["):  # (read as a CSV: "column ' "input_length": 5' appears more than once")
+                raise ScenarioError(f"{path}:{line_no}: a JSON array; expected JSONL, one JSON object per line "
+                                    "(jq -c '.[]' turns one into JSONL)")
             try:
                 # NOTE: the first object's keys are the columns: a key given twice there is an error
                 pairs = json.loads(line, object_pairs_hook=lambda kv: kv)
             except json.JSONDecodeError as e:
                 raise ScenarioError(f"{path}:{line_no}: not valid JSON ({e.msg}); expected one JSON object "
                                     "per line") from None
+            except RecursionError:
+                raise ScenarioError(f"{path}:{line_no}: nested too deeply to read; expected one JSON object per "
+                                    "line") from None
             if not isinstance(pairs, list) or not line.lstrip().startswith("{"):
                 got = type(json.loads(line)).__name__
                 raise ScenarioError(f"{path}:{line_no}: expected a JSON object per line, got {got}")
             return _unique(path, [k for k, _ in pairs], f":{line_no}")
     raise ScenarioError(f"{path}: empty file; expected a header line naming the columns")
+
+
+def csv_fields(line: str) -> int:
+    """How many fields a CSV line has, however long they are (the csv module refuses a field of more than
+    131,072 characters, which pandas reads, and the reader then checks as a value)."""
+    try:
+        return len(next(csv.reader([line]), []))
+    except csv.Error:
+        limit = csv.field_size_limit(len(line) + 1)
+        try:
+            return len(next(csv.reader([line]), []))
+        finally:
+            csv.field_size_limit(limit)
 
 
 def check_readable(path: Path) -> None:
@@ -181,6 +204,7 @@ def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = No
     """The file's format (named, detected from the header, or a generic mapping) and container; raises
     :class:`ScenarioError` naming the missing columns when the header does not fit."""
     check_readable(path)
+    container = None
     try:
         container = container_of(path)
         names = header(path, container)
@@ -191,7 +215,7 @@ def open_trace(path: Path, name: str = "auto", columns: TraceColumns | None = No
     except (OSError, EOFError) as e:
         raise ScenarioError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
     except Exception as e:  # pyarrow raises its own types for a damaged parquet file
-        raise ScenarioError(f"{path}: cannot read as parquet ({e.__class__.__name__}: {e})") from None
+        raise ScenarioError(f"{path}: cannot read as {container or 'a trace'} ({e.__class__.__name__}: {e})") from None
     if columns is not None:
         fmt = generic_format(columns)
     elif name != "auto":

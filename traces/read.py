@@ -9,7 +9,7 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 - structural problems (missing column, empty file, arrivals out of order) stop with an error;
 - a bad value (empty, not a number, negative, fractional tokens, unreadable timestamp, an arrival more
   than ``MAX_SECONDS`` after the trace's start, invalid JSON, malformed hash ids, more hash ids than the
-  prompt has blocks) stops with an error naming file, line, column and what was expected, or with
+  prompt has blocks, a session id that is a list or a mapping) stops with an error naming file, line, column and what was expected, or with
   ``bad_rows="drop"`` is dropped and counted by reason;
 - a CSV line with more fields than the header stops with an error naming the line, or with
   ``bad_rows="drop"`` is dropped and counted (``too_many_fields``);
@@ -19,7 +19,6 @@ Every row ends as a request or as a count in ``RequestTable.dropped`` (rows in =
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import warnings
@@ -33,15 +32,15 @@ import pandas as pd
 
 from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
-from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, is_gzip, not_utf8, open_text
+from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text
 
 CHUNK_ROWS = 1 << 20
 BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical table
 
 # Row problems: code -> reason counted in RequestTable.dropped (code 0: none).
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
-            "bad_hash_ids", "too_large", "too_many_hash_ids")
-MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES = range(1, 9)
+            "bad_hash_ids", "too_large", "too_many_hash_ids", "bad_session_id")
+MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES, BAD_SESSION = range(1, 10)
 MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
@@ -80,7 +79,7 @@ def _first_rows(tf: TraceFile) -> tuple[int, list[tuple[int, int]]]:
             return 1, []
         long = []
         for line_no, line in enumerate(f, head + 1):
-            n = len(next(csv.reader([line]), []))
+            n = csv_fields(line)
             if n <= len(tf.names):
                 break
             long.append((line_no, n))
@@ -150,6 +149,8 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                     problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
                 except json.JSONDecodeError as e:
                     problem = f"not valid JSON ({e.msg}), expected one JSON object per line"
+                except RecursionError:
+                    problem = "nested too deeply to read, expected one JSON object per line"
                 if problem is not None:
                     rows.bad_line(tf.where(line_no), "invalid_json", problem)
                     continue
@@ -261,12 +262,21 @@ def _nans(col: pd.Series) -> np.ndarray:
     return np.zeros(len(col), dtype=bool)
 
 
+def _nested(col: pd.Series) -> np.ndarray:
+    """Cells that are lists or mappings (JSON, parquet list and struct columns): not a session id."""
+    if col.dtype != object:
+        return np.zeros(len(col), dtype=bool)
+    return col.map(lambda v: isinstance(v, (list, dict, np.ndarray))).to_numpy(dtype=bool)
+
+
 def _show(v: Any) -> str:
     """A cell as the user wrote it: strings quoted, numbers plain, a float NaN as NaN."""
     v = v.item() if isinstance(v, np.generic) else v
     if isinstance(v, float) and np.isnan(v):
         return "NaN"
-    return repr(v) if isinstance(v, str) else str(v)
+    text = repr(v) if isinstance(v, str) else str(v)
+    # (a value of 140,000 digits was echoed whole: a message of 140 KB)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text):,} characters)"
 
 
 def _expected(fmt: TraceFormat, column: str, code: int) -> str:
@@ -369,8 +379,8 @@ class _Collector:
             checks.append((fmt.hash_ids, c))
         if fmt.session_id in frame:
             sessions = frame[fmt.session_id]
-            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions)],
-                                                     [MISSING, NOT_A_NUMBER]).astype(np.int8)))
+            checks.append((fmt.session_id, np.select([sessions.isna().to_numpy(), _nans(sessions), _nested(sessions)],
+                                                     [MISSING, NOT_A_NUMBER, BAD_SESSION]).astype(np.int8)))
 
         self._problems(chunk, checks, drop)
         ok = drop == 0

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from sim.config import (Name, PolicyConfig, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
+from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         check_kind, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
@@ -53,8 +53,8 @@ def known_slo_metrics(slo: dict) -> dict:
 class Bound(Strict):
     """A limit on one summary metric: ``max`` (at most) and/or ``min`` (at least)."""
 
-    max: float | None = None
-    min: float | None = None
+    max: Real | None = None
+    min: Real | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -90,13 +90,13 @@ class CapacityConfig(Strict):
 
     axis: str = Field(RATE_AXIS, description="the swept quantity, e.g. workload.arrival.rate or workload.rate_scale")
     slo: dict[str, Bound] = Field(min_length=1, description="summary metric -> bound; all must hold")
-    min: float = Field(gt=0, le=1e12, description="lowest value tried: if it fails, the answer is 'none'")
-    max: float = Field(gt=0, le=1e12, description="highest value tried: if it passes, the answer is 'above max'")
-    start: float | None = Field(None, gt=0, le=1e12, description="first probe when the axis is not swept "
+    min: Real = Field(gt=0, le=1e12, description="lowest value tried: if it fails, the answer is 'none'")
+    max: Real = Field(gt=0, le=1e12, description="highest value tried: if it passes, the answer is 'above max'")
+    start: Real | None = Field(None, gt=0, le=1e12, description="first probe when the axis is not swept "
                                 "(default: min)")
-    tolerance: float | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
+    tolerance: Real | None = Field(None, gt=0, description="bisection stops when passing and failing values are "
                                     "this close (axis units)")
-    relative_tolerance: float | None = Field(None, gt=0, lt=1, description="... or this close relative to the "
+    relative_tolerance: Real | None = Field(None, gt=0, lt=1, description="... or this close relative to the "
                                              "passing value (0.02: within 2 %)")
 
     @field_validator("slo")
@@ -310,7 +310,7 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
     groups: list[list[Axis]] = []
     seen: dict[tuple[str, ...], str] = {}
 
-    def one(path: str, values: Any, key: str, loc: tuple) -> Axis:
+    def one(path: str, values: Any, key: str, loc: tuple, zipped: bool = False) -> Axis:
         where = f"{source}{_line_of(lines, *loc)}: {key}"
         if not isinstance(values, list):
             raise ScenarioError(f"{where}: expected a list of values (got {values!r})")
@@ -329,6 +329,8 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
             if same and not whole_list:
                 raise ScenarioError(f"{where}: sets the same field as {other_key}")
         seen[target] = key
+        if not zipped:  # (a zipped axis may repeat a value: its group's combinations must differ)
+            _no_repeats([(v,) for v in values], where, [])
         column = "seed" if target == ("workload", "seed") else path
         if target == ("policies",):
             column = "policies"
@@ -343,15 +345,30 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
     for i, group in enumerate(spec.zip_groups()):
         if not group:
             raise ScenarioError(f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}: empty group")
-        members = [one(p, v, f"{zip_key(i)}.{p}", (*zip_loc(i), p)) for p, v in group.items()]
+        members = [one(p, v, f"{zip_key(i)}.{p}", (*zip_loc(i), p), zipped=True) for p, v in group.items()]
         lengths = {a.key: len(a.values) for a in members}
         if len(set(lengths.values())) > 1:
             raise ScenarioError(f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}: zipped axes differ in "
                                 "length (" + ", ".join(f"{k.split('.', 1)[1]}: {n}" for k, n in lengths.items())
                                 + "); give each the same number of values")
+        _no_repeats(list(zip(*(a.values for a in members))), f"{source}{_line_of(lines, *zip_loc(i))}: {zip_key(i)}",
+                    [a.column for a in members])
         axes += members
         groups.append(members)
     return axes, groups
+
+
+def _no_repeats(combos: list[tuple], where: str, columns: list[str]) -> None:
+    """Each value of an axis (each combination of a zipped group's ``columns``) once: a repeat ran the same
+    points twice (a plan refuses a value listed twice too)."""
+    first: dict[tuple, int] = {}
+    for i, combo in enumerate(combos):
+        k = tuple(_display(v) for v in combo)
+        if k in first:
+            shown = ", ".join(f"{c}={v}" for c, v in zip(columns, k)) if columns else str(k[0])
+            raise ScenarioError(f"{where}: {shown} is listed twice (values {first[k] + 1} and {i + 1}); give each "
+                                f"{'combination' if columns else 'value'} once")
+        first[k] = i
 
 
 def _grid(groups: list[list[Axis]]) -> Iterator[dict[str, Any]]:
@@ -412,6 +429,14 @@ def load_sweep(path: str | Path) -> Sweep:
         if cap.axis not in RATE_AXES:  # the search assumes more of it is harder to serve
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is not a "
                                 f"request rate; the search is over {' or '.join(RATE_AXES)}")
+        workload = base.get("workload") if isinstance(base, dict) else None
+        if (cap.axis == RATE_AXIS and isinstance(workload, dict) and workload.get("kind") in ("trace", "table")
+                and not isinstance(workload.get("arrival"), dict)
+                and not any(a.target[:2] == ("workload", "arrival") for a in axes)):
+            # (was: "workload.arrival: Unable to extract tag using discriminator 'kind'")
+            raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis') or _line_of(lines, 'capacity')}: "
+                                f"capacity.axis: the base workload is a trace, with its own arrival times: set "
+                                f"capacity.axis: workload.rate_scale (or give the trace an arrival process)")
         zipped = [a for g in groups if len(g) > 1 for a in g if a.target == target]
         if zipped:
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is zipped "
