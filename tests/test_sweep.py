@@ -144,6 +144,13 @@ def test_inline_base_or_a_scenario_file_give_the_same_points(tmp_path):
     assert a.name == "a" and b.base_source == str(tmp_path / "base.yaml")
 
 
+def test_an_inline_base_without_a_name_takes_the_sweeps(tmp_path):
+    """As a plan's inline base does (the README shows both without one)."""
+    body = "".join(line + "\n" for line in BASE.splitlines() if not line.strip().startswith("name:"))
+    s = load_sweep(sweep_file(tmp_path, "axes: {seed: [0, 1]}\n", base=body, name="unnamed.yaml"))
+    assert s.name == "unnamed" and s.base["name"] == "unnamed" and len(s.points) == 2
+
+
 def test_task_key_is_the_resolved_scenario(make_scenario):
     s = make_scenario()
     key = make_task(s, 0).key

@@ -415,6 +415,8 @@ def load_sweep(path: str | Path) -> Sweep:
     if isinstance(spec.base, str):
         parse_scenario(base, base_source, base_lines, base_dir)
     else:
+        if isinstance(base, dict):  # an inline base is named after the sweep, as a plan's is
+            base.setdefault("name", spec.name or path.stem)
         try:
             Scenario.model_validate(base)
         except ValidationError as e:
