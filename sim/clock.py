@@ -77,7 +77,6 @@ class DecodeClock:
         self._finish_at: list[tuple[int, int, Sequence]] = []  # (finish tick, order, seq) heap; stale entries skipped
         self._cross: list[list[Sequence]] = [[] for _ in range(block_size)] if paged else []
         self._offsets: list[int] | None = None  # the members' computed-token offsets, sorted, once asked for
-        self._prefix: list[int] | None = None  # their prefix sums; None: stale
 
     # ------------------------------------------------------------------------------------ members
 
@@ -92,7 +91,6 @@ class DecodeClock:
         self.offset_sum += seq._computed
         if self._offsets is not None:
             insort(self._offsets, seq._computed)
-            self._prefix = None
         self._fresh[seq] = None
         heapq.heappush(self._finish_at, (seq.output_tokens - seq._output, seq.order, seq))
         if self.paged:
@@ -111,7 +109,6 @@ class DecodeClock:
         offs = self._offsets
         if offs is not None:
             del offs[bisect_left(offs, seq._computed)]
-            self._prefix = None
         del self.members[seq]
         if self._fresh.pop(seq, 0) is not None:  # not fresh: its last token came at the last tick
             seq.last_token_s = self._last_tick_s
@@ -140,21 +137,15 @@ class DecodeClock:
         """Keys the members read at the next tick: each its cached context plus the new token."""
         return self.offset_sum + len(self.members) * (self.ticks + 1)
 
-    def decode_contexts(self) -> tuple[list[int], list[int], int]:
+    def decode_contexts(self) -> tuple[list[int], int, int]:
         """The keys each member reads at the next tick (cached context + the token) as ``offs[i] + d``: the
-        members' offsets, sorted, their prefix sums, and ``d`` (a model of several KV groups prices window
-        keys from them). Offsets keep their order as the clock ticks: kept sorted as members join and
-        leave, their prefix sums rebuilt once per change."""
+        members' offsets, sorted, their sum (``offset_sum``), and ``d`` (a model of several KV groups prices
+        window keys from them). Offsets keep their order as the clock ticks: kept sorted as members join
+        and leave. (No prefix sums: rebuilt at each change, they cost more than the few sums a window
+        group's pricing takes from the nearer end, ``layouts.head_sum``.)"""
         if self._offsets is None:  # first asked: kept sorted from now on
             self._offsets = sorted(s._computed for s in self.members)
-        prefix = self._prefix
-        if prefix is None:  # (a typed loop: ``[0, *accumulate(...)]`` went through Python's generic iteration)
-            prefix, total = [0], 0
-            for o in self._offsets:
-                total += o
-                prefix.append(total)
-            self._prefix = prefix
-        return self._offsets, prefix, self.ticks + 1
+        return self._offsets, self.offset_sum, self.ticks + 1
 
     def _next_finish_tick(self) -> int:
         heap = self._finish_at

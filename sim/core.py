@@ -181,7 +181,7 @@ class StepPlan:
     extra: dict = field(default_factory=dict, compare=False)  # executors' notes (e.g. a scratch plan's size)
     host_loads: tuple[int, ...] = ()  # blocks loaded from the CPU tier (over the host link, like a swap-in)
     _contexts: Any = field(default=None, compare=False, repr=False)  # () -> the clocked decodes' sorted keys
-    # and their prefix sums (DecodeClock.decode_contexts), for window groups' keys; None: sort _decoding
+    # and their sum (DecodeClock.decode_contexts), for window groups' keys; None: sort _decoding
 
     def __init__(self, num_seqs: int, num_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
                  num_sampled: int, decode_context_tokens: int, prefill_attention_pairs: int, block_size: int,

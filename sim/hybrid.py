@@ -29,7 +29,7 @@ their state.
 
 from __future__ import annotations
 
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -725,24 +725,24 @@ class HybridContiguousKv(ContiguousKv):
 
     def _shared(self, k: int, ctx: tuple | None = None) -> list[int]:
         """``shared_filled`` once each live sequence has ``j`` more tokens cached, for j = 0 .. k: the cached
-        tokens minus the slots they fill (``_slots``), summed over sorted contexts and prefix sums (window
+        tokens minus the slots they fill (``_slots``), summed over sorted contexts and their sum (window
         sizes counted once each; plain integers: batches are small, and numpy's per-call overhead dominated).
-        ``ctx``: the live sequences' cached tokens as ``offs[i] + d`` (``offs`` sorted, their prefix sums,
-        ``d``), when the caller keeps them so; else they are sorted here."""
+        ``ctx``: the live sequences' cached tokens as ``offs[i] + d`` (``offs`` sorted, their sum, ``d``),
+        when the caller keeps them so; else they are sorted here."""
         if ctx is None:
             c = sorted([s.num_computed_tokens for s in self._live])
-            ctx = (c, [0, *accumulate(c)], 0)
+            ctx = (c, sum(c), 0)
         offs: list[int] = ctx[0]  # (typed: unpacked from a bare tuple, every sum below was Python's generic one)
-        prefix: list[int] = ctx[1]
+        offset_sum: int = ctx[1]
         d: int = ctx[2]
         n, full, state = len(offs), self._full, self._state
-        total = prefix[-1] + n * d
+        total = offset_sum + n * d
         out: list[int] = []  # (one pass per window size, no list per term: this runs at every decode span)
         for j in range(k + 1):
             x = total + n * j  # the cached tokens, of which the full groups fill all
             out.append(x - full * x - n * state)
         for w, m in self._window_counts:  # sum of min(c + j, w): those below w - j grow, the rest hold w
-            for j0, j1, base, slope in window_runs(offs, prefix, d, w, k + 1):
+            for j0, j1, base, slope in window_runs(offs, offset_sum, d, w, k + 1):
                 for q in range(j0, j1):
                     out[q] -= m * (base + q * slope)
         return out

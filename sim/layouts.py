@@ -56,19 +56,32 @@ def first_kept(g: KvGroup, computed: int, block_size: int) -> int:
     return 0
 
 
-def window_runs(offs: list[int], prefix: list[int], d: int, window: int, k: int) -> list[tuple[int, int, int, int]]:
+def head_sum(offs: list[int], total: int, i: int) -> int:
+    """sum(offs[:i]), ``total`` being sum(offs): from whichever end is nearer (a typed loop, no slice). A
+    window group's sums need the values below a bisection point, most often all but a few of them."""
+    n, s = len(offs), 0
+    if i <= n - i:
+        for q in range(i):
+            s += offs[q]
+        return s
+    for q in range(i, n):
+        s += offs[q]
+    return total - s
+
+
+def window_runs(offs: list[int], total: int, d: int, window: int, k: int) -> list[tuple[int, int, int, int]]:
     """sum(min(o + d + j, window) for o in offs) for j = 0 .. k - 1 -- the keys a window group reads over ``k``
-    decode steps, or the slots it holds (``offs`` sorted, ``prefix`` their prefix sums) -- as runs ``(j0, j1,
-    base, slope)``: for j0 <= j < j1 the sum is ``base + j * slope``. Linear in j while no value reaches the
-    window (the ``slope`` below it grow, the rest hold ``window``): one run per such stretch, the next found
-    by bisection. (Runs, not the k sums: a caller prices each step as it goes, with no list of them.)"""
+    decode steps, or the slots it holds (``offs`` sorted, ``total`` their sum) -- as runs ``(j0, j1, base,
+    slope)``: for j0 <= j < j1 the sum is ``base + j * slope``. Linear in j while no value reaches the window
+    (the ``slope`` below it grow, the rest hold ``window``): one run per such stretch, the next found by
+    bisection. (Runs, not the k sums: a caller prices each step as it goes, with no list of them.)"""
     n = len(offs)
     out: list[tuple[int, int, int, int]] = []
     w = window - d  # o + d + j reaches the window at j = w - o
     i, j = bisect_left(offs, w), 0
     while j < k:
         end = k if i == 0 else min(k, w - offs[i - 1])
-        out.append((j, end, prefix[i] + i * d + window * (n - i), i))
+        out.append((j, end, head_sum(offs, total, i) + i * d + window * (n - i), i))
         j = end
         if j < k:
             i = bisect_left(offs, w - j, 0, i)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -49,7 +48,7 @@ from sim.catalog import GPUS, GpuSpec, ModelSpec
 from sim.config import RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
-from sim.layouts import kv_layout, window_runs
+from sim.layouts import head_sum, kv_layout, window_runs
 from sim.userfile import read_json
 
 
@@ -189,8 +188,8 @@ class RooflineStepTime:
         self.layout = layout
         # several KV groups: attention priced per group (_groups_attention_s)
         self._groups: list[tuple[str, int, float, float]] | None = None
-        # (plan, (sorted decode offsets, prefix sums, shift)): _decode_contexts
-        self._contexts: tuple[StepPlan, tuple[list[int], list[int], int]] | None = None
+        # (plan, (sorted decode offsets, their sum, shift)): _decode_contexts
+        self._contexts: tuple[StepPlan, tuple[list[int], int, int]] | None = None
         if layout is not None:
             self._set_layout(layout)
 
@@ -230,9 +229,9 @@ class RooflineStepTime:
             return c % window + 1
         return c + 1
 
-    def _decode_contexts(self, plan: StepPlan) -> tuple[list[int], list[int], int]:
+    def _decode_contexts(self, plan: StepPlan) -> tuple[list[int], int, int]:
         """The clocked decodes' keys (cached context + the token) as ``offs[i] + d``: ``offs`` sorted, with
-        their prefix sums; kept for the plan (the engine prices a span's first step, then the span, from the
+        their sum; kept for the plan (the engine prices a span's first step, then the span, from the
         same plan). The scheduler's decode clock keeps its offsets sorted (``DecodeClock.decode_contexts``),
         so nothing here is per sequence. Python lists: batches are small, and numpy's per-call overhead
         dominated."""
@@ -243,7 +242,7 @@ class RooflineStepTime:
             ctx = plan._contexts()
         else:  # a plan built elsewhere: its decodes' keys, sorted
             a = sorted([s.num_computed_tokens + 1 for s in plan._decoding])
-            ctx = (a, [0, *accumulate(a)], 0)
+            ctx = (a, sum(a), 0)
         self._contexts = (plan, ctx)
         return ctx
 
@@ -251,10 +250,17 @@ class RooflineStepTime:
         """Attention of a step of a model with several KV groups: the clocked decodes' keys summed over
         their sorted contexts (``_decode_contexts``), the other sequences one by one. Key and pair counts
         are integers, so how they are summed does not change the figure."""
-        offs, prefix, d = self._decode_contexts(plan)
+        ctx = self._decode_contexts(plan)
+        # (typed: unpacked from a bare tuple, and the entries' counts read untyped, every sum and product
+        # below was Python's generic one)
+        offs: list[int] = ctx[0]
+        total: int = ctx[1]
+        d: int = ctx[2]
         m = len(offs)
-        dec, pre = [], []  # the other sequences: one-token steps (their keys: context + 1), chunks
-        for s, n in plan._entries:
+        dec: list[int] = []  # the other sequences: one-token steps (their keys: context + 1)
+        pre: list[tuple[int, int]] = []  # and chunks
+        for s, k in plan._entries:
+            n: int = k
             if n == 1:
                 dec.append(s.num_computed_tokens + 1)
             else:
@@ -267,11 +273,13 @@ class RooflineStepTime:
         for kind, window, key_s, pair_s in groups:
             if kind == "sliding":  # keys offs + d below W grow, the rest read W
                 i = bisect_left(offs, window - d)
-                keys = prefix[i] + i * d + window * (m - i) + sum([x if x < window else window for x in dec])
+                keys = head_sum(offs, total, i) + i * d + window * (m - i)
+                for x in dec:
+                    keys += x if x < window else window
             elif kind == "chunked":
                 keys = sum((o + d - 1) % window + 1 for o in offs) + sum([(x - 1) % window + 1 for x in dec])
             else:
-                keys = prefix[-1] + m * d + sum(dec)
+                keys = total + m * d + sum(dec)
             pairs = 0
             for c, n in pre:
                 if kind == "sliding":  # sum over positions c..c+n-1 of min(p + 1, W)
@@ -289,7 +297,7 @@ class RooflineStepTime:
     def _groups_span_s(self, plan: StepPlan, k: int) -> list[float] | None:
         """``decode_span_s`` with several KV groups: a window group's keys stop growing at W (a chunk's
         restart at each chunk boundary), so the keys of each step are summed over the sequences (sorted
-        contexts and prefix sums), then priced with the same float operations as ``step_time_s`` (a span is
+        contexts and their sum), then priced with the same float operations as ``step_time_s`` (a span is
         decode-only: no copies or swaps to add)."""
         n = plan.num_seqs
         gpu, serial, hidden = self._fixed_parts(n, n, n)
@@ -306,7 +314,7 @@ class RooflineStepTime:
         # number protocol (ten times the single-group span's cost). Each step's figure is built in ``t``,
         # group after group, and boxed once at the end; a window group's keys come as runs of one slope
         # (layouts.window_runs)
-        offs, prefix, d = ctx
+        offs, total, d = ctx
         m = len(offs)
         t = vec[float](capacity=k)
         first = True
@@ -314,7 +322,7 @@ class RooflineStepTime:
         assert groups is not None  # (set: several groups; narrowed, key_s is a float to the compiled build)
         for kind, window, key_s, _ in groups:
             if kind == "sliding":  # keys stop growing at W
-                for j0, j1, base, slope in window_runs(offs, prefix, d, window, k):
+                for j0, j1, base, slope in window_runs(offs, total, d, window, k):
                     for q in range(j0, j1):
                         x = (base + q * slope) * key_s * f
                         if first:
@@ -326,7 +334,7 @@ class RooflineStepTime:
                     if kind == "chunked":  # a chunk's keys restart at each chunk boundary: summed per step
                         x = sum([(o + d - 1 + q) % window + 1 for o in offs]) * key_s * f
                     else:
-                        x = (prefix[-1] + m * d + m * q) * key_s * f
+                        x = (total + m * d + m * q) * key_s * f
                     if first:
                         t = append(t, x)
                     else:

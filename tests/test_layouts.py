@@ -16,7 +16,7 @@ from sim.config import ScenarioError, parse_scenario
 from sim.core import Sequence
 from sim.hybrid import HybridContiguousKv, HybridPagedKv, _CrossingPool
 from sim.kv import MEMORY_CLASSES, BuddyAllocator, FifoBlockPool, Reservation, activation_bytes, breakdown, kv_pool
-from sim.layouts import KvGroup, capacity_tokens, first_kept, kv_layout, window_runs
+from sim.layouts import KvGroup, capacity_tokens, first_kept, head_sum, kv_layout, window_runs
 from sim.policy import resolve_policy
 from sim.sharing import SharedBlockPool
 from sim.steptime import distinct_experts
@@ -81,15 +81,18 @@ def test_window_runs_are_the_window_sums(offs, d, window, k):
     """The runs a window group's span is priced from give sum(min(o + d + j, W)) at every step j, and cover
     the steps 0 .. k - 1 once each, in order."""
     offs = sorted(offs)
-    prefix = [0]
-    for o in offs:
-        prefix.append(prefix[-1] + o)
-    runs = window_runs(offs, prefix, d, window, k)
+    runs = window_runs(offs, sum(offs), d, window, k)
     assert [j for j0, j1, _, _ in runs for j in range(j0, j1)] == list(range(k))
     for j0, j1, base, slope in runs:
         assert j0 < j1
         for j in range(j0, j1):
             assert base + j * slope == sum(min(o + d + j, window) for o in offs)
+
+
+@given(st.lists(st.integers(0, 10**6), max_size=12), st.data())
+def test_head_sum_is_the_sum_below_from_either_end(offs, data):
+    i = data.draw(st.integers(0, len(offs)))
+    assert head_sum(offs, sum(offs), i) == sum(offs[:i])
 
 
 def test_capacity_per_gpu_by_hand():
