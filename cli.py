@@ -6,6 +6,7 @@ to stderr and exit with code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -355,11 +356,13 @@ def compile_native(status: bool = typer.Option(False, "--status", help="say whet
 
     if status:
         s = native.status()
-        state = "disabled (KVSIM_NATIVE=0)" if s["disabled"] else \
+        state = f"disabled (KVSIM_NATIVE={os.environ.get('KVSIM_NATIVE', '')})" if s["disabled"] else \
             ("used" if s["built"] and native.active() else
              "not built for these sources: plain Python" if s["librt"] else
              "none without librt (pip install 'kvsim[native]'): plain Python")
         out.print(f"compiled build: {state}\n  {s['dir']}", highlight=False, markup=False)
+        if s["damaged"]:
+            out.print(f"  {s['damaged']}", highlight=False, markup=False)
         if s["build"]:
             b = s["build"]
             out.print(f"  mypy {b['mypy']}, Python {b['python']}, built {b['built_at']} in {b['seconds']} s",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -572,9 +573,26 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"KVSIM_INJECT_FAILURE: unknown section(s) {sorted(bad)}; expected {', '.join(SECTIONS)}")
     # absolute: the replay's scenario is written in ``work`` and reads the profile by this path, which a
     # scenario resolves against its own folder (a relative default sent it to work/work/profile.json)
+    # NOTE: checked before anything runs: a bad --out failed only when the figures were written at the end
+    # (a folder: IsADirectoryError), after a GPU's whole budget; a budget of 0, nan or inf ran nothing, exit 0
+    if not (math.isfinite(a.budget_s) and a.budget_s > 0):
+        ap.error(f"--budget-s {a.budget_s}: expected seconds above 0")
+    if a.layers is not None:
+        from sim.catalog import MODELS, model_from_hf_config
+
+        model = {**SETTINGS[kind], **(QUICK if a.quick else {})}["model"]
+        most = (MODELS[model] if model in MODELS else model_from_hf_config(model)).num_layers
+        if not 1 <= a.layers <= most:
+            ap.error(f"--layers {a.layers}: expected 1 to {most}, the layers of {Path(model).name} to keep")
     out = Path(a.out or ("runs/device_check_cpu.json" if kind == "cpu" else "reports/device_check.json")).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(a.work).absolute() if a.work else out.with_name(out.stem + "_files")
+    for flag, path, folder in (("--out", out, False), ("--work", work, True)):
+        above = next((p for p in [path, *path.parents] if p.exists()), None)
+        if path.exists() and path.is_dir() != folder:
+            ap.error(f"{flag} {path}: is a {'file' if folder else 'folder'}; expected {'a folder' if folder else 'a JSON file path'}")
+        if above is not None and above != path and not above.is_dir():
+            ap.error(f"{flag} {path}: {above} is a file, so the {'folder' if folder else 'file'} cannot be made there")
+    out.parent.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     missing = missing_packages()
     fig: dict = {"preflight": {"missing_packages": missing, "python": sys.version.split()[0],
@@ -601,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     s = dict(SETTINGS[kind])
     if a.quick:
         s.update(QUICK)
-    if a.layers:
+    if a.layers is not None:
         s["layers"] = a.layers
     trace, places = find_trace(a.trace)
     if trace is not None and not trace.exists():

@@ -6,7 +6,7 @@ loads the compiled modules only from the directory of the current key, so a sour
 runs as plain Python until ``sim compile`` is run again: a stale build is never used. The key also holds the
 version of mypy's runtime library (``librt``, which the compiled modules import): the cache is per user, so
 an environment without librt, or with another version, finds no build and runs plain Python. ``KVSIM_NATIVE=0``
-turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
+(or false, off, no) turns a build off; ``KVSIM_NATIVE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/kvsim/native``).
 
 Plain Python stays the reference: the compiled build must give bit-identical results (the test suite runs
 on it in CI), and nothing else in the project depends on it. mypyc checks the annotations at run time
@@ -89,10 +89,18 @@ class _Finder:
         return None if p is None else importlib.util.spec_from_file_location(name, p)
 
 
+OFF = ("0", "false", "off", "no")  # KVSIM_NATIVE values that turn a build off (any case)
+
+
+def disabled() -> bool:
+    """``KVSIM_NATIVE`` turns the build off: 0, false, off or no (was: only "0"; "false" left it on)."""
+    return os.environ.get("KVSIM_NATIVE", "").strip().lower() in OFF
+
+
 def install() -> bool:
     """Called by ``import sim``: use the build of the current sources, if there is one and before any of
     its modules is imported. Returns whether it is used."""
-    if os.environ.get("KVSIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
+    if disabled() or any(m in sys.modules for m in MODULES):
         return False
     if not runtime_version():  # no librt here: a build (made where it was) cannot load
         return False
@@ -128,10 +136,16 @@ def status() -> dict:
     import json
 
     d = build_dir()
-    meta = json.loads((d / "build.json").read_text()) if (d / "build.json").is_file() else None
+    meta, damaged = None, None
+    if (d / "build.json").is_file():
+        try:
+            meta = json.loads((d / "build.json").read_text())
+            if not isinstance(meta, dict) or not {"mypy", "python", "built_at", "seconds"} <= set(meta):
+                raise ValueError("not the record a build writes")
+        except (OSError, ValueError) as e:  # (JSONDecodeError is a ValueError): was a traceback
+            meta, damaged = None, f"{d / 'build.json'}: unreadable ({e.__class__.__name__}); run sim compile again"
     return {"key": source_key(), "librt": runtime_version() or None, "dir": str(d), "built": meta is not None,
-            "build": meta,
-            "disabled": os.environ.get("KVSIM_NATIVE", "1") == "0"}
+            "build": meta, "damaged": damaged, "disabled": disabled()}
 
 
 def build(log=print) -> Path:

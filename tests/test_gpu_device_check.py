@@ -97,6 +97,27 @@ def test_the_budget_is_enforced(tmp_path):
     assert len(fig["targets"]) == 7 and all(t["measured"] is None for t in fig["targets"])
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--budget-s", "0"], "--budget-s 0.0: expected seconds above 0"),
+    (["--budget-s", "nan"], "--budget-s nan: expected seconds above 0"),
+    (["--layers", "0"], "--layers 0: expected 1 to "),
+    (["--layers", "100000"], "--layers 100000: expected 1 to "),
+    (["--out", "{tmp}"], "is a folder; expected a JSON file path"),
+    (["--out", "{tmp}/f/x.json"], "f is a file, so the file cannot be made there"),
+    (["--work", "{tmp}/f"], "is a file; expected a folder")])
+def test_bad_flags_stop_before_anything_runs(tmp_path, capsys, args, message):
+    """Checked up front: a bad --out failed only when the figures were written, after a GPU's whole budget."""
+    from gpu import check
+
+    (tmp_path / "f").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "c.json")]
+    with pytest.raises(SystemExit) as e:
+        check.main(["--device", "cpu", "--quick", *out, *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written
+
+
 def test_unknown_injected_section_is_refused(tmp_path, monkeypatch):
     from gpu import check
 

@@ -139,6 +139,29 @@ def test_compile_status_without_librt_says_what_to_install(tmp_path, monkeypatch
     assert "none without librt (pip install 'kvsim[native]'): plain Python" in r.output
 
 
+@pytest.mark.parametrize("text", ["{trunc", '{"mypy": "x"}', "[]"])
+def test_compile_status_with_a_damaged_build_record_says_so(tmp_path, monkeypatch, text):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("KVSIM_NATIVE", raising=False)
+    d = native.build_dir()
+    d.mkdir(parents=True)
+    (d / "build.json").write_text(text)
+    r = CliRunner().invoke(app, ["compile", "--status"])
+    assert r.exit_code == 0 and r.exception is None, r.output
+    assert "build.json: unreadable" in r.output and "run sim compile again" in r.output
+
+
+@pytest.mark.parametrize("value, off", [("0", True), ("false", True), ("OFF", True), ("no", True), ("1", False),
+                                        ("", False), ("yes", False)])
+def test_kvsim_native_turns_the_build_off_in_its_usual_words(monkeypatch, value, off):
+    monkeypatch.setenv("KVSIM_NATIVE", value)
+    assert native.disabled() is off and native.status()["disabled"] is off
+
+
 def test_bytecode_is_written_for_every_package_and_read_back(tmp_path):
     """``sim compile`` also writes the pure-Python modules' bytecode: a run under PYTHONDONTWRITEBYTECODE
     (as in many containers) then loads it instead of compiling every module again."""
