@@ -45,9 +45,15 @@ def run(scenario, **options):
 
 
 def load_requests(scenario):
-    """A loaded scenario's requests, generated or read from its trace."""
+    """A scenario's requests (a loaded ``Scenario``, or a scenario file's path), generated or read from its trace."""
+    from sim.config import Scenario, load_scenario
     from sim.workload import load_requests as load
 
+    if isinstance(scenario, (str, Path)):
+        scenario = load_scenario(scenario)
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"load_requests: scenario is a {type(scenario).__name__}; expected a Scenario or a "
+                        "scenario file's path")
     return load(scenario, read_trace)
 
 

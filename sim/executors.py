@@ -229,6 +229,8 @@ MAX_WORKERS = 1024  # worker processes of one machine (a huge -j overflowed a C 
 
 def make_executor(kind: str = "local", workers: int | None = None, address: str | None = None):
     """``local`` (a process pool; ``workers=1``: in this process) or ``ray``."""
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)):  # (the Python API)
+        raise TypeError(f"workers is a {type(workers).__name__}; expected a whole number from 1 to {MAX_WORKERS:,}")
     if workers is not None and not 1 <= workers <= MAX_WORKERS:
         raise ScenarioError(f"--workers must be between 1 and {MAX_WORKERS:,} (got {workers:,})")
     if kind == "local":

@@ -28,6 +28,7 @@ from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, loa
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
 from sim.outputs import Columns, ReportWriter, concat_columns, write_parquet
+from sim.outputs import out_dir as out_dir_checked
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
 from sim.schema import plural
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
@@ -130,6 +131,15 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     each policy's difference from the first (``sim.decompose``), which runs the intermediate policies it
     needs (``sim run`` asks for it unless the scenario says ``decompose: false``; the Python API, sweeps
     and the GPU replay do not)."""
+    # (the Python API's mistakes, named: a dict went to pathlib, a list of requests failed deep in the engine)
+    if not isinstance(scenario, (Scenario, str, Path)):
+        raise TypeError(f"run: scenario is a {type(scenario).__name__}; expected a Scenario (sim.config."
+                        "parse_scenario makes one from a mapping) or a scenario file's path")
+    if requests is not None and not isinstance(requests, RequestTable):
+        raise TypeError(f"run: requests is a {type(requests).__name__}; expected a sim.workload.RequestTable "
+                        "(kvsim.load_requests gives a scenario's)")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"run: progress is a {type(progress).__name__}; expected a function (policy, done, total)")
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     model = scenario.model_spec()
@@ -185,7 +195,9 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
 def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter | None = None) -> dict[str, Path]:
     """summary.json, requests.parquet and steps.parquet (all policies, a ``policy`` column); report.html
     by ``report`` (``reports.html.write_report``; ``kvsim.write_results`` passes it) when given."""
-    out = Path(out_dir)
+    if not isinstance(result, RunResult):
+        raise TypeError(f"write_results: result is a {type(result).__name__}; expected what run returns (a RunResult)")
+    out = out_dir_checked(out_dir, "out_dir")
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet",
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
