@@ -553,6 +553,7 @@ def measured_gpu(device: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+MAX_BLOCK_SIZE = 1 << 16  # a profile's block_size and paged_block_cost_tokens (a policy's block_size bound)
 MAX_COEFFICIENT_S = 1e3  # a profile's coefficient, in seconds per unit (a step, a token, a key): as HostCosts'
 
 
@@ -589,13 +590,16 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
             if not any(coef[t] > 0 for t in terms):
                 raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(terms)} are all 0: a "
                                     f"{part} step would take no time")
-    for key, what in (("swap_block_s", "a finite number >= 0 of seconds"),
-                      ("paged_block_cost_tokens", "a finite number >= 0 of tokens")):
-        if key in prof and not number(prof[key]):
-            raise ScenarioError(f"{path}: {key}: expected {what} (got {prof[key]!r})")
+    # (bounded as the coefficients are: a swap_block_s of 1e300 ran, its steps past any horizon)
+    for key, what, most in (("swap_block_s", "seconds", MAX_COEFFICIENT_S),
+                            ("paged_block_cost_tokens", "tokens", MAX_BLOCK_SIZE)):
+        if key in prof and not (number(prof[key]) and prof[key] <= most):
+            raise ScenarioError(f"{path}: {key}: expected a finite number of {what} from 0 to {most:,.0f} "
+                                f"(got {prof[key]!r})")
     b = prof.get("block_size")
-    if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
-        raise ScenarioError(f"{path}: block_size: expected a whole number of tokens >= 1 (got {b!r})")
+    if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_BLOCK_SIZE):
+        raise ScenarioError(f"{path}: block_size: expected a whole number of tokens from 1 to {MAX_BLOCK_SIZE:,} "
+                            f"(got {b!r})")
     if model is not None:
         want, got = profile_model(model), mapping(prof.get("model", {}), "model")
         diff = [k for k in PROFILE_MODEL_KEYS if got.get(k) != want[k]]
