@@ -342,7 +342,8 @@ def steptime(
     for r in cells:
         t.add_row(*r)
     out.print(t)
-    note = g.operators_note if (cfg is None or getattr(cfg, "operators", "") == "fitted") else "datasheet roofline"
+    note = (f"a calibration profile's measured step times ({cfg.path})" if getattr(cfg, "kind", "") == "profile"
+            else g.operators_note if (cfg is None or getattr(cfg, "operators", "") == "fitted") else "datasheet roofline")
     out.print(f"operators: {note}", highlight=False)
 
 

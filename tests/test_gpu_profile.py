@@ -161,3 +161,16 @@ def test_a_profile_measured_on_another_gpu_is_refused(tmp_path):
         "replicas": {"min": 1, "max": 2}}))
     with pytest.raises(ScenarioError, match=r"gpus: l4: .*measured on 'NVIDIA H100 80GB HBM3'"):
         load_plan(tmp_path / "plan.yaml")
+
+
+def test_sim_steptime_with_a_profile_says_its_figures_are_the_profiles(tmp_path):
+    """Its footer said "operators: datasheet roofline" under a table of the profile's measured step times."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    path = write_profile(tmp_path / "p.json")
+    r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "h100", "--step-time", str(path), "--tokens", "1,64"])
+    assert r.exit_code == 0, r.output
+    assert f"operators: a calibration profile's measured step times ({path})" in r.output.replace("\n", "")
+    assert "datasheet roofline" not in r.output
