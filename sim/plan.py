@@ -701,7 +701,7 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
 
     plan = load_plan(plan_path)
     out = Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan")
-    with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
+    with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,
                 transient=True) as bar:

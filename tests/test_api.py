@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "scenarios" / "tiny-cpu.yaml")
 
 
-@pytest.mark.parametrize("call, message", [
+@pytest.mark.parametrize("call, message", [  # (each before anything is written: "x" is never made)
     (lambda: kvsim.run({"name": "x"}), "run: scenario is a dict; expected a Scenario"),
     (lambda: kvsim.run(None), "run: scenario is a NoneType"),
     (lambda: kvsim.run(TINY, requests=[1, 2]), "run: requests is a list; expected a sim.workload.RequestTable"),
@@ -21,9 +21,11 @@ TINY = str(ROOT / "scenarios" / "tiny-cpu.yaml")
     (lambda: kvsim.load_requests(123), "load_requests: scenario is a int"),
     (lambda: kvsim.sweep_to_dir(str(ROOT / "scenarios" / "vllm-paper" / "opt-13b-sharegpt.sweep.yaml"), "x", workers="a"),
      "workers is a str; expected a whole number")])
-def test_a_wrong_argument_is_a_type_error_naming_it(call, message):
+def test_a_wrong_argument_is_a_type_error_naming_it(call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match=message):
         call()
+    assert not list(tmp_path.iterdir())
 
 
 def test_results_go_to_a_folder_and_requests_load_from_a_path(tmp_path):

@@ -108,7 +108,8 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
 
     sweep = load_sweep(sweep_path)
     out = Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep")
-    with folder_lock(out), make_executor(executor, workers=workers, address=address) as ex, \
+    # (the executor first: it checks workers and address before the folder and its lock are made)
+    with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
                 TimeRemainingColumn(), console=console, transient=True) as bar:
