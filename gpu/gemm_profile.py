@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 import time
@@ -104,56 +105,86 @@ def measure_model(torch, device, spec: ModelSpec, tps, tokens, repeats: int, flu
     return rows
 
 
+COLUMNS = [f"time_stats.{op}.{s}" for op in GEMM_OPS for s in STATS] + [
+    "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
+    "num_tensor_parallel_workers"]  # what a run of this script writes, in order
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    cols = [f"time_stats.{op}.{s}" for op in GEMM_OPS for s in STATS] + [
-        "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
-        "num_tensor_parallel_workers"]
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
 
+class CombineError(Exception):
+    """A run folder ``--combine`` cannot merge: what and where (one line, exit 2)."""
+
+
 def combine(runs: list[Path], out: Path) -> list[Path]:
-    """One profile folder of several runs' (the same models, token counts and degrees in each)."""
-    written = []
+    """One profile folder of several runs' (the same models, token counts and degrees in each). Everything is
+    read and checked before anything is written (a damaged run left a half-written folder)."""
+    for run in runs:
+        if not Path(run).is_dir():
+            raise CombineError(f"--combine {run}: not a folder (a run's --out)")
+    if out.exists() and not out.is_dir():
+        raise CombineError(f"--out {out}: is a file; expected the folder to write")
     first = sorted(Path(runs[0]).glob("compute/*/*/*/mlp.csv"))
     if not first:
-        raise SystemExit(f"error: {runs[0]}: no compute/<gpu>/<org>/<model>/mlp.csv")
+        raise CombineError(f"{runs[0]}: no compute/<gpu>/<org>/<model>/mlp.csv")
+    merged: dict[Path, list[dict]] = {}
     for path in first:
         rel = path.relative_to(runs[0])
         tables = []
         for run in runs:
             try:
                 with open(Path(run) / rel, newline="") as f:
-                    tables.append({(r["num_tokens"], r["num_tensor_parallel_workers"]): r for r in csv.DictReader(f)})
-            except (OSError, KeyError) as e:
-                raise SystemExit(f"error: {Path(run) / rel}: not a run of this script ({e.__class__.__name__}: {e})")
+                    reader = csv.DictReader(f)
+                    if list(reader.fieldnames or []) != COLUMNS:  # (extra columns: a DictWriter ValueError)
+                        extra = sorted(set(reader.fieldnames or []) - set(COLUMNS))[:3]
+                        missing = sorted(set(COLUMNS) - set(reader.fieldnames or []))[:3]
+                        raise CombineError(f"{Path(run) / rel}: not a run of this script (its columns differ: "
+                                           f"extra {extra or 'none'}, missing {missing or 'none'}; a Vidur "
+                                           "profile folder is read as it is, not combined)")
+                    tables.append({(r["num_tokens"], r["num_tensor_parallel_workers"]): r for r in reader})
+            except (OSError, KeyError, csv.Error) as e:
+                raise CombineError(f"{Path(run) / rel}: not a run of this script ({e.__class__.__name__}: {e})")
         keys = list(tables[0])
         if any(set(t) != set(keys) for t in tables):
-            raise SystemExit(f"error: {rel}: the runs measured different token counts or degrees")
+            raise CombineError(f"{rel}: the runs measured different token counts or degrees")
         rows = []
         for key in keys:
             row = dict(tables[0][key])
             for op in GEMM_OPS:
                 def col(stat: str) -> list[float]:
                     try:
-                        return [float(t[key][f"time_stats.{op}.{stat}"]) for t in tables]
+                        values = [float(t[key][f"time_stats.{op}.{stat}"]) for t in tables]
                     except (KeyError, TypeError, ValueError):
-                        raise SystemExit(f"error: {rel}: time_stats.{op}.{stat} missing or not a number at "
-                                         f"num_tokens {key[0]}, degree {key[1]} in one of the runs") from None
+                        values = []
+                    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+                        raise CombineError(f"{rel}: time_stats.{op}.{stat} missing, negative or not a number at "
+                                           f"num_tokens {key[0]}, degree {key[1]} in one of the runs")
+                    return values
                 medians = col("median")
                 row.update({f"time_stats.{op}.min": min(col("min")), f"time_stats.{op}.max": max(col("max")),
                             f"time_stats.{op}.mean": statistics.fmean(col("mean")),
                             f"time_stats.{op}.median": statistics.median(medians),
                             f"time_stats.{op}.std": statistics.pstdev(medians)})
             rows.append(row)
-        write_csv(out / rel, rows)
-        written.append(out / rel)
-    provs = [json.loads((Path(r) / "provenance.json").read_text()) for r in runs if (Path(r) / "provenance.json").exists()]
+        merged[out / rel] = rows
+    provs = []
+    for r in runs:
+        p = Path(r) / "provenance.json"
+        if p.exists():
+            try:
+                provs.append(json.loads(p.read_text()))
+            except (OSError, ValueError) as e:
+                raise CombineError(f"{p}: unreadable ({e.__class__.__name__}: {e})") from None
+    for path, rows in merged.items():
+        write_csv(path, rows)
     (out / "provenance.json").write_text(json.dumps({"combined": [str(r) for r in runs], "runs": provs}, indent=1))
-    return written
+    return list(merged)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if not tokens or min(tokens) < 1 or a.repeats < 1:
         ap.error("--tokens must be positive integers and --repeats at least 1")
     if a.combine:
-        written = combine([Path(r) for r in a.combine], Path(a.out))
+        try:
+            written = combine([Path(r) for r in a.combine], Path(a.out))
+        except CombineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {len(written)} profiles of {len(a.combine)} runs under {a.out}")
         return 0
     import torch

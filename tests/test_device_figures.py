@@ -107,15 +107,45 @@ def test_gemm_profile_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gemm_profile.main(["--out", str(tmp_path / "o"), "--tokens", "a,b"])
     assert "--tokens 'a,b': expected comma-separated positive integers" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="no compute/<gpu>/<org>/<model>/mlp.csv"):
-        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(tmp_path / "nowhere")])
     run = ROOT / "reports" / "h200_gemm"
+
+    def combine(*runs, out=tmp_path / "o") -> str:
+        """--combine RUNS --out OUT: exit 2, nothing written, the error line."""
+        assert gemm_profile.main(["--out", str(out), "--combine", *map(str, runs)]) == 2
+        assert not (tmp_path / "o").exists()
+        return capsys.readouterr().err
+
+    (tmp_path / "empty").mkdir()
+    assert "no compute/<gpu>/<org>/<model>/mlp.csv" in combine(tmp_path / "empty")
+    assert "--combine " + str(tmp_path / "nowhere") + ": not a folder" in combine(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("")
+    assert "is a file; expected the folder to write" in combine(run, out=tmp_path / "file")
     broken = tmp_path / "broken" / "compute" / "h200" / "microsoft" / "phi-2"
     broken.mkdir(parents=True)
     (broken / "mlp.csv").write_text("num_tokens,num_tensor_parallel_workers\n1,1\n")
-    with pytest.raises(SystemExit, match="not a run of this script"):  # the other models' files are missing
-        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(run), str(tmp_path / "broken")])
-    with pytest.raises(SystemExit, match="different token counts or degrees"):
-        gemm_profile.main(["--out", str(tmp_path / "o"), "--combine", str(tmp_path / "broken"), str(run)])
-    with pytest.raises(SystemExit, match="time_stats.attn_pre_proj.median missing or not a number"):
-        gemm_profile.combine([tmp_path / "broken"], tmp_path / "o2")
+    assert "not a run of this script" in combine(run, tmp_path / "broken")  # the other models' files are missing
+    assert "its columns differ" in combine(tmp_path / "broken", run)
+    # Vidur's own layout (more columns): was a DictWriter ValueError after a partial folder was written
+    rel = Path("compute/h200/microsoft/phi-2/mlp.csv")
+    vidur = tmp_path / "vidur" / rel
+    vidur.parent.mkdir(parents=True)
+    text = (run / rel).read_text().splitlines()
+    vidur.write_text("\n".join([text[0] + ",time_stats.emb.max"] + [r + ",1.0" for r in text[1:]]) + "\n")
+    assert "extra ['time_stats.emb.max']" in combine(tmp_path / "vidur")
+    negative = tmp_path / "neg" / rel  # negative times were written through
+    negative.parent.mkdir(parents=True)
+    head, first, *rest = text
+    cells = first.split(",")
+    cells[head.split(",").index("time_stats.attn_pre_proj.median")] = "-1"
+    negative.write_text("\n".join([head, ",".join(cells), *rest]) + "\n")
+    for other in sorted((run / "compute").glob("*/*/*/mlp.csv")):
+        (tmp_path / "neg" / other.relative_to(run)).parent.mkdir(parents=True, exist_ok=True)
+        if other.relative_to(run) != rel:
+            (tmp_path / "neg" / other.relative_to(run)).write_text(other.read_text())
+    assert "time_stats.attn_pre_proj.median missing, negative or not a number" in combine(run, tmp_path / "neg")
+    damaged = tmp_path / "damaged"  # an unreadable provenance: was a JSONDecodeError after mlp.csv was written
+    for other in sorted((run / "compute").glob("*/*/*/mlp.csv")):
+        (damaged / other.relative_to(run)).parent.mkdir(parents=True, exist_ok=True)
+        (damaged / other.relative_to(run)).write_text(other.read_text())
+    (damaged / "provenance.json").write_text("{trunc")
+    assert "provenance.json: unreadable" in combine(run, damaged)

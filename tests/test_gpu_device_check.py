@@ -148,6 +148,20 @@ def test_the_remote_command_fits_the_device_tool_and_is_the_readmes():
         check_command(REMOTE_COMMAND.replace("timeout -k 15 450", "timeout -k 15 470"))
 
 
+@pytest.mark.parametrize("args, message", [(["--out", "{tmp}/f"], "is a file; expected the bundle's folder"),
+                                           (["--out", "{tmp}/f/x"], "f is a file; expected the bundle's folder"),
+                                           (["--max-mib", "nan"], "--max-mib nan: expected MiB above 0")])
+def test_bundle_bad_flags_are_one_line(tmp_path, capsys, args, message):
+    from gpu import device_bundle
+
+    (tmp_path / "f").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "b")]
+    with pytest.raises(SystemExit) as e:
+        device_bundle.main(["--no-wheels", *out, *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
 def test_the_bundle_records_the_commit_the_device_runs(tmp_path, monkeypatch):
     from gpu import check, device_bundle
 

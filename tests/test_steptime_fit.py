@@ -489,7 +489,7 @@ def test_gemm_profile_runs_combine_into_one_profile_the_fit_reads(tmp_path):
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpu.gemm_profile import GEMM_OPS, STATS, combine, write_csv
+    from gpu.gemm_profile import GEMM_OPS, STATS, CombineError, combine, write_csv
 
     def run(name, scale):
         rows = [{**{f"time_stats.{op}.{s}": scale * (t + 1) * 0.01 for op in GEMM_OPS for s in STATS},
@@ -508,7 +508,7 @@ def test_gemm_profile_runs_combine_into_one_profile_the_fit_reads(tmp_path):
     assert profile_origin(tmp_path / "all") == "gpu/gemm_profile.py, 3 runs on NVIDIA H200 2026-12-04"
     (runs[2] / "compute" / "h200" / "org" / "tiny" / "mlp.csv").write_text(
         (runs[0] / "compute" / "h200" / "org" / "tiny" / "mlp.csv").read_text().rsplit("\n", 2)[0] + "\n")
-    with pytest.raises(SystemExit, match="different token counts"):
+    with pytest.raises(CombineError, match="different token counts"):
         combine(runs, tmp_path / "bad")
 
 
