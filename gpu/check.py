@@ -586,12 +586,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--layers {a.layers}: expected 1 to {most}, the layers of {Path(model).name} to keep")
     out = Path(a.out or ("runs/device_check_cpu.json" if kind == "cpu" else "reports/device_check.json")).absolute()
     work = Path(a.work).absolute() if a.work else out.with_name(out.stem + "_files")
-    for flag, path, folder in (("--out", out, False), ("--work", work, True)):
-        above = next((p for p in [path, *path.parents] if p.exists()), None)
-        if path.exists() and path.is_dir() != folder:
-            ap.error(f"{flag} {path}: is a {'file' if folder else 'folder'}; expected {'a folder' if folder else 'a JSON file path'}")
-        if above is not None and above != path and not above.is_dir():
-            ap.error(f"{flag} {path}: {above} is a file, so the {'folder' if folder else 'file'} cannot be made there")
+    from sim.config import ScenarioError
+    from sim.outputs import out_dir, out_file
+
+    try:  # (the checks sim run makes of its own --out)
+        out_file(out, "--out")
+        out_dir(work, "--work")
+    except ScenarioError as e:
+        ap.error(str(e))
     out.parent.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     missing = missing_packages()

@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -204,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.command:
         print(REMOTE_COMMAND)
         return 0
-    if not (a.max_mib > 0 and a.max_mib == a.max_mib and a.max_mib != float("inf")):  # (nan, 0, -1 passed)
+    if not (math.isfinite(a.max_mib) and a.max_mib > 0):  # (nan, 0, -1 passed)
         ap.error(f"--max-mib {a.max_mib}: expected MiB above 0")
-    out = Path(a.out)
-    above = next((p for p in [out, *out.parents] if p.exists()), None)
-    if above is not None and not above.is_dir():  # (was a FileExistsError traceback)
-        ap.error(f"--out {out}: {'is a file' if above == out else f'{above} is a file'}; expected the bundle's folder")
+    from sim.config import ScenarioError
+    from sim.outputs import out_dir
+
+    try:  # (a file was a FileExistsError traceback)
+        out = out_dir(a.out, "--out")
+    except ScenarioError as e:
+        ap.error(str(e))
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"python": a.python, "trace": write_trace_slice(find_azure(a.trace), out / TRACE_NAME, a.rows)}
     if not a.no_wheels:

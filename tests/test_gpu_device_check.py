@@ -102,19 +102,25 @@ def test_the_budget_is_enforced(tmp_path):
     (["--budget-s", "nan"], "--budget-s nan: expected seconds above 0"),
     (["--layers", "0"], "--layers 0: expected 1 to "),
     (["--layers", "100000"], "--layers 100000: expected 1 to "),
-    (["--out", "{tmp}"], "is a folder; expected a JSON file path"),
-    (["--out", "{tmp}/f/x.json"], "f is a file, so the file cannot be made there"),
-    (["--work", "{tmp}/f"], "is a file; expected a folder")])
+    (["--out", "{tmp}"], "is a folder (give the name of a file to write)"),
+    (["--out", "{tmp}/f/x.json"], "its folder {tmp}/f: exists and is not a folder"),
+    (["--work", "{tmp}/f"], "exists and is not a folder")])
 def test_bad_flags_stop_before_anything_runs(tmp_path, capsys, args, message):
     """Checked up front: a bad --out failed only when the figures were written, after a GPU's whole budget."""
     from gpu import check
 
+    _refused(check.main, ["--device", "cpu", "--quick"], "c.json", tmp_path, capsys, args, message)
+
+
+def _refused(main, fixed: list[str], default_out: str, tmp_path, capsys, args, message) -> None:
+    """``main(fixed + args)`` (``--out`` default_out unless given; ``{tmp}`` in args is tmp_path, which holds a
+    file ``f``) exits 2 with ``message`` and writes nothing."""
     (tmp_path / "f").write_text("")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    out = [] if "--out" in args else ["--out", str(tmp_path / "c.json")]
+    out = [] if "--out" in args else ["--out", str(tmp_path / default_out)]
     with pytest.raises(SystemExit) as e:
-        check.main(["--device", "cpu", "--quick", *out, *args])
-    assert e.value.code == 2 and message in capsys.readouterr().err
+        main([*fixed, *out, *args])
+    assert e.value.code == 2 and message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written
 
 
@@ -148,18 +154,13 @@ def test_the_remote_command_fits_the_device_tool_and_is_the_readmes():
         check_command(REMOTE_COMMAND.replace("timeout -k 15 450", "timeout -k 15 470"))
 
 
-@pytest.mark.parametrize("args, message", [(["--out", "{tmp}/f"], "is a file; expected the bundle's folder"),
-                                           (["--out", "{tmp}/f/x"], "f is a file; expected the bundle's folder"),
+@pytest.mark.parametrize("args, message", [(["--out", "{tmp}/f"], "exists and is not a folder"),
+                                           (["--out", "{tmp}/f/x"], "cannot create the folder"),
                                            (["--max-mib", "nan"], "--max-mib nan: expected MiB above 0")])
 def test_bundle_bad_flags_are_one_line(tmp_path, capsys, args, message):
     from gpu import device_bundle
 
-    (tmp_path / "f").write_text("")
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    out = [] if "--out" in args else ["--out", str(tmp_path / "b")]
-    with pytest.raises(SystemExit) as e:
-        device_bundle.main(["--no-wheels", *out, *args])
-    assert e.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "b").exists()
+    _refused(device_bundle.main, ["--no-wheels"], "b", tmp_path, capsys, args, message)
 
 
 def test_the_bundle_records_the_commit_the_device_runs(tmp_path, monkeypatch):
