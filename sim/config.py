@@ -25,6 +25,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
                          model_from_hf_config)
 from sim.trace_paths import PREFIX as TRACE_PREFIX
+from sim.trace_paths import inside as trace_inside
 from sim.trace_paths import locate as locate_trace
 from sim.userfile import read_text
 
@@ -276,10 +277,7 @@ class TraceWorkload(Strict):
     def _inside_the_traces_folders(cls, v: str) -> str:
         """``traces:REL`` names a file inside the traces folders: ``traces:../../etc/passwd`` read outside them."""
         if v.startswith(TRACE_PREFIX):
-            rel = v[len(TRACE_PREFIX):]
-            if Path(rel).is_absolute() or ".." in rel.replace("\\", "/").split("/"):
-                raise ValueError(f"{TRACE_PREFIX}REL names a file inside the traces folders; {rel!r} leads out of "
-                                 "them (an absolute path, or '..'): give the path without traces:")
+            trace_inside(v[len(TRACE_PREFIX):])
         return v
 
     @model_validator(mode="after")

@@ -61,11 +61,20 @@ def locate(rel: str | Path, explicit: str | Path | None = None) -> Path:
     return find_trace(rel, explicit) or trace_dirs(explicit)[0] / rel
 
 
+def inside(rel: str) -> str:
+    """``rel`` of ``traces:REL``, which must name a file inside the traces folders: ValueError for an absolute
+    path or one with '..' (``traces:../../etc/passwd`` read outside them)."""
+    if Path(rel).is_absolute() or ".." in rel.replace("\\", "/").split("/"):
+        raise ValueError(f"{PREFIX}REL names a file inside the traces folders; {rel!r} leads out of them (an "
+                         f"absolute path, or '..'): give the path without {PREFIX}")
+    return rel
+
+
 def named(p: str | Path) -> Path:
     """A trace named on the command line: ``traces:REL`` is looked for in the traces folders, as in a
-    scenario (``locate``); any other path is taken as given."""
+    scenario (``locate``); any other path is taken as given. Raises ValueError as ``inside``."""
     s = str(p)
-    return locate(s[len(PREFIX):]) if s.startswith(PREFIX) else Path(p)
+    return locate(inside(s[len(PREFIX):])) if s.startswith(PREFIX) else Path(p)
 
 
 def searched(explicit: str | Path | None = None) -> str:

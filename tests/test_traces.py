@@ -102,6 +102,8 @@ def test_sim_trace_commands_find_traces_by_name_as_scenarios_do(tmp_path, monkey
     assert r.exit_code == 0 and (tmp_path / "a.parquet").is_file(), r.output
     r = runner.invoke(app, ["trace", "info", "traces:azure_2023/nope.csv"])
     assert r.exit_code == 2 and "nope.csv: no such trace file" in r.output, r.output
+    r = runner.invoke(app, ["trace", "info", "traces:../../etc/passwd"])  # as in a scenario: inside the folders only
+    assert r.exit_code == 2 and "leads out of them" in r.output, r.output
 
 
 def test_mooncake_prefix_blocks_match_the_readme():

@@ -131,9 +131,17 @@ def _read_max_model_len(w: TraceWorkload, max_model_len: int | None) -> None:
                             f"longer requests to it); without it the trace's lengths are kept as they are")
 
 
+def _named(path: Path) -> Path:
+    """FILE of ``sim trace``: a path, or ``traces:REL`` in the traces folders (``trace_paths.named``)."""
+    try:
+        return trace_paths.named(path)
+    except ValueError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+
+
 def trace_info(path: Path, settings: list[str], max_model_len: int | None = None) -> list[str]:
     """``sim trace info``: the trace's statistics, after the transforms in ``settings``."""
-    path = trace_paths.named(path)
+    path = _named(path)
     w = workload_from_options(path, settings)
     _read_max_model_len(w, max_model_len)
     t = load_trace(w, path, max_model_len, allow_untimed=True)
@@ -143,7 +151,7 @@ def trace_info(path: Path, settings: list[str], max_model_len: int | None = None
 
 def trace_convert(path: Path, out: Path, settings: list[str], max_model_len: int | None = None) -> list[str]:
     """``sim trace convert``: write the (transformed) canonical table as parquet."""
-    path = trace_paths.named(path)
+    path = _named(path)
     if out.suffix != ".parquet":
         raise ScenarioError(f"{out}: the canonical table is written as parquet; name it *.parquet")
     if out.exists() and path.exists() and out.resolve() == path.resolve():  # (-w sample=0.5 halved the input)
