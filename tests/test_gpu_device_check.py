@@ -163,6 +163,19 @@ def test_bundle_bad_flags_are_one_line(tmp_path, capsys, args, message):
     _refused(device_bundle.main, ["--no-wheels"], "b", tmp_path, capsys, args, message)
 
 
+def test_a_bundle_outside_device_is_measured_too(tmp_path, capsys):
+    """--max-mib holds wherever --out is (a bundle elsewhere was not measured at all)."""
+    from gpu import device_bundle
+
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.6805900,374,44\n" * 3)
+    args = ["--no-wheels", "--trace", str(csv), "--rows", "2", "--out", str(tmp_path / "b")]
+    assert device_bundle.main([*args, "--max-mib", "0.0001"]) == 1
+    assert "too large" in capsys.readouterr().err
+    assert device_bundle.main([*args, "--max-mib", "1000"]) == 0
+    assert f"once {tmp_path / 'b'} is moved to .device" in capsys.readouterr().out
+
+
 def test_the_bundle_records_the_commit_the_device_runs(tmp_path, monkeypatch):
     from gpu import check, device_bundle
 
