@@ -713,7 +713,7 @@ def steptime_rows(model: ModelSpec, gpu: GpuSpec, tp: int, tokens: list[int], co
     if isinstance(cfg, ProfileConfig):
         if tp != 1:
             raise ScenarioError(f"step_time profiles are measured on one GPU; --tp must be 1, not {tp}")
-        prof = ProfileStepTime.from_profile(load_profile(cfg.path, model), paged=True)
+        prof = ProfileStepTime.from_profile(load_profile(cfg.path, model, gpu.name), paged=True)
         for n in tokens:
             pairs = n * context + n * (n + 1) // 2
             t = prof.predict(n, pairs, 0, 0) if n > 1 else prof.predict(0, 0, 1, context + 1)

@@ -174,3 +174,6 @@ def test_sim_steptime_with_a_profile_says_its_figures_are_the_profiles(tmp_path)
     assert r.exit_code == 0, r.output
     assert f"operators: a calibration profile's measured step times ({path})" in r.output.replace("\n", "")
     assert "datasheet roofline" not in r.output
+    write_profile(path, provenance={"device": "NVIDIA H100 80GB HBM3"})
+    r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "l4", "--step-time", str(path), "--tokens", "1"])
+    assert r.exit_code == 2 and "and this run's GPU is l4" in r.output, r.output  # (printed H100's figures as L4's)
