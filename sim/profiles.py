@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.catalog import AllReduceFit, ElementwiseFit, GemmFit, GpuSpec, ModelSpec, OperatorFit
+from sim.catalog import MAX_CONFIG_INT, AllReduceFit, ElementwiseFit, GemmFit, GpuSpec, ModelSpec, OperatorFit
 from sim.kv import CapacityError, check_tensor_parallel
 
 # The ops of one layer as Vidur names them; ``add`` (a residual add) runs twice per layer.
@@ -56,7 +56,10 @@ TOPOLOGY_GPUS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100"}
 LIMITS = {"num_tokens": (2**24, "tokens in one batch"),
           "num_tensor_parallel_workers": (1024, "(a scenario's limit on tensor_parallel)"),
           "num_workers": (1024, "(a scenario's limit on tensor_parallel)"),
-          "time_stats": (1e6, "ms (17 minutes for one op of one layer: no kernel time)")}
+          "time_stats": (1e6, "ms (17 minutes for one op of one layer: no kernel time)"),
+          # a model's sizes: as a config.json's are bounded (sim.catalog.model_from_hf_config)
+          **{c: (MAX_CONFIG_INT, "(as in a model's config.json)")
+             for c in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")}}
 
 
 class ProfileError(ValueError):
@@ -133,6 +136,11 @@ def read_compute_profile(path: str | Path) -> ComputeProfile:
         raise ProfileError(f"{path}: line {i + 2}: the model's shape columns ({', '.join(SHAPE_COLUMNS)}) "
                            f"differ from the first row's: one file holds one model")
     table = df[list(KEY_COLUMNS + SHAPE_COLUMNS)].astype(np.int64).copy()
+    r = table.iloc[0]  # the heads split the width, and the key-value heads the heads, as a config.json's must
+    for col, whole, part in (("n_embd", r.n_embd, r.n_head), ("n_head", r.n_head, r.n_kv_head)):
+        if whole % part:
+            raise ProfileError(f"{path}: line 2, column {col!r}: {whole} is not a multiple of "
+                               f"{'n_head' if col == 'n_embd' else 'n_kv_head'} {part}")
     name = "/".join(path.parts[-3:-1])
     model = profile_model(table, name)
     for tp in table.num_tensor_parallel_workers.unique():  # heads split over the ranks, as a run requires

@@ -115,6 +115,11 @@ def test_reader_averages_repeated_measurements(tmp_path):
      "got 1000000000000"),
     (lambda df: df.assign(num_tokens=list(df.num_tokens[:4]) + [10**15] + list(df.num_tokens[5:])),
      "line 6, column 'num_tokens': expected at most 16,777,216 tokens in one batch, got 1000000000000000"),
+    # shapes a model's config.json may not have (they were fitted as given: 5121 / 40 heads read as 128 wide)
+    (lambda df: df.assign(n_embd=5121), "line 2, column 'n_embd': 5121 is not a multiple of n_head 40"),
+    (lambda df: df.assign(n_kv_head=3), "line 2, column 'n_head': 40 is not a multiple of n_kv_head 3"),
+    (lambda df: df.assign(vocab_size=2**40), "line 2, column 'vocab_size': expected at most 2,147,483,647 (as in a "
+                                             "model's config.json), got 1099511627776"),
 ])
 def test_reader_names_file_line_and_column(tmp_path, edit, message):
     path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1,))
@@ -129,7 +134,7 @@ def test_reader_heads_must_split_over_tp_and_gated_mlp_may_read_true_false(tmp_p
     use_gated_mlp column mixing true/false with 0/1 reads as 0/1."""
     path = write_profile(tmp_path, "a100", "org/mid", SHAPES["org/mid"], TRUE, GPUS["a100-80gb"], tps=(1, 2))
     df = pd.read_csv(path)
-    df.assign(n_head=7, n_kv_head=7).to_csv(path, index=False)
+    df.assign(n_head=7, n_kv_head=7, n_embd=7 * 128).to_csv(path, index=False)
     with pytest.raises(ProfileError, match=f"line {len(TOKENS) + 2}, column 'num_tensor_parallel_workers': org/mid: "
                                            f"7 attention heads do not split over tensor_parallel=2"):
         read_compute_profile(path)
