@@ -157,6 +157,9 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     if not d.is_dir():
         raise ResultsError(f"{d}: not a folder (give the result folder that `sim run` wrote)" if d.exists() else
                            f"{d}: no such result folder")
+    if (d / "plan.json").is_file():  # (was "not a result folder")
+        raise ResultsError(f"{d}: a `sim plan` folder: its report is a page of its own (sim report {d}), not "
+                           f"compared with other folders")
     has_run = (d / "summary.json").exists()
     sweep = _read_parquet(d / SWEEP_FILE) if (d / SWEEP_FILE).exists() else None
     capacity = _read_parquet(d / CAPACITY_FILE) if (d / CAPACITY_FILE).exists() else None
@@ -173,6 +176,13 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
             names += [str(p) for p in pd.unique(table["policy"].astype(str)) if str(p) not in names]
     labels = {n: (f"{label} / {n}" if label else n) for n in names}
     snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
+    if summary:  # a policy that took a step captured its address space (sim.engine: at its first step)
+        stepped = [n for n, p in summary["policies"].items() if isinstance(p, dict) and (p.get("num_steps") or 0) > 0]
+        held = set() if snapshots is None or "policy" not in snapshots.columns else set(snapshots["policy"].astype(str))
+        lost = [n for n in stepped if n not in held]
+        if lost:  # (the page was drawn without their address space, without a word)
+            raise ResultsError(f"{d}: incomplete run, {SNAPSHOT_FILE} " + ("is missing" if snapshots is None else
+                               f"has no rows of {', '.join(lost)}") + " (re-run `sim run` to write it)")
     groups = _read_parquet(d / GROUPS_FILE) if has_run and (d / GROUPS_FILE).exists() else None
     replicas = _read_parquet(d / REPLICAS_FILE) if has_run and (d / REPLICAS_FILE).exists() else None
     sweep_info = None
@@ -207,6 +217,11 @@ def load_runs(paths: Sequence[str | Path]) -> list[RunTables]:
     if not paths:
         raise ResultsError("no result folder given")
     ps = [Path(p) for p in paths]
+    seen: dict[Path, Path] = {}
+    for p in ps:  # (a folder compared with itself drew every chart twice)
+        if p.resolve() in seen:
+            raise ResultsError(f"{p}: given twice (as {seen[p.resolve()]}); compare different result folders")
+        seen[p.resolve()] = p
     if len(ps) == 1:
         return [load_run(ps[0])]
     return [load_run(p, label) for p, label in zip(ps, run_labels(ps))]

@@ -145,6 +145,35 @@ def _drop_column(d, file, column):
     pq.write_table(t.drop_columns([column]), d / file)
 
 
+def _keep_rows(d, file, column, value):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(d / file)
+    pq.write_table(t.filter(pc.equal(pc.cast(t[column], "string"), value)), d / file)
+
+
+def test_report_refuses_a_folder_twice_and_a_plan_among_runs(finished_run, tmp_path):
+    """A folder compared with itself drew every chart twice; a plan folder among runs was "not a result folder"."""
+    r = invoke("report", finished_run, tmp_path / ".." / tmp_path.name / ".." / finished_run.parent.name / "run")
+    assert r.exit_code == 2 and "given twice" in r.output, r.output
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "plan.json").write_text("{}")
+    r = invoke("report", finished_run, plan)
+    assert r.exit_code == 2 and "a `sim plan` folder: its report is a page of its own" in r.output.replace("\n", "")
+
+
+def test_a_run_that_took_no_step_has_no_snapshot_and_reports(tmp_path):
+    """Every request refused (longer than the model's context): no step, so no address space to keep."""
+    s = tmp_path / "s.yaml"
+    s.write_text(SCENARIO.replace("lengths: alpaca", "prompt: {kind: fixed, tokens: 9000}, output: {kind: fixed, tokens: 10}"))
+    assert invoke("run", s, "--out", tmp_path / "run", "--no-report").exit_code == 0
+    assert not (tmp_path / "run" / "kv_snapshots.parquet").exists()
+    r = invoke("report", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": 5}}'),
      "policies.vllm is not an object of metrics"),
@@ -156,6 +185,9 @@ def _drop_column(d, file, column):
     (lambda d: (d / "requests.parquet").write_text("not parquet"), "requests.parquet: cannot read"),
     (lambda d: _drop_column(d, "timeline.parquet", "bin_s"), "not as sim run writes them"),
     (lambda d: (d / "timeline.parquet").unlink(), "incomplete run, missing timeline.parquet"),
+    # (drawn without the address space, without a word)
+    (lambda d: (d / "kv_snapshots.parquet").unlink(), "incomplete run, kv_snapshots.parquet is missing"),
+    (lambda d: _keep_rows(d, "kv_snapshots.parquet", "policy", "other"), "kv_snapshots.parquet has no rows of vllm"),
 ])
 def test_report_from_crafted_results(finished_run, tmp_path, edit, message):
     d = _crafted(finished_run, tmp_path, edit)

@@ -131,8 +131,11 @@ def test_user_text_cannot_run_and_page_still_renders(browser, tmp_path):
     assert any(policy_name[:20] in f["legend"] for f in state)  # legends cut long names...
     assert policy_name in hover_text(browser, "Latency distributions", curve=4)  # ...hover shows them whole
 
-    # the same run compared with itself: labels carry the folder names, still escaped
-    compare = build_report([run_dir, run_dir], tmp_path / "compare.html")
+    # the same run compared with a copy of the same name: labels carry the folder names, still escaped
+    import shutil
+
+    copy = shutil.copytree(run_dir, tmp_path / "copy" / run_dir.name)
+    compare = build_report([run_dir, copy], tmp_path / "compare.html")
     state = open_report(browser, compare, tmp_path / "compare.png")
     assert not console_errors(browser)
     assert browser.execute_script("return window.__kvsim_pwned === undefined")

@@ -78,12 +78,20 @@ def test_same_colour_for_a_policy_in_every_figure(small_run):
     assert seen["orca-oracle"] != seen["vllm"]
 
 
+def same_name(run, tmp_path):
+    """A copy of ``run`` under another folder, of the same name (a folder compared with itself is refused)."""
+    import shutil
+
+    return shutil.copytree(run, tmp_path / "other" / run.name)
+
+
 def test_compare_labels_policies_by_run(small_run, tmp_path):
-    out = build_report([small_run, small_run], tmp_path / "c.html")
+    other = same_name(small_run, tmp_path)
+    out = build_report([small_run, other], tmp_path / "c.html")
     specs = figure_specs(out.read_text())
     names = {tr.get("meta") for s in specs for tr in s["data"]}
     assert {"small / vllm", "small#2 / vllm", "small / orca-oracle", "small#2 / orca-oracle"} <= names
-    assert run_labels([small_run, small_run]) == ["small", "small#2"]
+    assert run_labels([small_run, other]) == ["small", "small#2"]
 
 
 def test_sweep_folder_shows_sweep_figures(small_run, tmp_path):
@@ -113,7 +121,7 @@ def test_sim_report_rebuilds_from_saved_results(small_run, tmp_path):
     assert r.exit_code == 0, r.output
     assert (small_run / "report.html").exists() and "bytes" in r.output
     out = tmp_path / "sub" / "cmp.html"
-    r = runner.invoke(app, ["report", str(small_run), str(small_run), "--out", str(out)])
+    r = runner.invoke(app, ["report", str(small_run), str(same_name(small_run, tmp_path)), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert out.exists() and str(out) in r.output.replace("\n", "")  # written where --out says (folder made)
     names = {tr.get("meta") for s in figure_specs(out.read_text()) for tr in s["data"]}
