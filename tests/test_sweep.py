@@ -217,6 +217,42 @@ def test_resume_skips_finished_runs_and_redoes_missing_ones(tmp_path):
     assert fresh.num_runs == 6
 
 
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: None, "not a stored run"), (lambda d: [1, 2], "not a stored run"),
+    (lambda d: {k: v for k, v in d.items() if k != "policy"}, "no policy name"),
+    (lambda d: {**d, "summary": [1]}, "no summary of metrics"),
+    (lambda d: {**d, "summary": {}}, "its summary lacks num_requests"),  # (reused: read as a run failing its SLO)
+    (lambda d: {**d, "summary": {**d["summary"], "num_finished": -7}}, "summary.num_finished is -7"),
+    (lambda d: {**d, "summary": {**d["summary"], "request_throughput": "x"}}, "summary.request_throughput is 'x'"),
+    (lambda d: {**d, "workload": 3}, "its workload is not an object"),
+    (lambda d: {**d, "key": "other"}, "holds the run of another task"),
+])
+def test_a_damaged_stored_run_runs_again_and_says_so(tmp_path, damage, why):
+    """A stored point that reads as JSON but not as a run wrote it: a traceback (null, a list, no policy), an
+    Arrow error writing the table, or reused as it was (an empty summary moved a capacity and a plan's winner)."""
+    import json
+
+    from sim.sweep.drive import Progress
+
+    class Notes(Progress):
+        lines: list[str] = []
+
+        def note(self, line):
+            self.lines.append(line)
+
+    path = sweep_file(tmp_path, "axes: {workload.arrival.rate: [1.0]}\n")
+    out = tmp_path / "out"
+    first = run_sweep(load_sweep(path), out, SerialExecutor())
+    point = out / "points" / f"{first.table.point_key[0]}.json"
+    point.write_text(json.dumps(damage(json.loads(point.read_text()))))
+    notes = Notes()
+    again = run_sweep(load_sweep(path), out, SerialExecutor(), progress=notes)
+    assert again.num_runs == 1 and again.num_reused == 1
+    pd.testing.assert_frame_equal(first.table, again.table)
+    assert notes.lines == [f"{point}: {notes.lines[0].split(': ', 1)[1]}"] and why in notes.lines[0]
+    assert notes.lines[0].endswith("; running it again")
+
+
 def test_a_run_stored_by_other_code_is_not_reused(tmp_path, monkeypatch):
     """A stored run is keyed by the code that decides results too (sim/ and traces/): after an engine change
     (or a new summary metric) a rerun into the old folder runs again instead of reusing a stale result."""

@@ -4,10 +4,14 @@ interleaves grid tasks and capacity searches."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
+
+from sim.schema import METRICS
 
 from sim.sweep.capacity import Search, max_probes, next_probe, probe_task
 from sim.sweep.spec import Sweep
@@ -49,13 +53,23 @@ class PointStore:
     def __init__(self, out_dir: Path) -> None:
         self.dir = out_dir / POINTS_DIR
 
-    def get(self, key: str) -> Outcome | None:
+    def get(self, key: str, note: Callable[[str], None] | None = None) -> Outcome | None:
+        """The stored outcome of task ``key``; None when there is none, or it cannot be trusted (``damaged``:
+        then the task runs again, and ``note`` is told why)."""
         p = self.dir / f"{key}.json"
         try:
             data = json.loads(p.read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:
             return None
-        return Outcome.from_json(data, reused=True) if data.get("key") == key and not data.get("error") else None
+        except (OSError, ValueError):  # (a file cut short by a crash before the rename existed: run again)
+            data = None
+        why = damaged(data, key)
+        if why is not None:
+            if note is not None:
+                note(f"{p}: {why}; running it again")
+            return None
+        return Outcome.from_json(data, reused=True)
+
 
     def put(self, outcome: Outcome, task: Task) -> None:
         if outcome.error:
@@ -64,6 +78,40 @@ class PointStore:
         tmp = self.dir / f".{outcome.key}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # unique: no two writers share it
         tmp.write_text(json.dumps({**outcome.to_json(), "scenario": task.scenario}, allow_nan=False))
         tmp.replace(self.dir / f"{outcome.key}.json")
+
+
+# what every policy summary holds (``sim.metrics``): a stored point without them was not written by a run
+STORED_METRICS = ("num_requests", "num_finished", "num_rejected", "num_unfinished", "duration_s", "request_throughput",
+                  "num_steps")
+
+
+def damaged(data: Any, key: str) -> str | None:
+    """Why a stored point cannot be reused as task ``key``'s outcome (None: it can). NOTE: a point that read
+    back as JSON but not as a run wrote it was a traceback (null, a list, no "policy"), or worse was reused:
+    an empty summary counted as a run that failed its SLO, which moved a capacity and a plan's winner."""
+    if not isinstance(data, dict):
+        return "not a stored run (cannot read it as a JSON object)"
+    if data.get("key") != key:
+        return f"holds the run of another task ({str(data.get('key'))[:40]!r})"
+    if data.get("error"):
+        return "a failed run (failures are tried again)"
+    if not isinstance(data.get("policy"), str):
+        return "no policy name"
+    summary, workload, wall = data.get("summary"), data.get("workload"), data.get("wall_s", 0.0)
+    if not isinstance(summary, dict):
+        return "no summary of metrics"
+    if workload is not None and not isinstance(workload, dict):
+        return "its workload is not an object"
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)):
+        return f"wall_s is {wall!r:.40}, expected seconds"
+    missing = [m for m in STORED_METRICS if m not in summary]
+    if missing:
+        return f"its summary lacks {', '.join(missing)}"
+    for name, v in summary.items():
+        if name in METRICS and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                  or not v >= 0 or v == math.inf):
+            return f"summary.{name} is {v!r:.40}, expected a number of 0 or more, or null"
+    return None
 
 
 class Progress:
@@ -106,7 +154,7 @@ def drive(executor, tasks: list[Task], searches: list[Search], sweep: Sweep | No
         """True when the task's outcome is known (now, or stored by an earlier run); else make sure it runs."""
         if task.key in outcomes:
             return True
-        stored = store.get(task.key) if resume else None
+        stored = store.get(task.key, progress.note) if resume else None
         if stored is not None:
             outcomes[task.key] = stored
             progress.advance(stored)
