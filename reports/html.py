@@ -25,7 +25,7 @@ from reports import figures
 from reports.console import fleet_facts
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.schema import METRICS, TABLE_COLUMNS, plural, sig4
+from sim.schema import METRICS, PLAN_MARK, TABLE_COLUMNS, plural, sig4
 
 GB = 1e9
 GIB = 1 << 30
@@ -651,7 +651,7 @@ def default_output(run_dirs: Sequence[Path]) -> Path:
 def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """``sim report``: rebuild a run's report from its saved results, or compare several runs."""
     paths = [Path(p) for p in run_dirs]
-    if len(paths) == 1 and (paths[0] / "plan.json").is_file():  # a `sim plan` folder: its own page
+    if len(paths) == 1 and (paths[0] / PLAN_MARK).is_file():  # a `sim plan` folder: its own page
         from reports.plan import render as render_plan
 
         target = Path(out) if out is not None else paths[0] / "report.html"

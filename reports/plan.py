@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from reports.results import ResultsError
-from sim.schema import plan_label, plural, sig4
+from sim.schema import PLAN_MARK, plan_label, plural, sig4
 
 SHAPE_COLUMNS = ("gpu", "tensor_parallel", "policy", "max_num_seqs", "block_size")
 
@@ -94,13 +94,13 @@ def render(folder: Path) -> str:
     from reports.html import CSS
 
     try:
-        info = json.loads((folder / "plan.json").read_text())
+        info = json.loads((folder / PLAN_MARK).read_text())
         table = pd.read_parquet(folder / "plan.parquet")
         best = pd.read_csv(folder / "best.csv")
     except (OSError, ValueError) as e:
         raise ResultsError(f"{folder}: not a plan folder ({e.__class__.__name__}: {str(e)[:200]})") from None
     if not isinstance(info, dict) or "rate_column" not in info:
-        raise ResultsError(f"{folder / 'plan.json'}: not written by `sim plan` (no 'rate_column')")
+        raise ResultsError(f"{folder / PLAN_MARK}: not written by `sim plan` (no 'rate_column')")
     rate_col = info["rate_column"]
     slo = [m for m in (info.get("slo_metrics") or []) if m in best] or [
         c for c in best.columns if c.endswith("_ms") or c.endswith("_s")]

@@ -20,15 +20,15 @@ from typing import Sequence
 import pandas as pd
 
 from reports import ResultsError  # noqa: F401 (declared where the command line finds it cheaply)
-from sim.schema import MEMORY_CLASSES, REASONS, STATUS_NAMES
+from sim.schema import MEMORY_CLASSES, PLAN_MARK, REASONS, RUN_MARK, STATUS_NAMES, SWEEP_MARK
 
-RUN_FILES = ("summary.json", "requests.parquet", "timeline.parquet")
+RUN_FILES = (RUN_MARK, "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
 GROUPS_FILE = "kv_groups.parquet"  # policies of several KV groups (sim/hybrid.py): slots per group over time
 REPLICAS_FILE = "replicas.parquet"  # a fleet's policies (sim/cluster): one row per replica
 SWEEP_FILE = "sweep.parquet"
 CAPACITY_FILE = "capacity.parquet"
-SWEEP_INFO_FILE = "sweep.json"
+SWEEP_INFO_FILE = SWEEP_MARK
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,10 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     if not d.is_dir():
         raise ResultsError(f"{d}: not a folder (give the result folder that `sim run` wrote)" if d.exists() else
                            f"{d}: no such result folder")
-    if (d / "plan.json").is_file():  # (was "not a result folder")
+    if (d / PLAN_MARK).is_file():  # (was "not a result folder")
         raise ResultsError(f"{d}: a `sim plan` folder: its report is a page of its own (sim report {d}), not "
                            f"compared with other folders")
-    has_run = (d / "summary.json").exists()
+    has_run = (d / RUN_MARK).exists()
     sweep = _read_parquet(d / SWEEP_FILE) if (d / SWEEP_FILE).exists() else None
     capacity = _read_parquet(d / CAPACITY_FILE) if (d / CAPACITY_FILE).exists() else None
     if not has_run and sweep is None:
@@ -169,7 +169,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
     if missing:
         raise ResultsError(f"{d}: incomplete run, missing {', '.join(missing)} (re-run `sim run` to write it)")
     run_label = label or d.resolve().name
-    summary = _read_summary(d / "summary.json") if has_run else None
+    summary = _read_summary(d / RUN_MARK) if has_run else None
     names = list(summary["policies"]) if summary else []
     for table in (sweep, capacity):
         if table is not None and "policy" in table.columns:

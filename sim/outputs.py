@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from sim.config import ScenarioError
+from sim.schema import FOLDER_MARKS
 
 # Writes a result folder's report.html from its files and returns its path (``reports.html.write_report``):
 # the report is drawn above the simulator, so whoever writes results passes it in (the CLI, ``kvsim``).
@@ -41,6 +42,17 @@ def out_dir(path: str | Path, what: str = "--out") -> Path:
     if not os.access(base, os.W_OK | os.X_OK):
         raise ScenarioError(f"{what} {p}: cannot create or write the folder ({base} is not writable)")
     return p
+
+
+def claim(out: Path, kind: str, what: str = "--out") -> Path:
+    """``out``, refused when it holds another command's results (``FOLDER_MARKS``): a sweep written over a
+    run's folder left the run's files beside it, and the report drew the stale run (or plan) as this one.
+    A folder of the same kind is rewritten (a run) or resumed (a sweep, a plan), as before."""
+    for other, mark in FOLDER_MARKS.items():
+        if other != kind and (out / mark).is_file():
+            raise ScenarioError(f"{what} {out}: holds the results of a `sim {other}` ({mark}); writing a {kind}'s "
+                                f"there would mix the two: give another folder, or remove that one")
+    return out
 
 
 def out_file(path: str | Path, what: str = "--out") -> Path:

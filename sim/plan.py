@@ -54,8 +54,8 @@ from sim.config import (Name, MAX_REPLICAS, Int, KvTransferConfig, Policy, Profi
                         parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
-from sim.outputs import ReportWriter, write_result_table
-from sim.schema import plan_label, plural
+from sim.outputs import ReportWriter, claim, write_result_table
+from sim.schema import PLAN_MARK, plan_label, plural
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -64,7 +64,7 @@ from sim.sweep.tasks import make_task
 from sim.steptime import load_profile
 from sim.workload import TraceReader, load_requests
 
-PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", "plan.json"
+PLAN_TABLE, BEST_TABLE, PLAN_INFO = "plan.parquet", "best.csv", PLAN_MARK
 
 
 class ReplicaRange(Strict):
@@ -700,7 +700,7 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
     from sim.sweep.output import _BarProgress, folder_lock
 
     plan = load_plan(plan_path)
-    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan")
+    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan"), "plan")
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,

@@ -28,9 +28,9 @@ from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, loa
 from sim.engine import Engine, PolicyResult
 from sim.kv import MEMORY_CLASSES, KvPool
 from sim.outputs import Columns, ReportWriter, concat_columns, write_parquet
-from sim.outputs import out_dir as out_dir_checked
+from sim.outputs import claim, out_dir as out_dir_checked
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
-from sim.schema import plural
+from sim.schema import RUN_MARK, plural
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
 
@@ -197,9 +197,9 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
     by ``report`` (``reports.html.write_report``; ``kvsim.write_results`` passes it) when given."""
     if not isinstance(result, RunResult):
         raise TypeError(f"write_results: result is a {type(result).__name__}; expected what run returns (a RunResult)")
-    out = out_dir_checked(out_dir, "out_dir")
+    out = claim(out_dir_checked(out_dir, "out_dir"), "run", "out_dir")
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out / "summary.json", "requests": out / "requests.parquet", "steps": out / "steps.parquet",
+    paths = {"summary": out / RUN_MARK, "requests": out / "requests.parquet", "steps": out / "steps.parquet",
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
     # NOTE: a folder reused for another run keeps none of the old run's files (a table this run does not
     # write, or a stale report, would be read as this run's)
@@ -265,7 +265,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     scenario = load_scenario(scenario_path)
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
-    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(scenario.name)
+    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(scenario.name), "run")
     from rich.console import Console
 
     console = console or Console(stderr=True)

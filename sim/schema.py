@@ -11,6 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+# ------------------------------------------------------------------------------------------ result folders
+
+# The file that marks a result folder as a command's (``sim.outputs.claim``; the report tells them apart by it)
+RUN_MARK, SWEEP_MARK, PLAN_MARK = "summary.json", "sweep.json", "plan.json"
+FOLDER_MARKS = {"run": RUN_MARK, "sweep": SWEEP_MARK, "plan": PLAN_MARK}
+
 # ------------------------------------------------------------------------------------------ KV memory
 
 # what each KV slot holds at an instant (kv_snapshots.parquet ``memory_class``; summary ``memory.<class>``)

@@ -209,3 +209,22 @@ def test_a_long_name_makes_a_folder_name_that_fits(tmp_path, monkeypatch):
     r = invoke("run", "s.yaml", "--no-report")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "runs" / slug(long_a) / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("command, mark, other", [("run", "sweep.json", "sweep"), ("sweep", "summary.json", "run"),
+                                                  ("sweep", "plan.json", "plan")])
+def test_a_folder_of_another_commands_results_is_refused(tmp_path, command, mark, other):
+    """A sweep written over a run's (or a plan's) folder left those files beside it, and `sim report` drew the
+    stale result as the new one; a run over a sweep's drew both. Refused before anything runs."""
+    from sim.outputs import claim
+
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "w.yaml").write_text("name: w\nbase: s.yaml\naxes: {seed: [0]}\n")
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / mark).write_text("{}")
+    r = invoke(command, tmp_path / ("s.yaml" if command == "run" else "w.yaml"), "--out", d, "--no-report")
+    assert r.exit_code == 2, r.output
+    assert f"holds the results of a `sim {other}` ({mark})" in r.output.replace("\n", "")
+    assert sorted(p.name for p in d.iterdir()) == [mark]  # nothing run, nothing written
+    assert claim(d, other) == d  # its own kind is rewritten or resumed

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config import ScenarioError
-from sim.outputs import ReportWriter, write_result_table
+from sim.outputs import ReportWriter, claim, write_result_table
+from sim.schema import SWEEP_MARK
 from sim.sweep.capacity import build_searches
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import Sweep, _display, load_sweep
@@ -20,7 +21,7 @@ from sim.sweep.tables import capacity_tables, grid_tasks, sweep_table
 from sim.workload import TraceReader
 
 SWEEP_TABLE, CAPACITY_TABLE, CAPACITY_RUNS_TABLE, SWEEP_INFO = (
-    "sweep.parquet", "capacity.parquet", "capacity_runs.parquet", "sweep.json")
+    "sweep.parquet", "capacity.parquet", "capacity_runs.parquet", SWEEP_MARK)
 
 @dataclass
 class SweepResult:
@@ -107,7 +108,7 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
     from sim.run import slug
 
     sweep = load_sweep(sweep_path)
-    out = Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep")
+    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep"), "sweep")
     # (the executor first: it checks workers and address before the folder and its lock are made)
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
