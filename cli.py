@@ -216,7 +216,7 @@ WorkloadKeys = Annotated[Optional[List[str]], typer.Option(
     "--workload", "-w", metavar="KEY=VALUE", help="a key of a scenario's trace workload (repeatable): format=azure, "
     "window.start_s=600, window.end_s=1200, sample=0.5, rate_scale=2, 'arrival={kind: poisson, rate: 5}', "
     "num_requests=1000, duration_s=600, cap_lengths=truncate, bad_rows=drop, models=[ChatGPT], seed=1")]
-MaxModelLen = Annotated[Optional[int], typer.Option(min=2, max=2**31,
+MaxModelLen = Annotated[Optional[int], typer.Option(min=2, max=2**31 - 1,  # (sim.catalog.MAX_TOKENS: was one past it)
                                                     help="the model's max length, for cap_lengths=truncate")]
 
 

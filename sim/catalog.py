@@ -482,8 +482,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     max_len = need("max_position_embeddings")
     if max_len < 2:  # a prompt token and an output token at least (truncation keeps max_len - 1 of a prompt)
         raise CatalogError(f"{path}: 'max_position_embeddings' must be at least 2, got {max_len}")
-    if max_len > MAX_MODEL_LEN:  # token counts are 32-bit (sim.config.MAX_TOKENS)
-        raise CatalogError(f"{path}: 'max_position_embeddings' must be at most {MAX_MODEL_LEN:,}, got {max_len:,}")
+    if max_len > MAX_TOKENS:  # token counts are 32-bit
+        raise CatalogError(f"{path}: 'max_position_embeddings' must be at most {MAX_TOKENS:,}, got {max_len:,}")
     tie = cfg.get("tie_word_embeddings")
     if tie is not None and not isinstance(tie, bool):  # ("no" would read as true)
         raise CatalogError(f"{path}: 'tie_word_embeddings' must be true or false, got {tie!r}")
@@ -506,11 +506,13 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     )
 
 
-MAX_MODEL_LEN = 2**31 - 1  # token counts are 32-bit (sim.config.MAX_TOKENS)
+# Token counts are 32-bit (int32 kernels' offsets): a model's length, a request's, a trace's, a batch's. Declared
+# here, the lowest layer; sim.config, traces/ and the command line read it from here.
+MAX_TOKENS = 2**31 - 1
 # NOTE: a config.json's sizes and counts (heads, widths, vocabulary, experts) are at most int32's largest: 2**1100
 # overflowed a float (OverflowError); layers at most MAX_LAYERS, 32 times Llama 3.1 405B's 126: state is kept per
 # layer (2**27 layers took 1.1 GB, 2**40 a MemoryError, 2**63 an OverflowError)
-MAX_CONFIG_INT = 2**31 - 1
+MAX_CONFIG_INT = MAX_TOKENS
 MAX_LAYERS = 4096
 
 

@@ -22,8 +22,8 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from sim.catalog import (GIB, GPUS, LINKS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec, _did_you_mean,
-                         model_from_hf_config)
+from sim.catalog import (GIB, GPUS, LINKS, MAX_TOKENS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec,
+                         _did_you_mean, model_from_hf_config)
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import inside as trace_inside
 from sim.trace_paths import locate as locate_trace
@@ -48,7 +48,7 @@ def _number(v: Any) -> Any:
 
 # Numbers: never a boolean, always finite, and bounded so that no value overflows what is computed from
 # it (token counts fit in 32 bits; rates, times and sizes in ranges no real deployment leaves).
-MAX_TOKENS = 2**31 - 1  # int32's largest
+# (MAX_TOKENS: int32's largest, sim.catalog's)
 MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
 MAX_HASH_BLOCK_SIZE = 1 << 20  # tokens per hashed prompt block of a trace (Mooncake: 512)

@@ -584,3 +584,14 @@ def test_a_max_model_len_below_two_is_refused(tmp_path):
     p = write(tmp_path, "a.csv", HEAD)
     r = runner.invoke(app, ["trace", "info", str(p), "-w", "cap_lengths=truncate", "--max-model-len", "1"])
     assert r.exit_code == 2 and "--max-model-len" in r.output and "Traceback" not in r.output
+
+
+def test_max_model_len_is_bounded_by_the_token_limit(tmp_path):
+    """--max-model-len 2**31 was accepted (one past the int32 limit the rest of the code holds): a truncated
+    request reached 2**31 tokens."""
+    from sim.catalog import MAX_TOKENS
+
+    p = write(tmp_path, "a.csv", "num_prefill_tokens,num_decode_tokens\n100,20\n")
+    for n, code in ((MAX_TOKENS + 1, 2), (MAX_TOKENS, 0)):
+        r = runner.invoke(app, ["trace", "info", str(p), "-w", "cap_lengths=truncate", "--max-model-len", str(n)])
+        assert r.exit_code == code, r.output

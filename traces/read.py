@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from sim.catalog import MAX_TOKENS  # a token count above this is not a request
 from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text
@@ -41,7 +42,6 @@ BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical t
 PROBLEMS = ("", "missing_value", "not_a_number", "negative_value", "not_an_integer", "unreadable_timestamp",
             "bad_hash_ids", "too_large", "too_many_hash_ids", "bad_session_id")
 MISSING, NOT_A_NUMBER, NEGATIVE, NOT_INTEGER, BAD_TIME, BAD_HASHES, TOO_LARGE, TOO_MANY_HASHES, BAD_SESSION = range(1, 10)
-MAX_TOKENS = 2**31 - 1  # a token count above this is not a request (and would overflow int32 kernels' offsets)
 BAD_ROWS_HINT = " (or set bad_rows: drop to skip such rows)"
 
 
