@@ -389,6 +389,9 @@ class PolicyConfig(Strict):
         if self.preemption == "swap" and self.allocator.kind != "paged":  # (such a policy ran as recompute)
             return ("preemption: swap copies a preempted sequence's blocks to CPU swap space, which only the paged "
                     "allocator does (a contiguous slab is recomputed): drop it, or use the paged allocator")
+        if self.preemption == "swap" and self.swap_space_gib == 0:  # (every preemption recomputed, without a word)
+            return ("preemption: swap with swap_space_gib: 0 has no room to swap to (every preempted sequence is "
+                    "recomputed): give swap space, or use preemption: recompute")
         return None
 
     @model_validator(mode="after")

@@ -113,6 +113,12 @@ def test_swap_on_a_contiguous_policy_is_an_error_in_a_scenario_file(tmp_path, pr
     assert "only the paged allocator does" in msg
 
 
+def test_swap_with_no_swap_space_is_an_error_in_a_scenario_file(tmp_path):
+    """Every preemption was recomputed, saying nothing (a sweep's axis may still reach 0)."""
+    msg = err(tmp_path, BASE.replace("policies: [vllm]", "policies: [{preset: vllm, preemption: swap, swap_space_gib: 0}]"))
+    assert "policies[0] (vllm): preemption: swap with swap_space_gib: 0 has no room to swap to" in msg, msg
+
+
 def test_a_bare_folder_name_as_model_says_how_to_write_the_path(tmp_path):
     """`model: sub` (a folder holding config.json) was refused with "expected ... or a path to a config.json (or a
     folder holding one)": a folder it had just refused; a bare name is read as a catalog name."""
