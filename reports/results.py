@@ -20,7 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from reports import ResultsError  # noqa: F401 (declared where the command line finds it cheaply)
-from sim.schema import MEMORY_CLASSES, PLAN_MARK, REASONS, RUN_MARK, STATUS_NAMES, SWEEP_MARK
+from sim.schema import MEMORY_CLASSES, METRICS, PLAN_MARK, REASONS, RUN_MARK, STATUS_NAMES, SWEEP_MARK
 
 RUN_FILES = (RUN_MARK, "requests.parquet", "timeline.parquet")
 SNAPSHOT_FILE = "kv_snapshots.parquet"
@@ -83,6 +83,9 @@ def _read_summary(path: Path) -> dict:
     scenario = summary["scenario"]
     if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
+    lacks = [k for k in ("name", "model", "gpu", "policies") if k not in scenario]
+    if lacks:  # (a page was drawn of no model on no GPU)
+        raise ResultsError(f"{path}: 'scenario' lacks {', '.join(lacks)} (as sim run writes it)")
     if not summary["policies"]:
         raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
     for key, kind in (("policies", list), ("resolved", dict)):  # what the page reads of the scenario
@@ -176,28 +179,47 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
             names += [str(p) for p in pd.unique(table["policy"].astype(str)) if str(p) not in names]
     labels = {n: (f"{label} / {n}" if label else n) for n in names}
     snapshots = _read_parquet(d / SNAPSHOT_FILE) if has_run and (d / SNAPSHOT_FILE).exists() else None
-    if summary:  # a policy that took a step captured its address space (sim.engine: at its first step)
-        stepped = [n for n, p in summary["policies"].items() if isinstance(p, dict) and (p.get("num_steps") or 0) > 0]
-        held = set() if snapshots is None or "policy" not in snapshots.columns else set(snapshots["policy"].astype(str))
-        lost = [n for n in stepped if n not in held]
-        if lost:  # (the page was drawn without their address space, without a word)
-            raise ResultsError(f"{d}: incomplete run, {SNAPSHOT_FILE} " + ("is missing" if snapshots is None else
-                               f"has no rows of {', '.join(lost)}") + " (re-run `sim run` to write it)")
     groups = _read_parquet(d / GROUPS_FILE) if has_run and (d / GROUPS_FILE).exists() else None
     replicas = _read_parquet(d / REPLICAS_FILE) if has_run and (d / REPLICAS_FILE).exists() else None
+    requests = _read_parquet(d / "requests.parquet") if has_run else None
+    if summary:  # (each was drawn around without a word: a policy without its requests, address space, replicas)
+        stepped = [n for n, p in summary["policies"].items() if (p.get("num_steps") or 0) > 0]
+        _holds(d, "requests.parquet", requests, stepped)  # a step ran requests, whose rows the log holds
+        _holds(d, SNAPSHOT_FILE, snapshots, stepped)  # a step captured its address space (sim.engine: the first)
+        _holds(d, REPLICAS_FILE, replicas, list(summary.get("fleet") or {}))  # a fleet's rows per replica
+    for table, file in ((sweep, SWEEP_FILE), (capacity, CAPACITY_FILE)):
+        _numeric(table, d / file)
     sweep_info = None
     if sweep is not None and (d / SWEEP_INFO_FILE).exists():
         sweep_info = _read_json(d / SWEEP_INFO_FILE)
+        if not isinstance(sweep_info, dict):  # (was drawn without the sweep's facts)
+            raise ResultsError(f"{d / SWEEP_INFO_FILE}: not an object of the sweep's facts (as sim sweep writes it)")
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
-        requests=_relabel(_categories(_read_parquet(d / "requests.parquet"), d / "requests.parquet"), labels,
+        requests=_relabel(_categories(requests, d / "requests.parquet"), labels,
                           d / "requests.parquet") if has_run else None,
         timeline=_relabel(_read_parquet(d / "timeline.parquet"), labels, d / "timeline.parquet") if has_run else None,
         snapshots=_relabel(_categories(snapshots, d / SNAPSHOT_FILE), labels, d / SNAPSHOT_FILE),
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
-        sweep_info=sweep_info if isinstance(sweep_info, dict) else None,
+        sweep_info=sweep_info,
         groups=_relabel(groups, labels, d / GROUPS_FILE), replicas=_relabel(replicas, labels, d / REPLICAS_FILE))
+
+
+def _holds(d: Path, file: str, table: pd.DataFrame | None, policies: list[str]) -> None:
+    """``table`` (``d/file``) has rows of each of ``policies``, as sim run writes them."""
+    held = set() if table is None or "policy" not in table.columns else set(table["policy"].astype(str))
+    lost = [n for n in policies if n not in held]
+    if lost:
+        raise ResultsError(f"{d}: incomplete run, {file} " + ("is missing" if table is None else
+                           f"has no rows of {', '.join(lost[:3])}") + " (re-run `sim run` to write it)")
+
+
+def _numeric(table: pd.DataFrame | None, where: Path) -> None:
+    """A sweep table's metric columns hold numbers (text was drawn as a category axis)."""
+    for column in [] if table is None else [c for c in table.columns if c in METRICS]:
+        if not pd.api.types.is_numeric_dtype(table[column]):
+            raise ResultsError(f"{where}: column {column!r} holds {table[column].dtype} values; expected numbers")
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:

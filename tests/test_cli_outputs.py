@@ -145,6 +145,17 @@ def _drop_column(d, file, column):
     pq.write_table(t.drop_columns([column]), d / file)
 
 
+SCEN = '{"name": "x", "model": "m", "gpu": "g", "policies": []}'
+
+
+def _edit_json(path, edit):
+    import json
+
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
 def _keep_rows(d, file, column, value):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -175,10 +186,15 @@ def test_a_run_that_took_no_step_has_no_snapshot_and_reports(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": 5}}'),
+    (lambda d: (d / "summary.json").write_text('{"scenario": %s, "policies": {"vllm": 5}}' % SCEN),
      "policies.vllm is not an object of metrics"),
-    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": {"request_throughput": "x"}}}'),
-     "policies.vllm.request_throughput = 'x', expected a number or null"),
+    (lambda d: (d / "summary.json").write_text('{"scenario": %s, "policies": {"vllm": {"request_throughput": "x"}}}'
+                                               % SCEN), "policies.vllm.request_throughput = 'x', expected a number or null"),
+    # (each drawn without a word: a page of no model on no GPU; a policy with no requests)
+    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": {}}}'),
+     "'scenario' lacks name, model, gpu, policies"),
+    (lambda d: _edit_json(d / "summary.json", lambda s: s["policies"].update(ghost=s["policies"]["vllm"])),
+     "requests.parquet has no rows of ghost"),
     (lambda d: (d / "summary.json").write_text('{"scenario": 3, "policies": {}}'), "'scenario' is not an object"),
     (lambda d: (d / "summary.json").write_text('{"scen'), "cannot read"),
     (lambda d: (d / "summary.json").write_bytes(b"\xff\xfe\x00"), "cannot read"),
@@ -228,3 +244,32 @@ def test_a_folder_of_another_commands_results_is_refused(tmp_path, command, mark
     assert f"holds the results of a `sim {other}` ({mark})" in r.output.replace("\n", "")
     assert sorted(p.name for p in d.iterdir()) == [mark]  # nothing run, nothing written
     assert claim(d, other) == d  # its own kind is rewritten or resumed
+
+
+def test_a_fleet_folder_without_its_replicas_table_is_incomplete(tmp_path):
+    """A fleet's page was drawn without its per-replica rows, saying nothing."""
+    s = tmp_path / "s.yaml"
+    s.write_text(SCENARIO + "cluster: {replicas: 2, router: least-outstanding}\n")
+    assert invoke("run", s, "--out", tmp_path / "run", "--no-report").exit_code == 0
+    (tmp_path / "run" / "replicas.parquet").unlink()
+    r = invoke("report", tmp_path / "run")
+    assert r.exit_code == 2 and "incomplete run, replicas.parquet is missing" in r.output.replace("\n", ""), r.output
+
+
+def test_a_sweep_folder_with_text_metrics_or_no_facts_is_refused(tmp_path):
+    from tables import sweep_table
+
+    from reports import ResultsError
+    from reports.results import load_run
+
+    d = tmp_path / "sweep"
+    d.mkdir()
+    sweep_table().assign(request_throughput="x").to_parquet(d / "sweep.parquet")
+    with pytest.raises(ResultsError, match="column 'request_throughput' holds .* values; expected numbers"):
+        load_run(d)
+    sweep_table().to_parquet(d / "sweep.parquet")
+    (d / "sweep.json").write_text("[]")
+    with pytest.raises(ResultsError, match="sweep.json: not an object"):
+        load_run(d)
+    (d / "sweep.json").unlink()
+    assert len(load_run(d).sweep) == len(sweep_table())
