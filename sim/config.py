@@ -292,6 +292,14 @@ class TraceWorkload(Strict):
 Workload = Annotated[Union[SyntheticWorkload, TraceWorkload], Field(discriminator="kind")]
 
 
+def own_arrivals(workload: Any) -> bool:
+    """Whether a workload mapping (as a file gives it) keeps its trace's own arrival times: its rate is then
+    a ``rate_scale``, not ``arrival.rate`` (a trace re-timed by ``arrival`` has a rate like a generated one).
+    The one rule a sweep's capacity axis and a plan's rates follow."""
+    return (isinstance(workload, dict) and workload.get("kind") in ("trace", "table")
+            and not isinstance(workload.get("arrival"), dict))
+
+
 def _default_kind(data: Any) -> Any:
     if isinstance(data, dict) and "kind" not in data:
         return {**data, "kind": "synthetic"}

@@ -51,7 +51,7 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 from sim.catalog import GPU_PRICES, GPUS
 from sim.config import (Name, MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
                         Strict, _known_link, _number, _routers, check_kind, check_unique_names, format_validation_error,
-                        parse_scenario, read_yaml, validate_mapping)
+                        own_arrivals, parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, claim, write_result_table
@@ -379,8 +379,7 @@ def load_plan(path: str | Path) -> Plan:
         inherit["router"] = router
     if inherit:
         spec = spec.model_copy(update=inherit)
-    workload = base.get("workload")
-    recorded = isinstance(workload, dict) and workload.get("kind") in ("trace", "table")  # its own arrival times
+    recorded = own_arrivals(base.get("workload"))  # (a re-timed trace has a rate: it was refused both ways)
     if spec.rates is not None and recorded:
         raise ScenarioError(f"{source}{_line_of(lines, 'rates')}: rates: the base workload is a trace, with its own "
                             f"arrival times: give rate_scales (multiples of its rate) instead")

@@ -328,3 +328,22 @@ def test_a_rate_nothing_meets_names_the_nearest_run_and_the_bound_it_missed(tmp_
     assert not best.loc[0, "met"]
     assert near == f"{fastest.replicas} x h100 tp1 vllm: p99_ttft_ms {fastest.p99_ttft_ms:,.4g} (at most 1)"
     assert f"nothing in the plan meets the SLO; nearest: {near}" in res.output.replace("\n", "")
+
+
+def test_a_plan_over_a_retimed_trace_takes_rates(tmp_path):
+    """A trace re-timed by `arrival` has a rate as a generated workload does (sim.config.own_arrivals, the rule a
+    sweep's capacity axis follows too); a plan refused it both ways: rates ("a trace, with its own arrival times")
+    and rate_scales ("give either 'arrival' or 'rate_scale'")."""
+    (tmp_path / "t.csv").write_text("num_prefill_tokens,num_decode_tokens\n" + "100,20\n" * 40)
+    trace = ("workload:\n    kind: trace\n    path: t.csv\n    arrival: {kind: poisson, rate: 1}\n"
+             "    num_requests: 40\n    seed: 1\n")
+    path = plan_file(tmp_path, **{"workload:\n    arrival: {kind: poisson, rate: 1}\n    lengths: sharegpt\n"
+                                  "    num_requests: 40\n    seed: 1\n": trace})
+    plan = load_plan(path)
+    assert plan.rate_values == [4, 16]
+    assert plan.scenario(16, plan.shapes[0], 1).workload.arrival.rate == 16
+    own = plan_file(tmp_path, **{"rates: [4, 16]": "rate_scales: [1, 2]",
+                                 "workload:\n    arrival: {kind: poisson, rate: 1}\n    lengths: sharegpt\n"
+                                 "    num_requests: 40\n    seed: 1\n": trace.replace(
+                                     "    arrival: {kind: poisson, rate: 1}\n", "")})
+    assert load_plan(own).rate_values == [1, 2]

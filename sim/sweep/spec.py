@@ -15,7 +15,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
-                        check_kind, read_yaml, validate_mapping)
+                        check_kind, own_arrivals, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
 RATE_AXIS = "workload.arrival.rate"
@@ -431,9 +431,7 @@ def load_sweep(path: str | Path) -> Sweep:
         if cap.axis not in RATE_AXES:  # the search assumes more of it is harder to serve
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis')}: capacity.axis: {cap.axis} is not a "
                                 f"request rate; the search is over {' or '.join(RATE_AXES)}")
-        workload = base.get("workload") if isinstance(base, dict) else None
-        if (cap.axis == RATE_AXIS and isinstance(workload, dict) and workload.get("kind") in ("trace", "table")
-                and not isinstance(workload.get("arrival"), dict)
+        if (cap.axis == RATE_AXIS and own_arrivals(base.get("workload") if isinstance(base, dict) else None)
                 and not any(a.target[:2] == ("workload", "arrival") for a in axes)):
             # (was: "workload.arrival: Unable to extract tag using discriminator 'kind'")
             raise ScenarioError(f"{source}{_line_of(lines, 'capacity', 'axis') or _line_of(lines, 'capacity')}: "
