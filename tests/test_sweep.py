@@ -4,6 +4,7 @@ and the sweep report."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import numpy as np
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from kvsim import sweep_to_dir
 from sim import run
-from sim.config import parse_scenario
+from sim.config import ScenarioError, parse_scenario
 from sim.executors import SerialExecutor
 from sim.schema import varying_axes
 from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
@@ -525,3 +526,14 @@ def test_an_axis_mixing_a_count_and_replica_groups_is_written_as_text(tmp_path):
     sweep_to_dir(f, tmp_path / "m", workers=1)
     table = pd.read_parquet(tmp_path / "m" / "sweep.parquet")
     assert table["cluster.replicas"].tolist() == ["3", '[{"count": 2, "gpu": "a100-40gb"}]']
+
+
+@pytest.mark.parametrize("base, kind", [("self.yaml", "sweep"), ("other.yaml", "sweep"), ("plan.yaml", "plan")])
+def test_a_base_naming_a_sweep_or_plan_file_says_so(tmp_path, base, kind):
+    """It printed one "unknown key" line per key of the file (gpus: did you mean 'gpu'?, ...)."""
+    (tmp_path / "self.yaml").write_text(f"name: s\nbase: {base}\naxes: {{seed: [1]}}\n")
+    (tmp_path / "other.yaml").write_text("name: o\nbase: x.yaml\naxes: {seed: [1, 2]}\n")
+    (tmp_path / "plan.yaml").write_text("name: p\nbase: x.yaml\nrates: [1]\nslo: {mean_tpot_ms: 50}\ngpus: [h100]\n")
+    with pytest.raises(ScenarioError, match=re.escape(f"self.yaml:2: base: {tmp_path / base} is a {kind} file, "
+                                                      "not a scenario")):
+        load_sweep(tmp_path / "self.yaml")

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
-                        check_kind, own_arrivals, read_yaml, validate_mapping)
+                        check_kind, file_kind, own_arrivals, read_yaml, validate_mapping)
 from sim.metrics import METRICS
 
 RATE_AXIS = "workload.arrival.rate"
@@ -399,6 +399,10 @@ def read_base(path: Path, base: str | dict, lines: dict) -> tuple[Any, dict | No
         if not base_path.is_file():
             raise ScenarioError(f"{path}{_line_of(lines, 'base')}: base: {base_path}: no such scenario file")
         data, base_lines = read_yaml(base_path, "base scenario")
+        kind = file_kind(data)
+        if kind in ("sweep", "plan"):  # (itself included: was a list of "unknown key" lines, one per key)
+            raise ScenarioError(f"{path}{_line_of(lines, 'base')}: base: {base_path} is a {kind} file, not a "
+                                f"scenario; base: names a scenario file (or give the scenario's keys under base:)")
         return data, base_lines, str(base_path), str(base_path.parent)
     return copy.deepcopy(base), None, str(path), str(path.parent)
 
