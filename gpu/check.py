@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = "traces/azure_2023/AzureLLMInferenceTrace_conv.csv"
 BUNDLE_TRACE = ".device/azure_conv.csv"  # written by gpu/device_bundle.py
+AZURE_HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens"  # the trace's first line (gpu/device_bundle.py checks it too)
 SECTIONS = ("kernels", "bandwidth", "calibration", "replay", "validation")
 # Share of the time left that each section may use (the rest flows to later sections when unused).
 WEIGHTS = {"kernels": 1.0, "bandwidth": 1.5, "calibration": 0.5, "replay": 0.8, "validation": 0.3}
@@ -113,6 +114,24 @@ def find_trace(explicit: str | None) -> tuple[Path | None, list[str]]:
         if p.exists():
             return p, [str(x) for x in places]
     return None, [str(x) for x in places]
+
+
+def azure_trace_problem(path: Path) -> str | None:
+    """Why ``path`` is not the Azure conv trace (its header and a row), or None. NOTE: a --trace given with a typo
+    skipped the trace sections (exit 0 on the CPU); an empty file was a pandas EmptyDataError naming no file; a
+    header alone, a "no requests" naming a file the check had derived."""
+    if not path.is_file():
+        return "no such file" if not path.exists() else "not a file"
+    try:
+        with open(path, "rb") as f:
+            header, row = f.readline(), f.readline()
+    except OSError as e:
+        return f"cannot read it ({e.strerror})"
+    if not header.startswith(AZURE_HEADER):
+        return f"not the Azure LLM inference trace (expected the header {AZURE_HEADER.decode()}, got {header[:60]!r})"
+    if not row.strip():
+        return "no requests after the header"
+    return None
 
 
 def missing_packages() -> list[str]:
@@ -577,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     # (a folder: IsADirectoryError), after a GPU's whole budget; a budget of 0, nan or inf ran nothing, exit 0
     if not (math.isfinite(a.budget_s) and a.budget_s > 0):
         ap.error(f"--budget-s {a.budget_s}: expected seconds above 0")
+    why = azure_trace_problem(Path(a.trace)) if a.trace is not None else None
+    if why:
+        ap.error(f"--trace {a.trace}: {why}")
     if a.layers is not None:
         from sim.catalog import MODELS, model_from_hf_config
 

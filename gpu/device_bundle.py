@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".device"
 AZURE = Path("traces/azure_2023/AzureLLMInferenceTrace_conv.csv")
 TRACE_NAME = "azure_conv.csv"
+sys.path.insert(0, str(ROOT))
+from gpu.check import AZURE_HEADER  # noqa: E402 (the header the check reads)
 # distribution name here -> the name pip downloads (the image lacks the first five's and the simulator imports them)
 WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-extensions", "typing-inspection", "simpy", "PyYAML")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
@@ -109,7 +111,7 @@ def write_trace_slice(src: Path, dst: Path, rows: int) -> dict:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as f, open(dst, "wb") as g:
         header = f.readline()
-        if not header.startswith(b"TIMESTAMP,ContextTokens,GeneratedTokens"):
+        if not header.startswith(AZURE_HEADER):
             raise SystemExit(f"{src}: not the Azure LLM inference trace (header {header[:60]!r})")
         g.write(header)
         n = 0

@@ -104,7 +104,10 @@ def test_the_budget_is_enforced(tmp_path):
     (["--layers", "100000"], "--layers 100000: expected 1 to "),
     (["--out", "{tmp}"], "is a folder (give the name of a file to write)"),
     (["--out", "{tmp}/f/x.json"], "its folder {tmp}/f: exists and is not a folder"),
-    (["--work", "{tmp}/f"], "exists and is not a folder")])
+    (["--work", "{tmp}/f"], "exists and is not a folder"),
+    # a typo skipped the trace sections (exit 0 on the CPU); an empty file was a pandas error naming no file
+    (["--trace", "{tmp}/nope.csv"], "--trace {tmp}/nope.csv: no such file"),
+    (["--trace", "{tmp}/f"], "--trace {tmp}/f: not the Azure LLM inference trace (expected the header TIMESTAMP,")])
 def test_bad_flags_stop_before_anything_runs(tmp_path, capsys, args, message):
     """Checked up front: a bad --out failed only when the figures were written, after a GPU's whole budget."""
     from gpu import check
@@ -463,3 +466,13 @@ def test_the_device_checks_trace_reader_names_file_line_and_column(tmp_path, tex
     (tmp_path / "t.csv").write_text(text)
     with pytest.raises(ValueError, match=re.escape(message)):
         azure_requests(tmp_path / "t.csv", 10)
+
+
+def test_a_trace_of_a_header_alone_is_refused(tmp_path):
+    from gpu.check import azure_trace_problem
+
+    p = tmp_path / "h.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert azure_trace_problem(p) == "no requests after the header"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert azure_trace_problem(p) is None and azure_trace_problem(tmp_path) == "not a file"
