@@ -659,7 +659,8 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
     else:
         runs = load_runs(paths)
         target = Path(out) if out is not None else default_output(paths)
-        draw, writer = (lambda: render(runs)), "run"  # noqa: E731
+        writer = "run" if any(r.summary for r in runs) else "sweep"  # (a sweep's was said to be "sim run"'s)
+        draw = lambda: render(runs)  # noqa: E731
     try:
         page = draw()
     except ResultsError:

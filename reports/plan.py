@@ -93,15 +93,20 @@ def render(folder: Path) -> str:
 
     from reports.html import CSS
 
-    try:
-        info = json.loads((folder / PLAN_MARK).read_text())
-        table = pd.read_parquet(folder / "plan.parquet")
-        best = pd.read_csv(folder / "best.csv")
-    except (OSError, ValueError) as e:
-        raise ResultsError(f"{folder}: not a plan folder ({e.__class__.__name__}: {str(e)[:200]})") from None
+    def read(name: str, how):
+        try:
+            return how(folder / name)
+        except (OSError, ValueError) as e:  # (each was "not a plan folder", in a folder of sim plan's files)
+            raise ResultsError(f"{folder / name}: cannot read ({e.__class__.__name__}: {str(e)[:160]})") from None
+
+    info = read(PLAN_MARK, lambda p: json.loads(p.read_text()))
+    table, best = read("plan.parquet", pd.read_parquet), read("best.csv", pd.read_csv)
     if not isinstance(info, dict) or "rate_column" not in info:
         raise ResultsError(f"{folder / PLAN_MARK}: not written by `sim plan` (no 'rate_column')")
     rate_col = info["rate_column"]
+    for name, t in (("plan.parquet", table), ("best.csv", best)):
+        if rate_col not in t.columns:  # (a KeyError: 'rate')
+            raise ResultsError(f"{folder / name}: no {rate_col!r} column (as sim plan writes it)")
     slo = [m for m in (info.get("slo_metrics") or []) if m in best] or [
         c for c in best.columns if c.endswith("_ms") or c.endswith("_s")]
     esc = html.escape

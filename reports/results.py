@@ -83,6 +83,7 @@ def _read_summary(path: Path) -> dict:
     scenario = summary["scenario"]
     if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
+    _shaped(path, summary, {"decomposition": dict, "fleet": dict})
     lacks = [k for k in ("name", "model", "gpu", "policies") if k not in scenario]
     if lacks:  # (a page was drawn of no model on no GPU)
         raise ResultsError(f"{path}: 'scenario' lacks {', '.join(lacks)} (as sim run writes it)")
@@ -194,6 +195,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
         sweep_info = _read_json(d / SWEEP_INFO_FILE)
         if not isinstance(sweep_info, dict):  # (was drawn without the sweep's facts)
             raise ResultsError(f"{d / SWEEP_INFO_FILE}: not an object of the sweep's facts (as sim sweep writes it)")
+        _shaped(d / SWEEP_INFO_FILE, sweep_info, {"axes": list, "failures": list, "capacity": dict})
     return RunTables(
         label=run_label, path=d, summary=summary,
         policies=_policy_table(summary, labels, run_label) if summary else pd.DataFrame(),
@@ -204,6 +206,15 @@ def load_run(path: str | Path, label: str | None = None) -> RunTables:
         sweep=_relabel(sweep, labels, d / SWEEP_FILE), capacity=_relabel(capacity, labels, d / CAPACITY_FILE),
         sweep_info=sweep_info,
         groups=_relabel(groups, labels, d / GROUPS_FILE), replicas=_relabel(replicas, labels, d / REPLICAS_FILE))
+
+
+def _shaped(path: Path, data: dict, kinds: dict[str, type]) -> None:
+    """Each of ``kinds``' keys that ``data`` gives (not null) is of its type and, a list, of objects (an
+    AttributeError naming no key, and a message about "sim run" for a sweep's file)."""
+    for key, kind in kinds.items():
+        v = data.get(key)
+        if v is not None and (not isinstance(v, kind) or (kind is list and not all(isinstance(x, dict) for x in v))):
+            raise ResultsError(f"{path}: {key!r} is {v!r:.40}; expected {'a list of objects' if kind is list else 'an object'}")
 
 
 def _holds(d: Path, file: str, table: pd.DataFrame | None, policies: list[str]) -> None:

@@ -195,6 +195,8 @@ def test_a_run_that_took_no_step_has_no_snapshot_and_reports(tmp_path):
      "'scenario' lacks name, model, gpu, policies"),
     (lambda d: _edit_json(d / "summary.json", lambda s: s["policies"].update(ghost=s["policies"]["vllm"])),
      "requests.parquet has no rows of ghost"),
+    (lambda d: _edit_json(d / "summary.json", lambda s: s.update(decomposition="x")),  # (an AttributeError)
+     "summary.json: 'decomposition' is 'x'; expected an object"),
     (lambda d: (d / "summary.json").write_text('{"scenario": 3, "policies": {}}'), "'scenario' is not an object"),
     (lambda d: (d / "summary.json").write_text('{"scen'), "cannot read"),
     (lambda d: (d / "summary.json").write_bytes(b"\xff\xfe\x00"), "cannot read"),
@@ -270,6 +272,9 @@ def test_a_sweep_folder_with_text_metrics_or_no_facts_is_refused(tmp_path):
     sweep_table().to_parquet(d / "sweep.parquet")
     (d / "sweep.json").write_text("[]")
     with pytest.raises(ResultsError, match="sweep.json: not an object"):
+        load_run(d)
+    (d / "sweep.json").write_text('{"axes": "x"}')  # (an AttributeError, said to be "sim run"'s files)
+    with pytest.raises(ResultsError, match="sweep.json: 'axes' is 'x'; expected a list of objects"):
         load_run(d)
     (d / "sweep.json").unlink()
     assert len(load_run(d).sweep) == len(sweep_table())

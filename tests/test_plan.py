@@ -3,6 +3,7 @@ tables and page, and each mistake in a plan file is one clear error."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pandas as pd
@@ -146,6 +147,23 @@ def test_sim_plan_writes_the_tables_and_the_page(searched, tmp_path):
     res = runner.invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
     assert "Winner:" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("file, content, message", [
+    ("plan.parquet", "junk", "plan.parquet: cannot read (ArrowInvalid"),  # (was "not a plan folder")
+    ("best.csv", "junk\n", "best.csv: no 'rate' column (as sim plan writes it)"),  # (a KeyError: 'rate')
+])
+def test_a_damaged_plan_folder_names_its_file(searched, tmp_path, file, content, message):
+    import shutil
+
+    from reports import ResultsError
+    from reports.plan import render
+
+    _, out, _ = searched
+    d = shutil.copytree(out, tmp_path / "copy")
+    (d / file).write_text(content)
+    with pytest.raises(ResultsError, match=re.escape(message)):
+        render(d)
 
 
 def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searched, tmp_path):
