@@ -56,9 +56,9 @@ def user_errors():
             err.print(f"[red]error:[/red] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as e:  # NOTE: the file system said no (full disk, permissions, a path that is a file)
-        where = e.filename or "a file"
-        err.print(f"[red]error:[/red] {escape(str(where))}: {escape(e.strerror or e.__class__.__name__)}",
-                  markup=True, highlight=False, soft_wrap=True)
+        # (pyarrow's give no filename, their message names the file: it was "a file: Failed to open ...")
+        said = f"{e.filename}: {e.strerror or e.__class__.__name__}" if e.filename else str(e) or e.__class__.__name__
+        err.print(f"[red]error:[/red] {escape(said)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

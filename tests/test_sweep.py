@@ -537,3 +537,19 @@ def test_a_base_naming_a_sweep_or_plan_file_says_so(tmp_path, base, kind):
     with pytest.raises(ScenarioError, match=re.escape(f"self.yaml:2: base: {tmp_path / base} is a {kind} file, "
                                                       "not a scenario")):
         load_sweep(tmp_path / "self.yaml")
+
+
+def test_odd_entries_where_stored_runs_belong_are_named(tmp_path):
+    """points/ as a file was "points: File exists"; a point's file as a folder failed naming a temporary file."""
+    from sim.sweep.drive import PointStore
+
+    path = sweep_file(tmp_path, "axes: {workload.arrival.rate: [1.0]}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "points").write_text("x")
+    with pytest.raises(ScenarioError, match="points: a file where the folder of stored runs belongs"):
+        run_sweep(load_sweep(path), out, SerialExecutor())
+    (out / "points").unlink()
+    (out / "points" / "k.json").mkdir(parents=True)
+    with pytest.raises(ScenarioError, match=re.escape(f"{out / 'points' / 'k.json'}: a folder where a stored run belongs")):
+        PointStore(out).get("k")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from sim.config import ScenarioError
 from sim.schema import METRICS
 
 from sim.sweep.capacity import Search, max_probes, next_probe, probe_task
@@ -52,11 +53,13 @@ class PointStore:
 
     def __init__(self, out_dir: Path) -> None:
         self.dir = out_dir / POINTS_DIR
+        if self.dir.exists() and not self.dir.is_dir():  # (was "points: File exists", at the first run stored)
+            raise ScenarioError(f"{self.dir}: a file where the folder of stored runs belongs; remove it")
 
     def get(self, key: str, note: Callable[[str], None] | None = None) -> Outcome | None:
         """The stored outcome of task ``key``; None when there is none, or it cannot be trusted (``damaged``:
         then the task runs again, and ``note`` is told why)."""
-        p = self.dir / f"{key}.json"
+        p = self._file(key)
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
@@ -76,8 +79,15 @@ class PointStore:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{outcome.key}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # unique: no two writers share it
+        target = self._file(outcome.key)
         tmp.write_text(json.dumps({**outcome.to_json(), "scenario": task.scenario}, allow_nan=False))
-        tmp.replace(self.dir / f"{outcome.key}.json")
+        tmp.replace(target)
+
+    def _file(self, key: str) -> Path:
+        p = self.dir / f"{key}.json"
+        if p.is_dir():  # (storing the run failed, naming a temporary file)
+            raise ScenarioError(f"{p}: a folder where a stored run belongs; remove it")
+        return p
 
 
 # what every policy summary holds (``sim.metrics``): a stored point without them was not written by a run
