@@ -347,7 +347,7 @@ def test_a_replica_gpu_that_cannot_hold_the_model_is_a_clear_error(tmp_path):
             "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "sharegpt", "num_requests": 5},
             "policies": ["vllm"],
             "cluster": {"replicas": [{"count": 2}, {"gpu": "l4", "tensor_parallel": 1, "count": 1}]}}
-    with pytest.raises(ScenarioError, match=r"cluster.replicas\[1\] \(1 x l4\): .*"):
+    with pytest.raises(ScenarioError, match=r"cluster.replicas\[1\] \(l4 tp1\): .*"):
         run(parse_scenario(data))
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -270,7 +270,7 @@ def test_bad_cluster_is_a_clear_error(cluster, message):
 
 def test_a_pool_whose_gpu_cannot_hold_the_model_is_an_error_naming_the_pool():
     c = {"prefill": {"replicas": 1}, "decode": {"replicas": 2, "gpu": "l4"}, "kv_transfer": LINK}
-    with pytest.raises(ScenarioError, match=r"cluster\.decode \(1 x l4\): .*does not fit"):
+    with pytest.raises(ScenarioError, match=r"cluster\.decode \(l4 tp1\): .*does not fit"):
         run(scenario(c, n=5))
 
 

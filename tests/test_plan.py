@@ -238,7 +238,7 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"model: opt-13b": "model: llama-2-70b", "gpus: [a100-40gb, h100]": "gpus: [a100-40gb]", "prices: {h100: 9.5}\n": ""},
      "p.yaml: no shape of the plan can run: vllm on a100-40gb tp1: small: llama-2-70b does not fit on a100-40gb"),
     ({"policies: [vllm]": "policies: [fastertransformer]\nsplit: disaggregated\nkv_transfer: nvlink"},
-     "no shape of the plan can run: fastertransformer on a100-40gb tp1 1:1: cluster.prefill (1 x a100-40gb): policy "
+     "no shape of the plan can run: fastertransformer on a100-40gb tp1 1:1: cluster.prefill (a100-40gb tp1): policy "
      "fastertransformer: static batching is not simulated with prefill/decode disaggregation"),
     # every rate checked at load (the lowest ran and was stored first, then the error came without its key)
     ({"rates: [4, 16]": "rates: [4, 1.0e+13]"}, "rates: 1e+13: point rate="),

@@ -77,7 +77,7 @@ def pool_scenarios(scenario: Scenario) -> list[tuple[str, PoolConfig, Scenario]]
 def pool_policy(name: str, sc: Scenario, model, policy: PolicyConfig):
     """The policy as a replica of pool ``name`` runs it; what disaggregation does not simulate, or a GPU
     that cannot hold the model, is an error naming the pool."""
-    where = f"cluster.{name} ({sc.tensor_parallel} x {sc.gpu_spec().name})"
+    where = f"cluster.{name} ({sc.gpu_spec().name} tp{sc.tensor_parallel})"  # (as a plan labels a shape)
     try:
         r = resolve_policy(sc, model, sc.gpu_spec(), policy)
     except ScenarioError as e:

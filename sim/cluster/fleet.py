@@ -57,7 +57,8 @@ def replica_policy(scenario: Scenario, group: int, sc: Scenario, model, policy: 
     except ScenarioError as e:
         if not isinstance(scenario.cluster.replicas, list):
             raise
-        raise ScenarioError(f"cluster.replicas[{group}] ({sc.tensor_parallel} x {sc.gpu_spec().name}): {e}") from None
+        # (the GPU and tensor parallelism as a plan labels a shape: "3 x h100" read as three replicas)
+        raise ScenarioError(f"cluster.replicas[{group}] ({sc.gpu_spec().name} tp{sc.tensor_parallel}): {e}") from None
 
 
 class Fleet:
