@@ -47,7 +47,8 @@ def model_executor(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: R
         if scenario.tensor_parallel != 1:
             raise ScenarioError(f"{scenario.name}: step_time profiles are measured on one GPU; "
                                 f"tensor_parallel must be 1, not {scenario.tensor_parallel}")
-        return ProfileStepTime.from_profile(load_profile(scenario.resolve_path(st.path), model, gpu.name), paged)
+        prof = load_profile(scenario.resolve_path(st.path), model, gpu.name, policy.policy.kv_cache_dtype)
+        return ProfileStepTime.from_profile(prof, paged)
     return RooflineStepTime(model, gpu, scenario.tensor_parallel, st, paged=paged, layout=policy.layout)
 
 

@@ -557,9 +557,11 @@ MAX_BLOCK_SIZE = 1 << 16  # a profile's block_size and paged_block_cost_tokens (
 MAX_COEFFICIENT_S = 1e3  # a profile's coefficient, in seconds per unit (a step, a token, a key): as HostCosts'
 
 
-def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None) -> dict:
+def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None,
+                 kv_cache_dtype: str = "auto") -> dict:
     """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape, and
-    when ``gpu`` is a catalog GPU's name, the profile must not have been measured on another catalog GPU."""
+    when ``gpu`` is a catalog GPU's name, the profile must not have been measured on another catalog GPU. A
+    profile's KV cache is in the model's dtype (``sim calibrate`` stores it so): fp8 KV is not its to price."""
     path = Path(path)
     prof = read_json(path, "step-time profile", ScenarioError, " (write one with sim calibrate)")
     if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT:
@@ -607,6 +609,10 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
             shown = ", ".join(f"{k} {got.get(k)} vs {want[k]}" for k in diff)
             raise ScenarioError(f"{path}: profiled model {got.get('name')!r} is not the scenario's {model.name!r} "
                                 f"({shown}); calibrate this model")
+    if kv_cache_dtype != "auto" and prof.get("kv_cache_dtype", "auto") != kv_cache_dtype:  # (priced as bf16's)
+        raise ScenarioError(f"{path}: measured with the KV cache in the model's dtype ({prof.get('dtype')}), and this "
+                            f"policy stores it as {kv_cache_dtype} (kv_cache_dtype), whose attention reads fewer "
+                            f"bytes: use the roofline (step_time: {{kind: roofline}}) for it")
     device = (prof.get("provenance") or {}).get("device") if isinstance(prof.get("provenance"), dict) else None
     on = measured_gpu(device) if isinstance(device, str) else None
     if gpu in GPUS and on is not None and on != gpu:  # (an inline GPU: its own name, which no device records)

@@ -177,3 +177,22 @@ def test_sim_steptime_with_a_profile_says_its_figures_are_the_profiles(tmp_path)
     write_profile(path, provenance={"device": "NVIDIA H100 80GB HBM3"})
     r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "l4", "--step-time", str(path), "--tokens", "1"])
     assert r.exit_code == 2 and "and this run's GPU is l4" in r.output, r.output  # (printed H100's figures as L4's)
+
+
+def test_a_profile_does_not_price_fp8_kv(tmp_path):
+    """The profile's KV cache is in the model's dtype: an fp8 policy ran at its bf16 step times, saying nothing."""
+    import yaml
+
+    from sim.run import check_scenario
+
+    write_profile(tmp_path / "p.json", model="llama-3-8b", provenance={"device": "NVIDIA H100 80GB HBM3"})
+    scenario = {"name": "f", "model": "llama-3-8b", "gpu": "h100", "step_time": {"kind": "profile", "path": "p.json"},
+                "workload": {"arrival": {"kind": "poisson", "rate": 2.0}, "lengths": "alpaca", "num_requests": 10},
+                "policies": ["vllm", {"preset": "vllm", "name": "fp8", "kv_cache_dtype": "fp8"}]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    with pytest.raises(ScenarioError, match=r"p.json: measured with the KV cache in the model's dtype .* stores it as "
+                                            r"fp8 \(kv_cache_dtype\)"):
+        check_scenario(tmp_path / "s.yaml")
+    scenario["policies"] = ["vllm"]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    check_scenario(tmp_path / "s.yaml")
