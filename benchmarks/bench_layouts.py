@@ -47,7 +47,8 @@ def capacity_rows() -> list[dict]:
                 if hybrid is False and "mamba" in m.kinds:
                     continue  # Mamba layers need the hybrid allocator
                 lay = kv_layout(m, tp, 16, 1 if fp8 else None, hybrid)
-                pool = kv_pool(m, g, tp=tp, gpu_memory_utilization=0.9, block_size=16, slot_bytes=lay.slot_bytes)
+                pool = kv_pool(m, g, tp=tp, gpu_memory_utilization=0.9, block_size=16, max_num_seqs=256,
+                               slot_bytes=lay.slot_bytes)
                 rows.append({"model": name, "gpus": f"{tp}x {gpu}", "kv": "fp8" if fp8 else "bf16",
                              "hybrid": hybrid, "groups": len(lay.groups), "kv_gib": pool.kv_bytes / GIB,
                              "pages": pool.num_blocks, "tokens": capacity_tokens(lay, pool.num_blocks, CONTEXT)})

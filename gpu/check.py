@@ -281,7 +281,7 @@ def check_fits(ctx: "Check", scenario) -> dict | None:
         return None
     model, gpu = scenario.model_spec(), scenario.gpu_spec()
     pool = max((policy_pool(scenario, model, gpu, p) for p in scenario.policies), key=lambda p: p.num_slots)
-    need = pool.kv_bytes + model.num_params * model.dtype_bytes
+    need = pool.kv_bytes + pool.weights_bytes  # (as the pool counts them: quantised weights at their size)
     if need > 0.8 * mem["free_bytes"]:
         raise RuntimeError(f"the replay needs {need / 2**30:.1f} GiB (weights and KV pool) but the device has "
                            f"{mem['free_gib']:.1f} GiB free (torch.cuda.mem_get_info): lower the pool or layers")

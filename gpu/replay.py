@@ -21,7 +21,7 @@ from gpu.executor import ReplayExecutors
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import Scenario, load_scenario
 from sim.core import StepPlan
-from sim.kv import activation_bytes
+from sim.kv import activation_bytes, weights_bytes
 from sim.policy import ResolvedPolicy, resolve_policy
 from sim.run import RunResult, model_executor, run, slug, write_results
 from sim.outputs import ReportWriter
@@ -42,11 +42,12 @@ def replay_info(executors: ReplayExecutors, mode: str) -> dict:
 
 
 def memory_gib_for_pool(model: ModelSpec, kv_pool_tokens: int, *, activation_tokens: int = 2048,
-                        gpu_memory_utilization: float = 0.9) -> float:
-    """The device memory (GiB, no runtime overhead) whose KV pool, as the simulator sizes it, holds
-    ``kv_pool_tokens`` tokens (rounded down to whole blocks of up to 16): for scenarios that want a
-    given memory pressure on a model smaller than a real GPU."""
-    need = (model.num_params * model.dtype_bytes + activation_bytes(model, 1, activation_tokens)
+                        gpu_memory_utilization: float = 0.9, max_num_seqs: int = 256) -> float:
+    """The device memory (GiB, no runtime overhead) whose KV pool, as the simulator sizes it (``kv_pool``,
+    one GPU), holds ``kv_pool_tokens`` tokens (rounded down to whole blocks of up to 16): for scenarios that
+    want a given memory pressure on a model smaller than a real GPU. The defaults are a scenario's and a
+    policy's."""
+    need = (weights_bytes(model, 1) + activation_bytes(model, 1, activation_tokens, max_num_seqs)
             + (kv_pool_tokens + 16) * model.kv_bytes_per_token(1))
     return need / gpu_memory_utilization / GIB
 

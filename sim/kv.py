@@ -55,10 +55,17 @@ class KvPool:
         return self.num_slots * self.kv_bytes_per_token
 
 
-def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: int = 256) -> int:
+def weights_bytes(model: ModelSpec, tp: int) -> int:
+    """One rank's share of the weights: a modern model's as stored (quantised experts at their own size),
+    else its parameters in its dtype."""
+    return int(model.weights_bytes_total) // tp if model.modern else model.num_params * model.dtype_bytes // tp
+
+
+def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: int) -> int:
     """Peak activation memory of one forward pass over ``num_tokens`` (what vLLM's profiling run measures):
     one layer's live tensors (hidden, residual, QKV, attention output, MLP intermediates) plus fp32 logits
-    for ``max_num_seqs`` sampled rows. An estimate; the GPU backend measures the real figure."""
+    for ``max_num_seqs`` sampled rows (the policy's: vLLM samples that many in its dummy run). An estimate;
+    the GPU backend measures the real figure."""
     h = model.hidden_size
     qkv = (model.num_heads + 2 * model.kv_heads_per_gpu(tp) * tp) * model.head_dim // tp
     mlp = (3 if model.gated_mlp else 2) * model.ffn_size // tp
@@ -76,14 +83,14 @@ def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
 
 
 def kv_pool(model: ModelSpec, gpu: GpuSpec, *, tp: int, gpu_memory_utilization: float, block_size: int,
-            runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048,
+            max_num_seqs: int, runtime_overhead_gib: float = 0.5, activation_tokens: int = 2048,
             slot_bytes: int | None = None) -> KvPool:
     """Size the KV pool as vLLM does: budget - weights - peak activations, in whole blocks. ``slot_bytes``:
     the bytes of one token slot when the layout is not the classic one (``sim/layouts.py``)."""
     check_tensor_parallel(model, tp)
     budget = int(gpu.memory_bytes * gpu_memory_utilization - runtime_overhead_gib * GIB)
-    weights = int(model.weights_bytes_total) // tp if model.modern else model.num_params * model.dtype_bytes // tp
-    act = activation_bytes(model, tp, activation_tokens)
+    weights = weights_bytes(model, tp)
+    act = activation_bytes(model, tp, activation_tokens, max_num_seqs)
     per_token = model.kv_bytes_per_token(tp) if slot_bytes is None else slot_bytes
     num_blocks = (budget - weights - act) // (block_size * per_token)
     if num_blocks <= 0:

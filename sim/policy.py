@@ -82,7 +82,8 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
                                 f"Mamba KV groups yet ({groups}); {unhybrid}drop it")
     try:
         pool = kv_pool(model, gpu, tp=scenario.tensor_parallel, gpu_memory_utilization=scenario.gpu_memory_utilization,
-                       block_size=policy.block_size, runtime_overhead_gib=scenario.runtime_overhead_gib,
+                       block_size=policy.block_size, max_num_seqs=policy.max_num_seqs,
+                       runtime_overhead_gib=scenario.runtime_overhead_gib,
                        activation_tokens=scenario.activation_reserve_tokens,
                        slot_bytes=None if layout is None else layout.slot_bytes)
     except CapacityError as e:

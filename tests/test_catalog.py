@@ -25,20 +25,37 @@ def test_tensor_parallel_divides_kv_heads_and_weights():
     m = MODELS["llama-2-70b"]  # 8 KV heads
     assert m.kv_bytes_per_token(8) == m.kv_bytes_per_token(1) // 8
     assert m.kv_bytes_per_token(16) == m.kv_bytes_per_token(8)  # replicated: at least one head per rank
-    one = kv_pool(MODELS["opt-66b"], GPUS["a100-80gb"], tp=4, gpu_memory_utilization=0.9, block_size=16)
+    one = kv_pool(MODELS["opt-66b"], GPUS["a100-80gb"], tp=4, gpu_memory_utilization=0.9, block_size=16,
+                  max_num_seqs=256)
     assert one.weights_bytes == MODELS["opt-66b"].num_params * 2 // 4
 
 
 def test_opt13b_on_a100_40gb_leaves_about_12_gib_for_kv():
-    p = kv_pool(MODELS["opt-13b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=16)
+    p = kv_pool(MODELS["opt-13b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=16,
+                max_num_seqs=256)
     assert 10 < p.kv_bytes / 2**30 < 13
     assert p.num_slots == p.num_blocks * 16
+
+
+def test_the_activation_reserve_samples_the_policys_max_num_seqs():
+    """vLLM's profiling run samples max_num_seqs rows of fp32 logits; it was sized for 256 whatever the policy."""
+    from sim.config import parse_scenario
+    from sim.policy import resolve_policy
+
+    m = MODELS["llama-3-8b"]
+    s = parse_scenario({"name": "a", "model": "llama-3-8b", "gpu": "h100", "policies": [
+        "vllm", {"preset": "vllm", "name": "wide", "max_num_seqs": 1024}],
+        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "lengths": "alpaca", "num_requests": 1}})
+    narrow, wide = (resolve_policy(s, m, GPUS["h100"], p).pool for p in s.policies)
+    assert wide.activation_bytes - narrow.activation_bytes == (1024 - 256) * m.vocab_size * 4
+    assert wide.num_blocks < narrow.num_blocks and wide.budget_bytes == narrow.budget_bytes
 
 
 def test_model_that_does_not_fit_is_a_clear_error():
     with pytest.raises(CapacityError, match=r"does not fit on a100-40gb x1: weights 128\.48 GiB .* needs at least "
                                             r"128\.97 GiB"):
-        kv_pool(MODELS["llama-2-70b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=16)
+        kv_pool(MODELS["llama-2-70b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=16,
+                max_num_seqs=256)
 
 
 def test_a_tiny_device_that_does_not_fit_says_its_sizes_in_mib():
@@ -49,14 +66,15 @@ def test_a_tiny_device_that_does_not_fit_says_its_sizes_in_mib():
     tiny = replace(GPUS["a100-40gb"], name="tiny", memory_bytes=int(0.0016 * 2**30))
     with pytest.raises(CapacityError, match=r"weights 2\.0 MiB \+ activations 0\.\d MiB .* in 1\.5 MiB .* "
                                             r"needs at least 2\.\d MiB"):
-        kv_pool(model, tiny, tp=1, gpu_memory_utilization=0.9, block_size=16, activation_tokens=16,
+        kv_pool(model, tiny, tp=1, gpu_memory_utilization=0.9, block_size=16, max_num_seqs=256, activation_tokens=16,
                 runtime_overhead_gib=0)
 
 
 def test_one_block_bigger_than_the_room_for_kv_names_block_size():
     with pytest.raises(CapacityError, match=r"one KV block of block_size=65536 tokens takes 32\.00 GiB, more than the "
                                             r".* left for KV cache .*: lower block_size"):
-        kv_pool(MODELS["llama-2-7b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=65536)
+        kv_pool(MODELS["llama-2-7b"], GPUS["a100-40gb"], tp=1, gpu_memory_utilization=0.9, block_size=65536,
+                max_num_seqs=256)
 
 
 def test_hf_config_llama_and_opt(tmp_path):

@@ -99,15 +99,16 @@ def test_capacity_per_gpu_by_hand():
     """Gemma-3-27B on one H100 (0.9 x 80 GiB - 0.5 GiB, bf16 weights, the activation estimate): the same
     bytes hold 5.2x more tokens of 32k-token sequences with the hybrid allocator, and fp8 doubles both."""
     m, gpu = MODELS["gemma-3-27b"], GPUS["h100"]
-    free = int(0.9 * 80 * GIB - 0.5 * GIB) - m.num_params * 2 - activation_bytes(m, 1, 2048)
+    free = int(0.9 * 80 * GIB - 0.5 * GIB) - m.num_params * 2 - activation_bytes(m, 1, 2048, 256)
     for fp8 in (False, True):
         w = 1 if fp8 else 2
         per_token_full = 62 * 2 * 16 * 128 * w
         page_hybrid = 16 * 10 * 2 * 16 * 128 * w
         lay = kv_layout(m, 1, 16, w if fp8 else None)
-        pool = kv_pool(m, gpu, tp=1, gpu_memory_utilization=0.9, block_size=16, slot_bytes=lay.slot_bytes)
+        pool = kv_pool(m, gpu, tp=1, gpu_memory_utilization=0.9, block_size=16, max_num_seqs=256,
+                       slot_bytes=lay.slot_bytes)
         assert pool.num_blocks == free // page_hybrid
-        off = kv_pool(m, gpu, tp=1, gpu_memory_utilization=0.9, block_size=16,
+        off = kv_pool(m, gpu, tp=1, gpu_memory_utilization=0.9, block_size=16, max_num_seqs=256,
                       slot_bytes=kv_layout(m, 1, 16, w if fp8 else None, hybrid=False).slot_bytes)
         assert off.num_blocks == free // (16 * per_token_full)
         hybrid_tokens = capacity_tokens(lay, pool.num_blocks, 32768)
