@@ -411,7 +411,7 @@ def bundle_source() -> dict | None:
     """The commit (and files changed since it) that ``gpu/device_bundle.py`` recorded in the bundle's
     MANIFEST.json when it was prepared; None without a bundle."""
     try:
-        return json.loads((ROOT / ".device" / "MANIFEST.json").read_text()).get("source")
+        return json.loads((ROOT / Path(BUNDLE_TRACE).parent / "MANIFEST.json").read_text()).get("source")
     except (OSError, ValueError):
         return None
 

@@ -35,18 +35,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = ROOT / ".device"
-AZURE = Path("traces/azure_2023/AzureLLMInferenceTrace_conv.csv")
-TRACE_NAME = "azure_conv.csv"
 sys.path.insert(0, str(ROOT))
-from gpu.check import AZURE_HEADER  # noqa: E402 (the header the check reads)
+from gpu.check import AZURE, AZURE_HEADER, BUNDLE_TRACE  # noqa: E402 (what the check reads, named once there)
+
+BUNDLE = ROOT / Path(BUNDLE_TRACE).parent  # .device
+TRACE_NAME = Path(BUNDLE_TRACE).name
 # distribution name here -> the name pip downloads (the image lacks the first five's and the simulator imports them)
 WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-extensions", "typing-inspection", "simpy", "PyYAML")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 LIMIT_MIB = 64.0
 MAX_FILES_BACK = 8
-CARRY = (".device",)
+CARRY = (BUNDLE.name,)
 
 # The device tool's command (2,000 characters at most; run in the repository root; $OUT comes back, 8 files at
 # most). Installs the wheels into /tmp/site (no index, no dependencies resolved: the bundle is complete), runs
@@ -58,9 +58,9 @@ CARRY = (".device",)
 REMOTE_COMMAND = (
     "set -o pipefail; export PYTHONUNBUFFERED=1; "
     "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
-    ".device/wheels/*.whl > $OUT/pip.log 2>&1 || { tail -20 $OUT/pip.log; exit 3; }; "
+    f"{BUNDLE.name}/wheels/*.whl > $OUT/pip.log 2>&1 || {{ tail -20 $OUT/pip.log; exit 3; }}; "
     "export PYTHONPATH=/tmp/site; "
-    "timeout -k 15 450 python3 gpu/check.py --device cuda --trace .device/azure_conv.csv "
+    f"timeout -k 15 450 python3 gpu/check.py --device cuda --trace {BUNDLE_TRACE} "
     "--out $OUT/device_check.json --work /tmp/dc --budget-s 420 2>&1 | tee $OUT/check.log; rc=$?; "
     "cp /tmp/dc/profile.json /tmp/dc/validation/validation.json $OUT/ 2>/dev/null; "
     "tar czf $OUT/work.tgz -C /tmp dc 2>/dev/null; "
@@ -95,7 +95,7 @@ def find_azure(explicit: str | None) -> Path:
     checkout."""
     env = os.environ.get("KVSIM_TRACES", "").strip()
     places = [Path(explicit)] if explicit else (
-        ([Path(env).expanduser() / AZURE.relative_to("traces")] if env else [])
+        ([Path(env).expanduser() / Path(AZURE).relative_to("traces")] if env else [])
         + [ROOT.parent / "shared" / AZURE, ROOT / "shared" / AZURE])
     for p in places:
         if p.is_file():
