@@ -541,3 +541,14 @@ def test_an_option_no_router_of_the_file_reads_is_an_error_there_not_in_a_sweep_
                                                                           "router_options": {"seed": 3}}}))
     (tmp_path / "w.yaml").write_text("base: b.yaml\naxes: {cluster.router: [random, round-robin]}\n")
     assert len(load_sweep(tmp_path / "w.yaml").points) == 2
+
+
+def test_the_routers_a_scenario_accepts_are_the_routers_there_are():
+    """sim.config.ROUTERS (what a scenario may name) and sim.cluster.router.ROUTER_CLASSES (what runs) are kept in
+    two places (config does not import the cluster): they must list the same routers, and the options' users
+    among them."""
+    from sim.cluster.router import NEEDS, ROUTER_CLASSES
+    from sim.config import ROUTER_OPTION_USERS, ROUTERS
+
+    assert tuple(ROUTER_CLASSES) == ROUTERS
+    assert {r for users in ROUTER_OPTION_USERS.values() for r in users} <= set(ROUTERS) and set(NEEDS) <= set(ROUTERS)
