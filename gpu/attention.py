@@ -36,8 +36,9 @@ import triton.language as tl
 
 from gpu.kv_cache import check_head_major, check_launch, interpreting
 
-LOG2E = 1.4426950408889634
-NEG_BIG = -1.0e30  # the running max starts finite, so a fully masked tile gives exp2(-inf) = 0, never NaN
+# In the kernels: scores are scaled by log2(e) = 1.4426950408889634 (softmax by exp2), and the running max
+# starts at -1e30, finite, so a fully masked tile gives exp2(-inf) = 0, never NaN (written out: a kernel reads
+# no Python global that is not a constexpr)
 PARTITION_SIZE = 512
 # Software pipeline depth of the 16-bit decode kernel on a GPU. Measured on an H200 (64 sequences x 4k keys,
 # bf16, 64 keys per tile, 4 warps; reports/device_check_run1.json): 2 stages 239 us contiguous / 242 us paged
