@@ -83,10 +83,6 @@ def _read_summary(path: Path) -> dict:
     scenario = summary["scenario"]
     if not isinstance(scenario, dict):
         raise ResultsError(f"{path}: 'scenario' is not an object")
-    _shaped(path, summary, {"decomposition": dict, "fleet": dict})
-    lacks = [k for k in ("name", "model", "gpu", "policies") if k not in scenario]
-    if lacks:  # (a page was drawn of no model on no GPU)
-        raise ResultsError(f"{path}: 'scenario' lacks {', '.join(lacks)} (as sim run writes it)")
     if not summary["policies"]:
         raise ResultsError(f"{path}: 'policies' is empty (a run summary has one object of metrics per policy)")
     for key, kind in (("policies", list), ("resolved", dict)):  # what the page reads of the scenario
@@ -103,6 +99,10 @@ def _read_summary(path: Path) -> dict:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ResultsError(f"{path}: policies.{name}.{key} = {v!r:.80}, expected a number or null")
+    _shaped(path, summary, {"decomposition": dict, "fleet": dict})
+    lacks = [k for k in ("name", "model", "gpu", "policies") if k not in scenario]
+    if lacks:  # (a page was drawn of no model on no GPU)
+        raise ResultsError(f"{path}: 'scenario' lacks {', '.join(lacks)} (as sim run writes it)")
     return summary
 
 

@@ -145,9 +145,6 @@ def _drop_column(d, file, column):
     pq.write_table(t.drop_columns([column]), d / file)
 
 
-SCEN = '{"name": "x", "model": "m", "gpu": "g", "policies": []}'
-
-
 def _edit_json(path, edit):
     import json
 
@@ -186,12 +183,12 @@ def test_a_run_that_took_no_step_has_no_snapshot_and_reports(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: (d / "summary.json").write_text('{"scenario": %s, "policies": {"vllm": 5}}' % SCEN),
+    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": 5}}'),
      "policies.vllm is not an object of metrics"),
-    (lambda d: (d / "summary.json").write_text('{"scenario": %s, "policies": {"vllm": {"request_throughput": "x"}}}'
-                                               % SCEN), "policies.vllm.request_throughput = 'x', expected a number or null"),
+    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": {"request_throughput": "x"}}}'),
+     "policies.vllm.request_throughput = 'x', expected a number or null"),
     # (each drawn without a word: a page of no model on no GPU; a policy with no requests)
-    (lambda d: (d / "summary.json").write_text('{"scenario": {}, "policies": {"vllm": {}}}'),
+    (lambda d: _edit_json(d / "summary.json", lambda s: s.update(scenario={})),
      "'scenario' lacks name, model, gpu, policies"),
     (lambda d: _edit_json(d / "summary.json", lambda s: s["policies"].update(ghost=s["policies"]["vllm"])),
      "requests.parquet has no rows of ghost"),
