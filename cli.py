@@ -286,7 +286,7 @@ def steptime(
     context: int = typer.Option(0, "--context", min=0, help="cached tokens the prefill attends to"),
     step_time: Optional[Path] = typer.Option(None, "--step-time", help="a scenario (or YAML step_time block) or a "
                                              "calibration profile JSON (default: the roofline's defaults)"),
-    block_size: int = typer.Option(16, "--block-size", min=1, max=1 << 16,  # (a scenario's policy's bound)
+    block_size: int = typer.Option(16, "--block-size", min=1, max=1 << 16,  # (sim.config.MAX_BLOCK_SIZE)
                                    help="KV block size (a paged decode's block cost)"),
     csv: bool = typer.Option(False, "--csv", help="print CSV to stdout instead of a table"),
 ) -> None:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from reports.figures import over_seeds  # noqa: E402
 from reports.paper import FIG2, SHAREGPT_RATE_RATIOS  # noqa: E402
 from reports.results import load_run  # noqa: E402
-from sim.kv import MEMORY_CLASSES  # noqa: E402
+from sim.schema import MEMORY_CLASSES  # noqa: E402
 
 SETUPS = ["opt-13b-sharegpt", "opt-66b-sharegpt", "opt-175b-sharegpt", "opt-13b-alpaca", "opt-66b-alpaca",
           "opt-175b-alpaca"]

@@ -27,9 +27,9 @@ from gpu.calibrate import calibrate, grid_for_scenario
 from gpu.device import configure_cpu
 from gpu.replay import replay, replay_info
 from sim.config import ProfileConfig, Scenario, load_scenario
-from sim.kv import MEMORY_CLASSES
+from sim.schema import MEMORY_CLASSES
 from sim.outputs import ReportWriter
-from sim.run import RunResult, policy_pool, run, slug, write_results
+from sim.run import RunResult, default_out, policy_pool, run, write_results
 from sim.steptime import ProfileStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
 
@@ -150,7 +150,8 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     requests = load_requests(scenario, read_trace) if requests is None else requests
-    out = Path(out_dir) if out_dir is not None else Path("runs") / f"{slug(scenario.name)}-validate-{device.split(':')[0]}"
+    out = Path(out_dir) if out_dir is not None else default_out(scenario.name,
+                                                                suffix=f"-validate-{device.split(':')[0]}")
     if profile_path is None and isinstance(scenario.step_time, ProfileConfig):
         profile_path = scenario.resolve_path(scenario.step_time.path)
     if profile_path is None:

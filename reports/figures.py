@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.paper import PAPER_CITATION, PublishedBreakdown
-from sim.schema import MEMORY_CLASSES, METRICS, TABLE_COLUMNS, varying_axes
+from sim.schema import MEMORY_CLASSES, METRICS, RATE_AXIS, TABLE_COLUMNS, varying_axes
 from sim.schema import title as _axis_title  # a metric or a known column with its unit; others by their name
 
 MEMORY_LABELS = {
@@ -596,7 +596,7 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
     sustainable rate (mean over seeds) is a dotted vertical line in its colour, when x is the rate."""
     axes = sweep_axes(sweep)
     if x is None:
-        x = "workload.arrival.rate" if "workload.arrival.rate" in axes or not axes else axes[0]
+        x = RATE_AXIS if RATE_AXIS in axes or not axes else axes[0]
     others = [a for a in axes if a != x and not _is_seed(a)]
     dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
     groups = _groups(sweep, list(colors))
@@ -622,7 +622,7 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
                             f"{text(_axis_title(y))}: %{{y:,.5~r}}"
                             + (" ± %{customdata[0]:,.3~r} (%{customdata[1]} seeds)" if spread else "")
                             + "<extra></extra>")
-    if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
+    if capacity is not None and capacity_col in capacity.columns and x == RATE_AXIS:
         found = capacity  # a search that ended above its highest rate gives a lower bound, not a capacity
         if "status" in capacity.columns:
             found = capacity[capacity["status"].astype(str) == "found"]
@@ -639,7 +639,7 @@ def latency_vs_rate(sweep: pd.DataFrame, colors: Mapping[str, str], x: str | Non
                      **(_log_ticks(pd.to_numeric(sweep[y], errors="coerce")) if log_y else {}))
     sub = "; ".join(dict.fromkeys(notes)) or "no runs"
     sub += f"; other axes: {text(', '.join(others))}" if others else ""
-    if capacity is not None and capacity_col in capacity.columns and x == "workload.arrival.rate":
+    if capacity is not None and capacity_col in capacity.columns and x == RATE_AXIS:
         sub += "; dotted: each policy's sustainable rate (where the search found one)"
     return _layout(fig, text(f"{_axis_title(y).split(' (')[0].capitalize()} vs {_axis_title(x).split(' (')[0]}"), sub)
 

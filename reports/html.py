@@ -25,7 +25,7 @@ from reports import figures
 from reports.console import fleet_facts
 from reports.paper import FIG2, PAPER_CITATION, is_paper_scenario
 from reports.results import ResultsError, RunTables, concat, load_run, load_runs
-from sim.schema import METRICS, PLAN_MARK, TABLE_COLUMNS, plural, sig4
+from sim.schema import METRICS, PLAN_MARK, RATE_AXIS, TABLE_COLUMNS, plural, sig4
 
 GB = 1e9
 GIB = 1 << 30
@@ -418,7 +418,7 @@ def _sweep_sections(runs: Sequence[RunTables], colors: dict[str, str]) -> list[S
     if sweep is not None:
         axes = figures.sweep_axes(sweep)
         block = _block_size_axis(sweep)
-        if "workload.arrival.rate" in axes or (block is None and axes):  # (no varying axis: nothing to draw against)
+        if RATE_AXIS in axes or (block is None and axes):  # (no varying axis: nothing to draw against)
             sections.append(Section(
                 "Sweep: latency vs request rate",
                 "Mean normalized latency at each sweep point, one line per policy: the shape of the PagedAttention "

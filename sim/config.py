@@ -53,6 +53,8 @@ MAX_COUNT = 10**9  # requests, sequences, blocks
 MAX_SECONDS = 1e9  # about 32 years
 MAX_HASH_BLOCK_SIZE = 1 << 20  # tokens per hashed prompt block of a trace (Mooncake: 512)
 MAX_REPLICAS = 1024  # a fleet's replicas: every one's state is held, and stepped, on one core
+MAX_BLOCK_SIZE = 1 << 16  # tokens per KV block (a policy's, a profile's, sim steptime's), and a block's cost in keys
+MAX_COST_S = 1e3  # seconds per unit (a step, a sequence, a token, a key, a copy): host costs, profile coefficients
 Int = Annotated[int, BeforeValidator(_number)]
 Real = Annotated[float, BeforeValidator(_number)]
 PosInt = Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_COUNT)]
@@ -373,7 +375,7 @@ class PolicyConfig(Strict):
         description="separate: prefill-only steps (vLLM v0); mixed: whole prompts batched with decodes "
         "(Orca); chunked: prompts split under the token budget and mixed with decodes (vLLM v1)"
     )
-    block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=1 << 16)] = Field(16, description="tokens per KV block (pool geometry; paged allocation unit)")
+    block_size: Annotated[int, BeforeValidator(_number), Field(gt=0, le=MAX_BLOCK_SIZE)] = Field(16, description="tokens per KV block (pool geometry; paged allocation unit)")
     max_num_seqs: PosInt = 256
     max_num_batched_tokens: Tokens | None = Field(
         None, description="token budget per step; default max(2048, max_model_len), or 2048 when chunked"
@@ -500,12 +502,12 @@ class GpuConfig(Strict):
 class HostCosts(Strict):
     """Overrides of an engine profile's host costs (seconds; see ``sim/engines.py``)."""
 
-    serial_step_s: Real | None = Field(None, ge=0, le=1e3)
-    serial_per_seq_s: Real | None = Field(None, ge=0, le=1e3)
-    serial_per_token_s: Real | None = Field(None, ge=0, le=1e3)
-    overlapped_step_s: Real | None = Field(None, ge=0, le=1e3)
-    overlapped_per_seq_s: Real | None = Field(None, ge=0, le=1e3)
-    overlapped_per_token_s: Real | None = Field(None, ge=0, le=1e3)
+    serial_step_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
+    serial_per_seq_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
+    serial_per_token_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
+    overlapped_step_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
+    overlapped_per_seq_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
+    overlapped_per_token_s: Real | None = Field(None, ge=0, le=MAX_COST_S)
 
 
 class RooflineConfig(Strict):
@@ -525,13 +527,15 @@ class RooflineConfig(Strict):
     attention_efficiency: Real = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s for prefill attention")
     bandwidth_efficiency: Real = Field(0.8, gt=0, le=1, description="fraction of HBM bandwidth achieved "
                                                                      "(decode attention; datasheet operators)")
-    gpu_overhead_s: Real = Field(1e-4, ge=0, le=1e3, description="GPU work per step outside the layers (embedding, "
-                                                          "final norm, sampling kernels)")
+    gpu_overhead_s: Real = Field(1e-4, ge=0, le=MAX_COST_S, description="GPU work per step outside the layers "
+                                 "(embedding, final norm, sampling kernels)")
     paged_block_cost_tokens: Real = Field(
-        3.68, ge=0, le=1e6, description="a paged decode kernel's cost per block visited, in keys' worth of reading "
-                                "(default: +23 % at block size 16, the paper's Fig. 18a)")
-    allreduce_latency_s: Real = Field(1e-5, ge=0, le=1e3, description="fixed cost of one all-reduce (datasheet only)")
-    swap_copy_overhead_s: Real = Field(5e-6, ge=0, le=1e3, description="fixed cost of one block copy over the host link")
+        3.68, ge=0, le=MAX_BLOCK_SIZE, description="a paged decode kernel's cost per block visited, in keys' "
+        "worth of reading (default: +23 % at block size 16, the paper's Fig. 18a)")
+    allreduce_latency_s: Real = Field(1e-5, ge=0, le=MAX_COST_S,
+                                      description="fixed cost of one all-reduce (datasheet only)")
+    swap_copy_overhead_s: Real = Field(5e-6, ge=0, le=MAX_COST_S,
+                                       description="fixed cost of one block copy over the host link")
 
     def host_overrides(self) -> dict:
         return {} if self.host is None else self.host.model_dump(exclude_none=True)
@@ -754,10 +758,7 @@ class Scenario(Strict):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v):
-        if isinstance(v, str) and v not in GPUS:
-            raise ValueError(f"unknown gpu {v!r}{_did_you_mean(v, GPUS)}; expected one of {', '.join(GPUS)} or an "
-                             f"inline spec")
-        return v
+        return _known_gpu_name(v)  # (the rule a replica group's and a pool's gpu follow)
 
     @field_validator("model")
     @classmethod

@@ -125,10 +125,6 @@ class Sequence:
         """Past its prefill: it has sampled a token and computes one token per step."""
         return self._output > 0 and self.num_uncomputed_tokens == 1 if self.clock is None else True
 
-    @property
-    def remaining_output_tokens(self) -> int:
-        return self.output_tokens - self.num_output_tokens
-
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id}, prompt={self.prompt_tokens}, out={self.num_output_tokens}/"
                 f"{self.output_tokens}, computed={self.num_computed_tokens})")
@@ -265,10 +261,6 @@ class StepPlan:
     def host_link_blocks(self) -> int:
         """Blocks this step moves over the host link before its forward: swaps and CPU-tier loads."""
         return len(self.swap_in) + len(self.swap_out) + len(self.host_loads)
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.num_decode_tokens == self.num_seqs == self.num_sampled
 
     @property
     def seq_ids(self) -> tuple[int, ...]:

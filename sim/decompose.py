@@ -40,11 +40,11 @@ from typing import Any, Callable, Iterable
 from pydantic import ValidationError
 
 from sim.config import PolicyConfig
-from sim.metrics import METRICS
+from sim.schema import METRICS
 
 KNOBS: tuple[str, ...] = ("batching", "reservation", "paged allocation", "prefill", "block size", "other")
 
-# The metrics decomposed by default: throughput, then latency (all declared in sim.metrics.METRICS).
+# The metrics decomposed by default: throughput, then latency (all declared in sim.schema.METRICS).
 DECOMPOSED_METRICS: tuple[str, ...] = ("request_throughput", "output_throughput", "mean_normalized_latency_s",
                                       "median_ttft_ms", "median_tpot_ms")
 
@@ -162,7 +162,7 @@ def decompose(policies: list[PolicyConfig], summaries: dict[str, dict],
     metrics = list(metrics)
     for m in metrics:
         if m not in METRICS:
-            raise ValueError(f"decomposition: unknown metric {m!r}; expected one declared in sim.metrics.METRICS")
+            raise ValueError(f"decomposition: unknown metric {m!r}; expected one declared in sim.schema.METRICS")
     base = policies[0]
     known = {policy_key(p): p.name for p in policies}
     by_key: dict[str, dict] = {policy_key(p): summaries[p.name] for p in policies}

@@ -30,9 +30,10 @@ from sim.core import Group, Sequence, StepPlan
 from sim.buffers import append, vec
 from sim.kv import KvPool
 from sim.hybrid import GroupTimeline
-from sim.metrics import FINISHED, HORIZON, REJECTED, UNFINISHED, Recorder, SharingCounts, offload_counts
+from sim.metrics import Recorder, SharingCounts, offload_counts
 from sim.outputs import Columns
 from sim.policy import ResolvedPolicy, make_kv, rejection_reasons
+from sim.schema import FINISHED, HORIZON, REJECTED, UNFINISHED
 from sim.scheduler import Scheduler
 from sim.steptime import Executor
 from sim.workload import RequestTable

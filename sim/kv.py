@@ -25,7 +25,6 @@ except ImportError:  # plain Python: nothing to allow
 
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.core import Sequence
-from sim.schema import MEMORY_CLASSES  # declared with the result files' schema
 
 
 # ------------------------------------------------------------------------------------------ pool size
@@ -457,7 +456,7 @@ class KvManager(Protocol):
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray: ...
 
 
-SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_EXTERNAL, SLOT_FREE = range(5)  # indices into MEMORY_CLASSES
+SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_EXTERNAL, SLOT_FREE = range(5)  # indices into sim.schema.MEMORY_CLASSES
 
 
 def _merge_runs(starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -575,7 +574,7 @@ class PagedKv:
                 self.pool.free_state())
 
     def segments(self, captured: tuple, blocked: bool) -> np.ndarray:
-        """(start slot, length, class) runs covering the pool, classes as in MEMORY_CLASSES. Token positions
+        """(start slot, length, class) runs covering the pool, classes as in sim.schema.MEMORY_CLASSES. Token positions
         [i*B, (i+1)*B) of a table live in slots [b*B, (b+1)*B) of its i-th block b: token states up to the
         table's filled count, then reserved slots up to its cap, then internal fragmentation."""
         B = self.block_size

@@ -34,9 +34,8 @@ from sim.kv import breakdown
 from sim.outputs import Columns
 # The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
 # reports; named here too, where the simulator has always found it.
-from sim.schema import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, MEMORY_CLASSES,  # noqa: F401
-                        METRICS, NO_REASON, PENDING, PREFILL_EXCEEDS_TOKEN_BUDGET, REASONS, REJECTED, STATUS_NAMES,
-                        UNFINISHED, Metric)
+from sim.schema import (FINISHED, MEMORY_CLASSES, METRICS, PENDING, REASONS, STATUS_NAMES, UNFINISHED,
+                        USED_CLASSES)
 
 
 class RequestLog:
@@ -542,7 +541,7 @@ class Timeline:
         with np.errstate(divide="ignore", invalid="ignore"):
             c["prefix_hit_rate"] = np.where(c["num_prompt_tokens_admitted"] > 0,
                                             c["num_prefix_hit_tokens"] / c["num_prompt_tokens_admitted"], np.nan)
-        used = sum(c[f"mem_{k}_slot_s"] for k in MEMORY_CLASSES[:3])
+        used = sum(c[f"mem_{k}_slot_s"] for k in USED_CLASSES)
         c["memory.used"] = used / (w * capacity)
         c["memory.used_without_sharing"] = (used + c["shared_slot_s"]) / (w * capacity)
         return Columns(c)

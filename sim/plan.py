@@ -48,14 +48,14 @@ from typing import Annotated, Any, Union
 import pandas as pd
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from sim.catalog import GPU_PRICES, GPUS
+from sim.catalog import GPU_PRICES, GPUS, LINKS
 from sim.config import (Name, MAX_REPLICAS, Int, KvTransferConfig, Policy, ProfileConfig, Real, Scenario, ScenarioError,
                         Strict, _known_link, _number, _routers, check_kind, check_unique_names, format_validation_error,
                         own_arrivals, parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, claim, write_result_table
-from sim.schema import PLAN_MARK, plan_label, plural
+from sim.schema import PLAN_MARK, RATE_AXIS, RATE_SCALE_AXIS, plan_label, plural
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -196,7 +196,7 @@ class PlanFile(Strict):
                              "rate multipliers)")
         if "disaggregated" in self.split:
             if self.kv_transfer is None:
-                raise ValueError("split disaggregated needs kv_transfer: a link (nvlink, infiniband-400g, pcie-gen5) "
+                raise ValueError(f"split disaggregated needs kv_transfer: a link ({', '.join(LINKS)}) "
                                  "or {gb_per_s, latency_ms}")
         elif self.kv_transfer is not None or self.prefill_decode is not None:
             raise ValueError("kv_transfer and prefill_decode apply to split: disaggregated only")
@@ -386,7 +386,7 @@ def load_plan(path: str | Path) -> Plan:
     if spec.rate_scales is not None and not recorded:
         raise ScenarioError(f"{source}{_line_of(lines, 'rate_scales')}: rate_scales: the base workload is generated: "
                             f"give rates (requests per second) instead")
-    rate_path = "workload.arrival.rate" if spec.rates is not None else "workload.rate_scale"
+    rate_path = RATE_AXIS if spec.rates is not None else RATE_SCALE_AXIS
     axes = [Axis("rate" if spec.rates is not None else "rate_scale", axis_target(rate_path)[0], (),
                  "rates" if spec.rates is not None else "rate_scales")]
     for column, path_ in [("gpu", "gpu"), ("tensor_parallel", "tensor_parallel"), ("policies", "policies"),
@@ -695,11 +695,11 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
     from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
     from sim.executors import make_executor
-    from sim.run import slug
+    from sim.run import default_out
     from sim.sweep.output import _BarProgress, folder_lock
 
     plan = load_plan(plan_path)
-    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(plan.name, "plan"), "plan")
+    out = claim(Path(out_dir) if out_dir is not None else default_out(plan.name, "plan"), "plan")
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,

@@ -22,7 +22,7 @@ from sim.hybrid import HybridContiguousKv, HybridPagedKv
 from sim.kv import (BlockPool, BuddyAllocator, CapacityError, ContiguousKv, FifoBlockPool, FirstFitAllocator, KvManager,
                     KvPool, PagedKv, Reservation, kv_pool)
 from sim.layouts import KvLayout, LayoutError, kv_layout
-from sim.metrics import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
+from sim.schema import EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, PREFILL_EXCEEDS_TOKEN_BUDGET
 from sim.offload import HostTier
 from sim.sharing import SharedBlockPool, SharedPagedKv
 

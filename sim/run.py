@@ -26,11 +26,11 @@ import numpy as np
 from sim.catalog import GIB, GpuSpec, ModelSpec
 from sim.config import PolicyConfig, ProfileConfig, Scenario, ScenarioError, load_scenario
 from sim.engine import Engine, PolicyResult
-from sim.kv import MEMORY_CLASSES, KvPool
+from sim.kv import KvPool
 from sim.outputs import Columns, ReportWriter, concat_columns, write_parquet
 from sim.outputs import claim, out_dir as out_dir_checked
 from sim.policy import ResolvedPolicy, resolve_policy, token_budget
-from sim.schema import RUN_MARK, plural
+from sim.schema import MEMORY_CLASSES, RUN_MARK, plural
 from sim.steptime import Executor, ProfileStepTime, RooflineStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
 
@@ -266,7 +266,7 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     scenario = load_scenario(scenario_path)
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
-    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(scenario.name), "run")
+    out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name), "run")
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -316,6 +316,12 @@ def in_file(message: str, path: str | Path, name: str) -> str:
 
 
 SLUG_BYTES = 100  # a folder name's UTF-8 bytes at most (file systems allow 255; replay adds "-open-loop-cuda")
+
+
+def default_out(name: str, kind: str = "run", suffix: str = "") -> Path:
+    """Where a command writes when no ``--out`` is given: ``runs/<slug of name><suffix>`` (``kind``: the
+    folder name of a name that leaves nothing)."""
+    return Path("runs") / f"{slug(name, kind)}{suffix}"
 
 
 def slug(name: str, default: str = "run") -> str:

@@ -21,6 +21,8 @@ FOLDER_MARKS = {"run": RUN_MARK, "sweep": SWEEP_MARK, "plan": PLAN_MARK}
 
 # what each KV slot holds at an instant (kv_snapshots.parquet ``memory_class``; summary ``memory.<class>``)
 MEMORY_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+# the slots a sequence holds (KV in use: what a router's least-kv reads, a replica's "memory.used")
+USED_CLASSES = MEMORY_CLASSES[:3]
 
 # ------------------------------------------------------------------------------------------ requests
 
@@ -108,6 +110,9 @@ METRICS: dict[str, Metric] = _declare(
 
 # ------------------------------------------------------------------------------------------ other columns
 
+# A sweep's (and a plan's) request-rate axis: a generated workload's rate, or a trace's scaling of its own
+RATE_AXIS, RATE_SCALE_AXIS = "workload.arrival.rate", "workload.rate_scale"
+
 # Per-request columns a report draws (requests.parquet), sweep axes (scenario fields, by their last dotted
 # part too: ``policies.*.block_size`` is a block size) and capacity results (capacity.parquet).
 TABLE_COLUMNS: dict[str, Metric] = _declare(
@@ -115,7 +120,7 @@ TABLE_COLUMNS: dict[str, Metric] = _declare(
     Metric("tpot_ms", "ms", "time per output token", "min", short="TPOT"),
     Metric("e2el_ms", "ms", "end-to-end latency", "min", short="E2E latency"),
     Metric("normalized_latency_s", "s/token", "normalized latency", "min", short="normalized latency"),
-    Metric("workload.arrival.rate", "req/s", "request rate"),
+    Metric(RATE_AXIS, "req/s", "request rate"),
     Metric("block_size", "tokens", "block size"),
     Metric("max_num_seqs", "", "max sequences per step"),
     Metric("max_num_batched_tokens", "tokens", "token budget per step"),

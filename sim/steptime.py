@@ -45,7 +45,7 @@ import numpy as np
 
 from sim.buffers import append, vec
 from sim.catalog import GPUS, GpuSpec, ModelSpec
-from sim.config import RooflineConfig, ScenarioError
+from sim.config import MAX_BLOCK_SIZE, MAX_COST_S, RooflineConfig, ScenarioError
 from sim.core import StepPlan
 from sim.engines import engine_profile
 from sim.layouts import head_sum, kv_layout, window_runs
@@ -553,8 +553,6 @@ def measured_gpu(device: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-MAX_BLOCK_SIZE = 1 << 16  # a profile's block_size and paged_block_cost_tokens (a policy's block_size bound)
-MAX_COEFFICIENT_S = 1e3  # a profile's coefficient, in seconds per unit (a step, a token, a key): as HostCosts'
 
 
 def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None,
@@ -583,17 +581,17 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
         if bad:
             raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(bad)}: expected a finite number "
                                 f">= 0 of seconds (got {', '.join(repr(coef.get(t)) for t in bad)})")
-        huge = [t for t in PROFILE_TERMS if coef[t] > MAX_COEFFICIENT_S]  # (1e300 s: steps past any horizon)
+        huge = [t for t in PROFILE_TERMS if coef[t] > MAX_COST_S]  # (1e300 s: steps past any horizon)
         if huge:
             raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(huge)}: more than "
-                                f"{MAX_COEFFICIENT_S:,.0f} s per unit (got {', '.join(repr(coef[t]) for t in huge)})")
+                                f"{MAX_COST_S:,.0f} s per unit (got {', '.join(repr(coef[t]) for t in huge)})")
         for part in ("prefill", "decode"):  # (a step of no time: the engine divided by it)
             terms = [t for t in PROFILE_TERMS if t.startswith(part)]
             if not any(coef[t] > 0 for t in terms):
                 raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(terms)} are all 0: a "
                                     f"{part} step would take no time")
     # (bounded as the coefficients are: a swap_block_s of 1e300 ran, its steps past any horizon)
-    for key, what, most in (("swap_block_s", "seconds", MAX_COEFFICIENT_S),
+    for key, what, most in (("swap_block_s", "seconds", MAX_COST_S),
                             ("paged_block_cost_tokens", "tokens", MAX_BLOCK_SIZE)):
         if key in prof and not (number(prof[key]) and prof[key] <= most):
             raise ScenarioError(f"{path}: {key}: expected a finite number of {what} from 0 to {most:,.0f} "

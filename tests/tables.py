@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.kv import MEMORY_CLASSES as CLASSES
+from sim.schema import MEMORY_CLASSES as CLASSES
 
 
 def timeline_table(policy: str, n: int, bin_s: float = 1.0, seed: int = 0) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.metrics import METRICS
+from sim.schema import METRICS
 from sim.run import run
 from sim.sweep import summary_metric_names
 from sim.workload import RequestTable

@@ -10,7 +10,7 @@ import pytest
 from conftest import check_after_every_step, needs_plain_python
 from kvsim import run  # with the trace readers: some runs here read a table
 from sim.clock import DecodeClock
-from sim.kv import MEMORY_CLASSES
+from sim.schema import MEMORY_CLASSES
 from sim.scheduler import Scheduler
 
 SIX = ["fastertransformer", "orca-max", "orca-pow2", "orca-oracle", "vllm", "vllm-v1"]

@@ -4,7 +4,6 @@ bundle's remote command within the device tool's limits and written in the READM
 step that the CUDA graphs capture computes what the eager step computes."""
 
 import json
-import os
 import re
 import signal
 import subprocess

@@ -15,9 +15,10 @@ from sim.catalog import GIB, GPUS, MODELS, CatalogError, model_from_hf_config
 from sim.config import ScenarioError, parse_scenario
 from sim.core import Sequence
 from sim.hybrid import HybridContiguousKv, HybridPagedKv, _CrossingPool
-from sim.kv import MEMORY_CLASSES, BuddyAllocator, FifoBlockPool, Reservation, activation_bytes, breakdown, kv_pool
+from sim.kv import BuddyAllocator, FifoBlockPool, Reservation, activation_bytes, breakdown, kv_pool
 from sim.layouts import KvGroup, capacity_tokens, first_kept, head_sum, kv_layout, window_runs
 from sim.policy import resolve_policy
+from sim.schema import MEMORY_CLASSES
 from sim.sharing import SharedBlockPool
 from sim.steptime import distinct_experts
 

@@ -464,9 +464,9 @@ def test_sweep_folder_report_has_rate_block_size_and_capacity(tmp_path):
 
 
 def test_every_declared_metric_is_an_slo_key_and_a_sweep_column(tmp_path):
-    """Iterate the schema: each metric of ``sim.metrics.METRICS`` bounds an SLO and is a column of
+    """Iterate the schema: each metric of ``sim.schema.METRICS`` bounds an SLO and is a column of
     sweep.parquet; a sharing sweep's sharing metrics arrive there with the summary's values."""
-    from sim.metrics import METRICS
+    from sim.schema import METRICS
 
     for name in METRICS:
         assert CapacityConfig(slo={name: 1.0}, min=0.5, max=2, tolerance=0.1).slo[name].max == 1.0

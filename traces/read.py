@@ -30,8 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from sim.catalog import MAX_TOKENS  # a token count above this is not a request
-from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, ScenarioError
+from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, MAX_TOKENS, ScenarioError  # (above MAX_TOKENS: no request)
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text
 

@@ -54,10 +54,10 @@ from simpy.events import URGENT
 from sim.config import PolicyConfig, PoolConfig, Scenario, ScenarioError
 from sim.core import Sequence
 from sim.engine import AHEAD, Engine, PolicyResult, paced_gc
-from sim.kv import MEMORY_CLASSES
-from sim.metrics import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, PENDING,
-                         PREFILL_EXCEEDS_TOKEN_BUDGET, REASONS, REJECTED, UNFINISHED, RequestLog)
+from sim.metrics import RequestLog
 from sim.policy import rejection_reasons, resolve_policy
+from sim.schema import (EXCEEDS_KV_POOL, EXCEEDS_MAX_MODEL_LEN, FINISHED, HORIZON, PENDING, PREFILL_EXCEEDS_TOKEN_BUDGET,
+                        REASONS, REJECTED, UNFINISHED, USED_CLASSES)
 from sim.cluster.fleet import _imbalance, fleet_summary, merged_steps
 from sim.cluster.router import Replicas, make_router
 
@@ -324,7 +324,7 @@ class DisaggFleet:
             used, busy = [], 0.0
             for k, e in enumerate(pool):
                 p = per[offset + k]
-                slot_s = sum(p.timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES[:3])
+                slot_s = sum(p.timeline[f"mem_{c}_slot_s"].sum() for c in USED_CLASSES)
                 used.append(slot_s / (e.kv.capacity * duration) if duration > 0 and e.kv.capacity else 0.0)
                 busy += float(p.timeline.busy_s.sum())
                 gpu, tp = self.kinds[name]

@@ -25,10 +25,10 @@ import pandas as pd
 
 from sim.config import PolicyConfig, Scenario, ScenarioError
 from sim.engine import Engine, PolicyResult, SharedClock, paced_gc
-from sim.kv import MEMORY_CLASSES
-from sim.metrics import HORIZON, REJECTED, UNFINISHED, ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
+from sim.metrics import ItlHistogram, RequestLog, SharingCounts, Timeline, summarize
 from sim.outputs import Columns
 from sim.policy import rejection_reasons, resolve_policy
+from sim.schema import HORIZON, MEMORY_CLASSES, REJECTED, UNFINISHED, USED_CLASSES
 from sim.cluster.router import LeastOutstanding, Replicas, make_router
 
 
@@ -145,7 +145,7 @@ class Fleet:
         used = []  # each replica's KV in use (token states, reservation, internal), time-averaged over the run
         for p, e in zip(per, engines):
             timeline = Columns.of(p.table("timeline"))
-            slot_s = sum(timeline[f"mem_{c}_slot_s"].sum() for c in MEMORY_CLASSES[:3])
+            slot_s = sum(timeline[f"mem_{c}_slot_s"].sum() for c in USED_CLASSES)
             used.append(slot_s / (e.kv.capacity * duration) if duration > 0 and e.kv.capacity else 0.0)
         rows = []
         for k, (p, e) in enumerate(zip(per, engines)):

@@ -41,7 +41,7 @@ from sim.sweep.capacity import Search, bracket, build_searches, max_probes, next
 from sim.sweep.drive import POINTS_DIR, Outcome, PointStore, Progress, SweepInterrupted, drive
 from sim.sweep.output import (CAPACITY_RUNS_TABLE, CAPACITY_TABLE, SWEEP_INFO, SWEEP_TABLE, SweepResult, run_sweep,
                               sweep_to_dir, write_sweep)
-from sim.sweep.spec import (RATE_AXIS, SEED_PATH, Axis, Bound, CapacityConfig, Point, Sweep, SweepFile, apply_axis,
+from sim.sweep.spec import (RATE_AXIS, Axis, Bound, CapacityConfig, Point, Sweep, SweepFile, apply_axis,
                             axis_target, load_sweep, summary_metric_names)
 from sim.sweep.tables import capacity_tables, grid_tasks, sweep_table
 from sim.sweep.tasks import Task, make_task, resolved_mapping

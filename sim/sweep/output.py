@@ -105,10 +105,10 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
                                TimeRemainingColumn)
 
     from sim.executors import make_executor
-    from sim.run import slug
+    from sim.run import default_out
 
     sweep = load_sweep(sweep_path)
-    out = claim(Path(out_dir) if out_dir is not None else Path("runs") / slug(sweep.name, "sweep"), "sweep")
+    out = claim(Path(out_dir) if out_dir is not None else default_out(sweep.name, "sweep"), "sweep")
     # (the executor first: it checks workers and address before the folder and its lock are made)
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written

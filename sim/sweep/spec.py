@@ -16,19 +16,18 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         check_kind, file_kind, own_arrivals, read_yaml, validate_mapping)
-from sim.metrics import METRICS
+from sim.schema import METRICS, RATE_AXIS, RATE_SCALE_AXIS
 
-RATE_AXIS = "workload.arrival.rate"
-RATE_AXES = (RATE_AXIS, "workload.rate_scale")  # what a capacity search may search: generated, or a trace's
+RATE_AXES = (RATE_AXIS, RATE_SCALE_AXIS)  # what a capacity search may search: generated, or a trace's
 MAX_POINTS = 10_000  # a sweep's points, each a simulation (and each built and checked when the sweep loads)
-SEED_PATH = "workload.seed"
+SEED = ("workload", "seed")  # where a sweep's ``seed`` axis goes
 
 # ---------------------------------------------------------------------------------------------- the file
 
 
 def summary_metric_names() -> list[str]:
     """The metrics a policy's summary may hold (what an SLO may bound, the sweep table's columns): the
-    declared schema, ``sim.metrics.METRICS``."""
+    declared schema, ``sim.schema.METRICS``."""
     return list(METRICS)
 
 
@@ -190,7 +189,7 @@ def axis_target(path: str) -> tuple[tuple[str, ...], str | None]:
     """The canonical path of an axis as written, and why it names no field (None when it does)."""
     segments = tuple(path.split("."))
     if path == "seed":
-        return ("workload", "seed"), None
+        return SEED, None
     if not all(segments):
         return segments, "empty part in the path (two dots, or a dot at an end)"
     if segments[0] == "policies" and len(segments) > 1:
@@ -331,7 +330,7 @@ def _axes(spec: SweepFile, source: str, lines: dict) -> tuple[list[Axis], list[l
         seen[target] = key
         if not zipped:  # (a zipped axis may repeat a value: its group's combinations must differ)
             _no_repeats([(v,) for v in values], where, [])
-        column = "seed" if target == ("workload", "seed") else path
+        column = "seed" if target == SEED else path
         if target == ("policies",):
             column = "policies"
         return Axis(column, target, tuple(values), key)
