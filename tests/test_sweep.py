@@ -410,6 +410,14 @@ def test_capacity_search_on_real_runs_reuses_the_grid(tmp_path):
     grid_keys = set(res.table.point_key)
     assert grid_keys <= set(runs.point_key)  # the grid's runs were judged, not run again
     assert res.num_runs == len(set(runs.point_key))
+    # every column the tables write is declared (sim.schema): a result column missing from the declared ones was
+    # drawn as a swept axis (varying_axes), and one missing from the types written as whatever pandas guessed
+    from sim.schema import RESULT_COLUMN_TYPES, is_result_column
+
+    for table in (res.table, res.capacity, runs):
+        undeclared = [c for c in table.columns if c not in ("workload.arrival.rate", "seed")
+                      and not (is_result_column(c) and c in RESULT_COLUMN_TYPES)]
+        assert not undeclared, undeclared
 
 
 def test_an_slo_no_rate_meets_is_none_with_the_lowest_rate_tried(tmp_path):
