@@ -957,6 +957,9 @@ def format_validation_error(e: ValidationError, source: str, lines: dict[tuple, 
                     msg += f" (did you mean {hint[0]!r}?)" if hint else ""
         elif err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] == "union_tag_not_found":  # (pydantic's "Unable to extract tag using discriminator 'kind'")
+            kinds = sorted({_kind_name(m).removeprefix("kind: ") for m in _models_at(model, path)}) if model else []
+            msg = "no 'kind' given" + (f": expected kind: {' | '.join(kinds)}" if kinds else "")
         got = err.get("input")
         shown = repr(got)
         if len(shown) > 80:  # (a 20,000-character value made a 40 KB "line", quoted in the message too)

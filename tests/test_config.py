@@ -58,6 +58,9 @@ def test_valid_scenario_loads(tmp_path):
     (BASE.replace("[vllm]", "[{preset: [vllm]}]"), "policies[0]: unknown preset ['vllm']"),
     (BASE.replace("[vllm]", "[{preset: {name: vllm}}]"), "policies[0]: unknown preset {'name': 'vllm'}"),
     (BASE.replace("[vllm]", "[]"), "policies: List should have at least 1 item"),
+    # (pydantic's "Unable to extract tag using discriminator 'kind'")
+    (BASE.replace("{kind: poisson, rate: 2.0}", "{rate: 2.0}"),
+     "s.yaml:5: workload.arrival: no 'kind' given: expected kind: gamma | poisson"),
     (BASE.replace("[vllm]", "[vllm, vllm]"), "policy names must be unique"),
     (BASE.replace("[vllm]", "[{preset: vllm, block_size: 0}]"), "policies[0].block_size: Input should be greater than 0"),
     (BASE.replace("[vllm]", "[{preset: orca-max, allocator: {reserve: half}}]"),

@@ -595,3 +595,12 @@ def test_max_model_len_is_bounded_by_the_token_limit(tmp_path):
     for n, code in ((MAX_TOKENS + 1, 2), (MAX_TOKENS, 0)):
         r = runner.invoke(app, ["trace", "info", str(p), "-w", "cap_lengths=truncate", "--max-model-len", str(n)])
         assert r.exit_code == code, r.output
+
+
+def test_a_workload_key_without_its_kind_says_which_kinds(tmp_path):
+    """-w arrival.rate=5 said "arrival: Unable to extract tag using discriminator 'kind'"; a misspelt key had no hint."""
+    p = write(tmp_path, "a.csv", "num_prefill_tokens,num_decode_tokens\n100,20\n")
+    r = runner.invoke(app, ["trace", "info", str(p), "-w", "arrival.rate=5"])
+    assert r.exit_code == 2 and "-w: arrival: no 'kind' given: expected kind: gamma | poisson" in r.output, r.output
+    r = runner.invoke(app, ["trace", "info", str(p), "-w", "windw.end_s=5"])
+    assert r.exit_code == 2 and "windw: unknown key (did you mean 'window'?)" in r.output, r.output

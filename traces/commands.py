@@ -53,7 +53,7 @@ def workload_from_options(path: Path, settings: list[str]) -> TraceWorkload:
     try:
         return TraceWorkload.model_validate(data)
     except ValidationError as e:
-        raise ScenarioError(format_validation_error(e, "-w")) from None
+        raise ScenarioError(format_validation_error(e, "-w", model=TraceWorkload)) from None
 
 
 def token_stats(x: np.ndarray) -> dict[str, float]:
