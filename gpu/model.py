@@ -27,6 +27,7 @@ import torch
 
 from gpu.attention import attend
 from sim.catalog import ModelSpec
+from sim.config import ScenarioError
 
 # (layer index, q [T, H, D], k [T, H_kv, D], v [T, H_kv, D]) -> attention output [T, H, D]
 Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,11 +60,12 @@ class ModelShape:
         """The catalog model's shape, optionally with fewer layers (the first ``num_layers``: their kinds)."""
         n = num_layers or spec.num_layers
         kinds = tuple(getattr(spec, "layer_kinds", ()) or ())
+        # (ScenarioError: a user's choice of model, said in one line; a ValueError was a traceback)
         if set(kinds) - {"full", "sliding"}:
-            raise ValueError(f"{spec.name}: layers of kind {sorted(set(kinds) - {'full', 'sliding'})} are "
+            raise ScenarioError(f"{spec.name}: layers of kind {sorted(set(kinds) - {'full', 'sliding'})} are "
                              "simulator-only; the GPU backend runs full and sliding-window attention")
         if getattr(spec, "num_experts", 0):
-            raise ValueError(f"{spec.name}: mixture-of-experts layers are simulator-only; the GPU backend runs "
+            raise ScenarioError(f"{spec.name}: mixture-of-experts layers are simulator-only; the GPU backend runs "
                              "dense (Llama-architecture) MLPs")
         window = getattr(spec, "sliding_window", 0)
         windows = tuple(window if k == "sliding" else 0 for k in kinds[:n]) if "sliding" in kinds[:n] else ()

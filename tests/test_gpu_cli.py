@@ -202,3 +202,14 @@ def test_commands_without_torch_say_how_to_install(tmp_path):
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         assert p.returncode == 2, (cmd, p.stderr)
         assert "pip install -e '.[gpu]'" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("model, why", [("deepseek-v3", "layers of kind ['mla'] are simulator-only"),
+                                        ("gpt-oss-120b", "mixture-of-experts layers are simulator-only")])
+def test_a_simulator_only_model_is_one_line(tmp_path, model, why):
+    """A ValueError traceback (exit 1) before."""
+    require_backend()
+    from cli import app
+
+    r = runner.invoke(app, ["calibrate", "--model", model, "--device", "cpu", "--quick", "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
