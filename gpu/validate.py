@@ -108,13 +108,15 @@ def validate(scenario: Scenario, device: str, profile_path: str | Path, *, reque
     sim = run(calibrated, requests=requests)
     rep, executors = replay(scenario, device, requests=requests, attention=attention, dtype=dtype, seed=seed)
     policies, table = compare(sim, rep, profile)
+    # (what the profile says of itself, where it says it: a profile without provenance or fit prices a run as
+    # well, and its absence was a KeyError or TypeError after the whole replay)
+    prov = profile.get("provenance") if isinstance(profile.get("provenance"), dict) else {}
     result = {
         "scenario": scenario.name,
         "requests": {"source": requests.source, "num_requests": len(requests)},
         "replay": replay_info(executors, "closed-loop"),
-        "profile": {"path": str(profile_path), "device": profile["provenance"]["device"],
-                    "date": profile["provenance"]["date"],
-                    "fit": {k: v["fit"] for k, v in profile["layouts"].items()}},
+        "profile": {"path": str(profile_path), "device": prov.get("device"), "date": prov.get("date"),
+                    "fit": {k: v.get("fit") for k, v in profile["layouts"].items()}},
         "policies": policies,
     }
     return result, table, sim, rep

@@ -87,9 +87,16 @@ def test_memory_check_can_fail(tmp_path):
     # predicted steps of ~20 s (the simulation batches every arrival) against measured CPU steps of
     # milliseconds, even the first and on a busy machine (arrivals ~2 s apart each find an idle server)
     s = tiny_scenario(320, ["vllm"], rate=0.5, num_requests=6)
-    result, *_ = validate(s, "cpu", write_profile(tmp_path / "p.json", s.model_spec(), scale=10_000.0))
+    prof = write_profile(tmp_path / "p.json", s.model_spec(), scale=10_000.0)
+    bare = json.loads(prof.read_text())  # a profile without provenance or fits prices a run as well (it was a
+    del bare["provenance"]  # KeyError after the whole replay)
+    for layout in bare["layouts"].values():
+        del layout["fit"]
+    prof.write_text(json.dumps(bare))
+    result, *_ = validate(s, "cpu", prof)
     assert not result["policies"]["vllm"]["identical_schedule"]
     assert result["policies"]["vllm"]["memory_max_abs_difference_slots"] is None
+    assert result["profile"]["device"] is None and result["profile"]["fit"] == {"paged": None, "contiguous": None}
 
 
 def test_fit_recovers_known_coefficients():
