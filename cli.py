@@ -525,10 +525,22 @@ def calibrate(
 
     with gpu_backend():
         out_path = _checked_out(out_path, file=True)
-        if out_path.suffix.lower() != ".json":  # (--out s.yaml wrote the profile over the scenario)
-            from sim.config import ScenarioError
+        from sim.config import ScenarioError
 
+        if out_path.suffix.lower() != ".json":  # (--out s.yaml wrote the profile over the scenario)
             raise ScenarioError(f"--out {out_path}: the profile is written as JSON; name it *.json")
+        if out_path.is_file():  # (--out the model's config.json replaced the model with its profile)
+            import json
+
+            from sim.steptime import PROFILE_FORMAT
+
+            try:
+                old = json.loads(out_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                old = None
+            if not (isinstance(old, dict) and old.get("format") == PROFILE_FORMAT):
+                raise ScenarioError(f"--out {out_path}: exists and is not a step-time profile (a model's config.json?);"
+                                    " a profile replaces only an earlier profile: name another file")
         from gpu.calibrate import calibrate_to_file
 
         profile = calibrate_to_file(out_path, device, model=model, scenario=scenario, quick=quick,

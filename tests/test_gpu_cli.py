@@ -128,6 +128,11 @@ def test_user_errors_exit_2(tmp_path):
     r = runner.invoke(app, ["calibrate", "--scenario", str(scenario), "--quick", "--out", str(scenario)])
     assert r.exit_code == 2 and "the profile is written as JSON; name it *.json" in r.output, r.output
     assert scenario.read_text() == text
+    config = tmp_path / "m.json"  # --out the model's config.json: the model was replaced by its profile
+    config.write_text((ROOT / "gpu" / "configs" / "tiny-llama.json").read_text())
+    r = runner.invoke(app, ["calibrate", "--model", str(config), "--quick", "--out", str(config)])
+    assert r.exit_code == 2 and "exists and is not a step-time profile" in r.output, r.output
+    assert config.read_text() == (ROOT / "gpu" / "configs" / "tiny-llama.json").read_text()
     if not torch.cuda.is_available():
         r = runner.invoke(app, ["replay", TINY_SCENARIO, "--device", "cuda"])
         assert r.exit_code == 2 and "no CUDA device" in r.output
