@@ -20,11 +20,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PATH, OUT = (str, Path), (str, Path, type(None))
+
+
+def _args(fn: str, **given) -> None:
+    """Each of ``given`` (name: (value, types, what was expected)) is of its types: else a TypeError naming the
+    argument. (A dict for a path reached pathlib, ``exact="no"`` ran exact, ``console=5`` failed deep inside.)"""
+    for name, (value, kinds, what) in given.items():
+        if not isinstance(value, kinds) or (kinds is not bool and isinstance(value, bool)):
+            raise TypeError(f"{fn}: {name} is {type(value).__name__} {value!r:.40}; expected {what}")
+
 
 def read_trace(workload, path: Path, max_model_len: int | None = None):
     """``sim.workload.TraceReader``: a trace workload's file read and transformed (``traces.workload``).
     A module-level function, so a sweep's workers receive it by reference."""
+    from sim.config import TraceWorkload
     from traces.workload import load_trace
+
+    _args("read_trace", workload=(workload, TraceWorkload, "a trace workload (sim.config.TraceWorkload)"),
+          path=(path, PATH, "the trace file's path"))
 
     return load_trace(workload, path, max_model_len)
 
@@ -33,6 +47,7 @@ def write_report(folder: Path) -> Path:
     """``sim.outputs.ReportWriter``: ``report.html`` from a result folder's files (``reports.html``)."""
     from reports.html import write_report as write
 
+    _args("write_report", folder=(folder, PATH, "a result folder's path"))
     return write(folder)
 
 
@@ -61,6 +76,7 @@ def write_results(result, out_dir, report: bool = True) -> dict[str, Path]:
     """``sim.run.write_results``, with ``report.html`` unless ``report`` is False."""
     from sim.run import write_results as write
 
+    _args("write_results", out_dir=(out_dir, PATH, "a folder's path"), report=(report, bool, "true or false"))
     return write(result, out_dir, report=write_report if report else None)
 
 
@@ -68,6 +84,9 @@ def run_to_dir(scenario_path, out_dir=None, *, exact: bool = False, report: bool
     """``sim run``: simulate, write the result files and (unless ``report`` is False) report.html."""
     from sim.run import run_to_dir as simulate_to_dir
 
+    _args("run_to_dir", scenario_path=(scenario_path, PATH, "a scenario file's path"),
+          out_dir=(out_dir, OUT, "a folder's path or None"), exact=(exact, bool, "true or false"),
+          report=(report, bool, "true or false"))
     return simulate_to_dir(scenario_path, out_dir, exact=exact, report=write_report if report else None,
                            read_trace=read_trace, console=console)
 
@@ -76,6 +95,7 @@ def check_scenario(scenario_path) -> list[str]:
     """``sim check``: everything a run needs, trace included, checked without simulating."""
     from sim.run import check_scenario as check
 
+    _args("check_scenario", scenario_path=(scenario_path, PATH, "a scenario file's path"))
     return check(scenario_path, read_trace)
 
 
@@ -84,6 +104,8 @@ def sweep_to_dir(sweep_path, out_dir=None, *, report: bool = True, **options):
     the report (``options``: executor, workers, address, resume, console)."""
     from sim.sweep import sweep_to_dir as sweep
 
+    _args("sweep_to_dir", sweep_path=(sweep_path, PATH, "a sweep file's path"),
+          out_dir=(out_dir, OUT, "a folder's path or None"), report=(report, bool, "true or false"))
     return sweep(sweep_path, out_dir, report=write_report if report else None, read_trace=read_trace, **options)
 
 
@@ -92,6 +114,8 @@ def plan_to_dir(plan_path, out_dir=None, *, report: bool = True, **options):
     plan's report page (``options``: executor, workers, address, resume, console)."""
     from sim.plan import plan_to_dir as plan
 
+    _args("plan_to_dir", plan_path=(plan_path, PATH, "a plan file's path"),
+          out_dir=(out_dir, OUT, "a folder's path or None"), report=(report, bool, "true or false"))
     return plan(plan_path, out_dir, report=write_plan_report if report else None, read_trace=read_trace, **options)
 
 

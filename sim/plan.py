@@ -54,7 +54,7 @@ from sim.config import (Name, MAX_REPLICAS, Int, KvTransferConfig, Policy, Profi
                         own_arrivals, parse_scenario, read_yaml, validate_mapping)
 from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
-from sim.outputs import ReportWriter, claim, write_result_table
+from sim.outputs import ReportWriter, claim, out_dir as out_dir_checked, write_result_table
 from sim.schema import PLAN_MARK, RATE_AXIS, RATE_SCALE_AXIS, plan_label, plural
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
@@ -699,7 +699,7 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
     from sim.sweep.output import _BarProgress, folder_lock
 
     plan = load_plan(plan_path)
-    out = claim(Path(out_dir) if out_dir is not None else default_out(plan.name, "plan"), "plan")
+    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(plan.name, "plan"), "plan")
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,

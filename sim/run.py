@@ -139,8 +139,13 @@ def run(scenario: Scenario | str | Path, *, progress: Callable[[str, int, int], 
     if requests is not None and not isinstance(requests, RequestTable):
         raise TypeError(f"run: requests is a {type(requests).__name__}; expected a sim.workload.RequestTable "
                         "(kvsim.load_requests gives a scenario's)")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"run: progress is a {type(progress).__name__}; expected a function (policy, done, total)")
+    for name, fn, what in (("progress", progress, "(policy, done, total)"),
+                           ("read_trace", read_trace, "(workload, path, max_model_len)"),
+                           ("executor", executor, "(scenario, model, gpu, policy, requests)")):
+        if fn is not None and not callable(fn):  # (an int was "'int' object is not callable", deep inside)
+            raise TypeError(f"run: {name} is a {type(fn).__name__}; expected a function {what}")
+    if not isinstance(decompose, bool):
+        raise TypeError(f"run: decompose is a {type(decompose).__name__}; expected true or false")
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     model = scenario.model_spec()
@@ -266,7 +271,8 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     scenario = load_scenario(scenario_path)
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
-    out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name), "run")
+    # (checked, not Path(out_dir): an empty path was the current folder, which the results were written into)
+    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(scenario.name), "run")
     from rich.console import Console
 
     console = console or Console(stderr=True)

@@ -20,7 +20,19 @@ TINY = str(ROOT / "scenarios" / "tiny-cpu.yaml")
     (lambda: kvsim.write_results(None, "x"), "write_results: result is a NoneType"),
     (lambda: kvsim.load_requests(123), "load_requests: scenario is a int"),
     (lambda: kvsim.sweep_to_dir(str(ROOT / "scenarios" / "vllm-paper" / "opt-13b-sharegpt.sweep.yaml"), "x", workers="a"),
-     "workers is a str; expected a whole number")])
+     "workers is a str; expected a whole number"),
+    # (each ran, or failed deep inside: exact="no" ran exact, an int executor was "'int' object is not callable")
+    (lambda: kvsim.run_to_dir(TINY, "x", exact="no"), "run_to_dir: exact is str 'no'; expected true or false"),
+    (lambda: kvsim.run_to_dir(None), "run_to_dir: scenario_path is NoneType"),
+    (lambda: kvsim.run_to_dir(TINY, 42), "run_to_dir: out_dir is int 42; expected a folder's path or None"),
+    (lambda: kvsim.write_results(None, "x", report="no"), "write_results: report is str 'no'"),
+    (lambda: kvsim.run(TINY, decompose="yes"), "run: decompose is a str; expected true or false"),
+    (lambda: kvsim.run(TINY, executor=5), "run: executor is a int; expected a function"),
+    (lambda: kvsim.run(TINY, read_trace=5), "run: read_trace is a int; expected a function"),
+    (lambda: kvsim.read_trace(None, "t.csv"), "read_trace: workload is NoneType None; expected a trace workload"),
+    (lambda: kvsim.check_scenario(42), "check_scenario: scenario_path is int 42"),
+    (lambda: kvsim.plan_to_dir(None), "plan_to_dir: plan_path is NoneType"),
+    (lambda: kvsim.write_report(42), "write_report: folder is int 42")])
 def test_a_wrong_argument_is_a_type_error_naming_it(call, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match=message):
@@ -35,3 +47,15 @@ def test_results_go_to_a_folder_and_requests_load_from_a_path(tmp_path):
     with pytest.raises(ScenarioError, match="exists and is not a folder"):  # (was a raw FileExistsError)
         kvsim.write_results(kvsim.run(TINY), tmp_path / "f", report=False)
     assert len(kvsim.load_requests(TINY)) == 30
+
+
+@pytest.mark.parametrize("call", [lambda: kvsim.run_to_dir(TINY, ""), lambda: kvsim.sweep_to_dir(
+    str(ROOT / "scenarios" / "vllm-paper" / "opt-13b-sharegpt.sweep.yaml"), "")])
+def test_an_empty_out_dir_is_refused(call, tmp_path, monkeypatch):
+    """run_to_dir(S, "") wrote the results into the current folder (Path("") is ".")."""
+    from sim.config import ScenarioError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError, match="out_dir: an empty path"):
+        call()
+    assert not list(tmp_path.iterdir())

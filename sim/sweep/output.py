@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config import ScenarioError
-from sim.outputs import ReportWriter, claim, write_result_table
+from sim.outputs import ReportWriter, claim, out_dir as out_dir_checked, write_result_table
 from sim.schema import SWEEP_MARK
 from sim.sweep.capacity import build_searches
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
@@ -108,7 +108,8 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
     from sim.run import default_out
 
     sweep = load_sweep(sweep_path)
-    out = claim(Path(out_dir) if out_dir is not None else default_out(sweep.name, "sweep"), "sweep")
+    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(sweep.name, "sweep"),
+                "sweep")
     # (the executor first: it checks workers and address before the folder and its lock are made)
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
