@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from sim.trace_paths import user_cache
+from sim.trace_paths import switch, user_cache
 
 MODULES = ("sim.core", "sim.clock", "sim.kv", "sim.scheduler", "sim.engine", "sim.metrics", "sim.steptime", "sim.sharing",
            "sim.hybrid", "sim.layouts")
@@ -89,12 +89,19 @@ class _Finder:
         return None if p is None else importlib.util.spec_from_file_location(name, p)
 
 
-OFF = ("0", "false", "off", "no")  # KVSIM_NATIVE values that turn a build off (any case)
+_warned = False
 
 
 def disabled() -> bool:
-    """``KVSIM_NATIVE`` turns the build off: 0, false, off or no (was: only "0"; "false" left it on)."""
-    return os.environ.get("KVSIM_NATIVE", "").strip().lower() in OFF
+    """``KVSIM_NATIVE`` turns the build off: 0, false, off or no (``trace_paths.switch``; was: only "0",
+    "false" left it on). Another value than those or 1, true, on, yes leaves it on, and says so once."""
+    global _warned
+    v = switch("KVSIM_NATIVE")
+    if v not in ("on", "off") and not _warned:  # (KVSIM_NATIVE=banana left the build on without a word)
+        _warned = True
+        sys.stderr.write(f"kvsim: KVSIM_NATIVE={v!r} is neither off (0, false, off, no) nor on (1, true, on, yes): "
+                         f"the compiled build stays on\n")
+    return v == "off"
 
 
 def install() -> bool:

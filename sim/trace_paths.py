@@ -31,6 +31,17 @@ def project_traces() -> Path:
     return root.parent / "shared" / "traces"
 
 
+# An environment switch (KVSIM_NATIVE, KVSIM_TRACE_CACHE) is off for these values, any case, spaces around
+OFF, ON = ("0", "false", "off", "no"), ("1", "true", "on", "yes")
+
+
+def switch(name: str) -> str:
+    """``$name`` as a switch reads it: "off" (one of ``OFF``), "on" (unset, empty or one of ``ON``), else the
+    value itself (stripped), for the caller to read (a folder) or refuse."""
+    v = os.environ.get(name, "").strip()
+    return "off" if v.lower() in OFF else "on" if not v or v.lower() in ON else v
+
+
 def user_cache(name: str) -> Path:
     """kvsim's cache folder ``name`` (the compiled build's ``native``, parsed traces' ``traces``):
     ``$XDG_CACHE_HOME/kvsim/<name>``, ``~/.cache`` when unset. Raises RuntimeError when there is no home

@@ -162,6 +162,14 @@ def test_kvsim_native_turns_the_build_off_in_its_usual_words(monkeypatch, value,
     assert native.disabled() is off and native.status()["disabled"] is off
 
 
+def test_an_unknown_kvsim_native_value_says_the_build_stays_on(monkeypatch, capsys):
+    """KVSIM_NATIVE=banana left the build on without a word."""
+    monkeypatch.setenv("KVSIM_NATIVE", "banana")
+    monkeypatch.setattr(native, "_warned", False)
+    assert native.disabled() is False and native.disabled() is False
+    assert capsys.readouterr().err.count("KVSIM_NATIVE='banana' is neither off") == 1
+
+
 def test_bytecode_is_written_for_every_package_and_read_back(tmp_path):
     """``sim compile`` also writes the pure-Python modules' bytecode: a run under PYTHONDONTWRITEBYTECODE
     (as in many containers) then loads it instead of compiling every module again."""

@@ -120,22 +120,24 @@ def test_a_file_that_fails_is_never_cached(tmp_path, folder, parses):
 
 def test_off_unwritable_or_damaged_means_parsing(tmp_path, folder, parses, monkeypatch):
     p = azure_csv(tmp_path / "t.csv", [(10, 5), (20, 6)])
-    monkeypatch.setenv("KVSIM_TRACE_CACHE", "0")
-    load(p), load(p)
-    assert len(parses) == 2 and not folder.exists()
+    monkeypatch.chdir(tmp_path)
+    for off in ("0", "false", " Off "):  # ("false" made a cache folder named false)
+        monkeypatch.setenv("KVSIM_TRACE_CACHE", off)
+        load(p)
+    assert len(parses) == 3 and not folder.exists() and not (tmp_path / "false").exists()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("KVSIM_TRACE_CACHE", str(blocker / "cache"))  # cannot be made: parsed every time
     same(load(p), load(p))
-    assert len(parses) == 4
+    assert len(parses) == 5
     monkeypatch.setenv("KVSIM_TRACE_CACHE", str(folder))
     good = load(p)
     (entry,) = folder.glob("*.npz")
     entry.write_bytes(b"not a numpy file")
     same(load(p), good)  # parsed again, and the entry made whole
-    assert len(parses) == 6
+    assert len(parses) == 7
     same(load(p), good)
-    assert len(parses) == 6
+    assert len(parses) == 7
 
 
 def test_no_home_directory_means_no_cache_not_an_error(tmp_path, parses, monkeypatch):

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from sim.trace_paths import user_cache
+from sim.trace_paths import switch, user_cache
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import TraceFile
 
@@ -31,11 +31,12 @@ VERSION = 1  # the entry layout below
 
 
 def cache_dir() -> Path | None:
-    """Where entries go; None when ``KVSIM_TRACE_CACHE=0``."""
-    where = os.environ.get("KVSIM_TRACE_CACHE")
-    if where == "0":
+    """Where entries go; None when ``KVSIM_TRACE_CACHE`` is off (0, false, off, no: ``trace_paths.switch``; only
+    "0" was, and "false" made a cache folder named false)."""
+    where = switch("KVSIM_TRACE_CACHE")
+    if where == "off":
         return None
-    if where:
+    if where != "on":
         return Path(where)
     try:
         return user_cache("traces")
