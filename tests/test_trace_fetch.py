@@ -4,6 +4,7 @@ on 127.0.0.1, started in the test, serves the files (the real transport, the rea
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -89,6 +90,9 @@ def test_good_checksum_writes_the_file(tmp_path, serve):
     assert r.downloaded and r.verified
     assert r.path == tmp_path / "traces" / "azure_2023" / "AzureLLMInferenceTrace_code.csv"
     assert r.path.read_bytes() == CSV and r.sha256 == hashlib.sha256(CSV).hexdigest()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert r.path.stat().st_mode & 0o777 == 0o666 & ~umask  # (0600: a shared folder's trace others could not read)
     assert leftovers(tmp_path / "traces") == ["azure_2023", "azure_2023/AzureLLMInferenceTrace_code.csv"]  # no .part
     assert seen[-1] == (len(CSV), len(CSV))  # the progress callback saw every byte of the announced length
     # a second fetch hashes the file there instead of downloading it
@@ -156,6 +160,20 @@ def test_offline_names_the_url_and_says_offline(tmp_path):
     with pytest.raises(ScenarioError, match=r"download failed \(.*\); offline, or the host unreachable\?"):
         fetch(entry(f"http://127.0.0.1:{closed_port()}/code.csv", None), tmp_path)
     assert leftovers(tmp_path) == []
+    with pytest.raises(ScenarioError) as e:  # a file: mirror's missing folder is not the network's doing
+        fetch(entry(f"file://{tmp_path}/nowhere/code.csv", None), tmp_path / "t")
+    assert "download failed (FileNotFoundError" in str(e.value) and "host unreachable" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag", ["--dir", "--mirror"])
+def test_an_empty_dir_or_mirror_is_refused(tmp_path, monkeypatch, flag):
+    """--dir "" wrote into the current folder; --mirror "" fetched from the publisher."""
+    from traces.fetch import fetch_command
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError, match=f"{flag}: an empty"):
+        fetch_command(["azure-2023-conv"], "" if flag == "--dir" else None, mirror="" if flag == "--mirror" else None)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------- the catalog

@@ -73,7 +73,9 @@ def _network_error(url: str, e: BaseException) -> ScenarioError:
         return ScenarioError(f"{url}: download failed (HTTP {e.code} {e.reason}); nothing was written")
     reason = getattr(e, "reason", e)
     why = f"{reason.__class__.__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
-    hint = "; offline, or the host unreachable?" if isinstance(e, urllib.error.URLError) else ""
+    # (a file: mirror's missing folder was "offline, or the host unreachable?")
+    hint = "; offline, or the host unreachable?" if isinstance(e, urllib.error.URLError) and "://" in url \
+        and not url.startswith("file:") else "."
     return ScenarioError(f"{url}: download failed ({why}){hint} Nothing was written")
 
 
@@ -88,6 +90,9 @@ def download(url: str, dest: Path, progress: Callable[[int, int | None], None] |
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # (mkstemp's 0600 made a shared traces folder's file unreadable to others)
     except OSError as e:
         raise ScenarioError(f"{dest.parent}: cannot write there ({e.strerror or e})") from None
     h = hashlib.sha256()
@@ -176,6 +181,9 @@ def fetch_command(names: list[str], folder: str | Path | None, *, mirror: str | 
 
     if not names:
         raise ScenarioError("name the traces to fetch (or a group: tests, all); `sim trace fetch --list` lists them")
+    for flag, value in (("--dir", folder), ("--mirror", mirror)):  # (--dir "" wrote into the current folder,
+        if value is not None and not str(value).strip():  # --mirror "" used the publisher's URL)
+            raise ScenarioError(f"{flag}: an empty {'path' if flag == '--dir' else 'URL'}")
     traces = resolve_names(names)
     dest = destination(folder)
     lines = []
