@@ -680,6 +680,15 @@ class ReplayExecutors:
             # (replicas interleave their steps, and one KV pool is held at a time: an AttributeError mid-run)
             raise ScenarioError(f"{scenario.name}: cluster (a fleet of replicas) is simulator-only: the replay runs "
                                 f"one server on one device; drop cluster to replay the server alone")
+        for policy in scenario.policies:  # (checked here, not per policy as it ran: sim validate calibrated first)
+            if policy.kv_offload is not None:
+                raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
+                                    "is simulator-only; the replay would read blocks it never loaded")
+            if policy.kv_cache_dtype != "auto":
+                raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_cache_dtype: {policy.kv_cache_dtype} "
+                                    "is simulator-only: the kernels read keys and values in the model's dtype, so the "
+                                    "replay's pool would hold twice the bytes the simulator sized (use kv_cache_dtype: "
+                                    "auto)")
 
     @staticmethod
     def kv_groups(scenario: Scenario, policy: ResolvedPolicy, shape: ModelShape) -> KvGroups | None:
@@ -702,13 +711,6 @@ class ReplayExecutors:
                  requests: RequestTable) -> TorchExecutor:
         pool = policy.pool
         self.check_scenario(scenario)
-        if policy.policy.kv_offload is not None:
-            raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_offload (the prefix cache's CPU tier) "
-                                "is simulator-only; the replay would read blocks it never loaded")
-        if policy.policy.kv_cache_dtype != "auto":
-            raise ScenarioError(f"{scenario.name}: policy {policy.name}: kv_cache_dtype: {policy.policy.kv_cache_dtype} "
-                                "is simulator-only: the kernels read keys and values in the model's dtype, so the "
-                                "replay's pool would hold twice the bytes the simulator sized (use kv_cache_dtype: auto)")
         if self._current is not None:
             self._current.release()
             if self.device.type == "cuda":

@@ -24,7 +24,7 @@ from sim.core import StepPlan
 from sim.kv import activation_bytes, weights_bytes
 from sim.policy import ResolvedPolicy, resolve_policy
 from sim.run import RunResult, default_out, model_executor, run, write_results
-from sim.outputs import ReportWriter
+from sim.outputs import ReportWriter, claim
 from sim.workload import RequestTable, TraceReader, load_requests
 
 
@@ -153,7 +153,11 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     scenario = load_scenario(scenario_path)
     mode = "open-loop" if open_loop_mode else "closed-loop"
     kind = "open-loop" if open_loop_mode else "replay"
-    out = Path(out_dir) if out_dir is not None else default_out(scenario.name, suffix=f"-{kind}-{device.split(':')[0]}")
+    # claimed before the measurements (a sweep's folder was refused after the whole replay); a replay's folder
+    # holds a run's files
+    out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name,
+                                                                      suffix=f"-{kind}-{device.split(':')[0]}"), "run")
+    ReplayExecutors.check_scenario(scenario)
     requests = load_requests(scenario, read_trace)
     if open_loop_mode:
         result, steps, executors = open_loop(scenario, device, requests=requests, attention=attention, seed=seed)

@@ -25,10 +25,11 @@ import torch
 
 from gpu.calibrate import calibrate, grid_for_scenario
 from gpu.device import configure_cpu
+from gpu.executor import ReplayExecutors
 from gpu.replay import replay, replay_info
 from sim.config import ProfileConfig, Scenario, load_scenario
+from sim.outputs import ReportWriter, claim
 from sim.schema import MEMORY_CLASSES
-from sim.outputs import ReportWriter
 from sim.run import RunResult, default_out, policy_pool, run, write_results
 from sim.steptime import ProfileStepTime, load_profile
 from sim.workload import RequestTable, TraceReader, load_requests
@@ -152,8 +153,10 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
     configure_cpu(cpu_threads if str(device) == "cpu" else None)
     scenario = load_scenario(scenario_path)
     requests = load_requests(scenario, read_trace) if requests is None else requests
-    out = Path(out_dir) if out_dir is not None else default_out(scenario.name,
-                                                                suffix=f"-validate-{device.split(':')[0]}")
+    out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name,
+                                                                      suffix=f"-validate-{device.split(':')[0]}"),
+                "validate")  # (a sweep's folder took validation.json, sim/ and replay/ beside sweep.json)
+    ReplayExecutors.check_scenario(scenario)  # before a calibration (an fp8 policy was refused after one)
     if profile_path is None and isinstance(scenario.step_time, ProfileConfig):
         profile_path = scenario.resolve_path(scenario.step_time.path)
     if profile_path is None:

@@ -15,7 +15,7 @@ from typing import Literal
 
 # The file that marks a result folder as a command's (``sim.outputs.claim``; the report tells them apart by it)
 RUN_MARK, SWEEP_MARK, PLAN_MARK = "summary.json", "sweep.json", "plan.json"
-FOLDER_MARKS = {"run": RUN_MARK, "sweep": SWEEP_MARK, "plan": PLAN_MARK}
+FOLDER_MARKS = {"run": RUN_MARK, "sweep": SWEEP_MARK, "plan": PLAN_MARK, "validate": "validation.json"}
 
 # ------------------------------------------------------------------------------------------ KV memory
 

@@ -218,3 +218,26 @@ def test_a_simulator_only_model_is_one_line(tmp_path, model, why):
 
     r = runner.invoke(app, ["calibrate", "--model", model, "--device", "cpu", "--quick", "--out", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+
+
+def test_replay_and_validate_refuse_before_measuring(tmp_path):
+    """A replay into a sweep's folder was refused after the whole replay, and a validation wrote beside the
+    sweep's files; an fp8 policy was refused by validate after a calibration (its profile left behind)."""
+    require_backend()
+    from cli import app
+
+    s = tmp_path / "s.yaml"
+    text = Path(TINY_SCENARIO).read_text().replace("../gpu/configs/tiny-llama.json",
+                                                   str(ROOT / "gpu" / "configs" / "tiny-llama.json"))
+    s.write_text(text)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    for command in ("replay", "validate"):
+        r = runner.invoke(app, [command, str(s), "--device", "cpu", "--out", str(sweep)])
+        assert r.exit_code == 2 and "holds the results of a `sim sweep`" in r.output, r.output
+    assert sorted(p.name for p in sweep.iterdir()) == ["sweep.json"]
+    s.write_text(text.replace("policies: [", "policies: [{preset: vllm, name: f8, kv_cache_dtype: fp8}, "))
+    r = runner.invoke(app, ["validate", str(s), "--device", "cpu", "--quick", "--out", str(tmp_path / "v")])
+    assert r.exit_code == 2 and "kv_cache_dtype: fp8 is simulator-only" in r.output, r.output
+    assert not (tmp_path / "v").exists()  # no calibration ran
