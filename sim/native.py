@@ -168,6 +168,12 @@ def build(log=print) -> Path:
     if (dest / "build.json").is_file():
         log(f"already built for these sources: {dest}")
         return dest
+    for d in (dest.parent, *dest.parent.parents):  # checked before compiling (a file there was a FileExistsError
+        if d.exists():  # after the three minutes)
+            if not (d.is_dir() and os.access(d, os.W_OK | os.X_OK)):
+                raise NativeBuildError(f"{d}: not a writable folder, where the build goes "
+                                       "($KVSIM_NATIVE_DIR, else the user cache)")
+            break
     try:
         import mypy.version
     except ImportError:

@@ -112,6 +112,17 @@ def test_building_without_mypy_says_what_to_install(tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())  # nothing half-built left behind
 
 
+def test_a_build_folder_that_is_a_file_is_said_before_compiling(tmp_path, monkeypatch):
+    """KVSIM_NATIVE_DIR naming a file was a FileExistsError after the whole compile."""
+    (tmp_path / "f").write_text("")
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path / "f"))
+    compiled = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: compiled.append(a))  # (build imports it when called)
+    with pytest.raises(native.NativeBuildError, match=f"{tmp_path / 'f'}: not a writable folder"):
+        native.build(log=lambda m: None)
+    assert not compiled
+
+
 def test_sim_compile_without_mypy_is_one_clear_error(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if k != "KVSIM_NATIVE"}, "KVSIM_NATIVE_DIR": str(tmp_path),
            "PYTHONPATH": str(tmp_path / "nomypy")}
