@@ -573,10 +573,16 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
             raise ScenarioError(f"{path}: {key}: expected a mapping, got {type(v).__name__}")
         return v
 
+    if "terms" in prof and prof["terms"] != list(PROFILE_TERMS):  # (another step-time model's profile was read)
+        raise ScenarioError(f"{path}: terms: {prof['terms']!r:.80}; this step-time model's are {list(PROFILE_TERMS)}")
     layouts = mapping(prof.get("layouts"), "layouts")
     for layout in ("paged", "contiguous"):
         coef = mapping(mapping(layouts.get(layout), f"layouts.{layout}").get("coefficients"),
                        f"layouts.{layout}.coefficients")
+        unknown = sorted(str(t) for t in coef if t not in PROFILE_TERMS)
+        if unknown:  # (a term the model does not have was ignored: its cost left out of every step)
+            raise ScenarioError(f"{path}: layouts.{layout}.coefficients: unknown term {unknown[0]!r}; the profile's "
+                                f"terms are {', '.join(PROFILE_TERMS)}")
         bad = [t for t in PROFILE_TERMS if not number(coef.get(t))]
         if bad:
             raise ScenarioError(f"{path}: layouts.{layout}.coefficients: {', '.join(bad)}: expected a finite number "
@@ -601,11 +607,13 @@ def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | No
         raise ScenarioError(f"{path}: block_size: expected a whole number of tokens from 1 to {MAX_BLOCK_SIZE:,} "
                             f"(got {b!r})")
     if model is not None:
-        want, got = profile_model(model), mapping(prof.get("model", {}), "model")
+        if "model" not in prof:  # (was "profiled model None is not ...")
+            raise ScenarioError(f"{path}: model: missing (the profiled model's shape, as sim calibrate writes it)")
+        want, got = profile_model(model), mapping(prof["model"], "model")
         diff = [k for k in PROFILE_MODEL_KEYS if got.get(k) != want[k]]
-        if diff:
+        if diff:  # (the model priced: a scenario's, or sim steptime's MODEL)
             shown = ", ".join(f"{k} {got.get(k)} vs {want[k]}" for k in diff)
-            raise ScenarioError(f"{path}: profiled model {got.get('name')!r} is not the scenario's {model.name!r} "
+            raise ScenarioError(f"{path}: profiled model {got.get('name')!r} is not the model priced, {model.name!r} "
                                 f"({shown}); calibrate this model")
     if kv_cache_dtype != "auto" and prof.get("kv_cache_dtype", "auto") != kv_cache_dtype:  # (priced as bf16's)
         raise ScenarioError(f"{path}: measured with the KV cache in the model's dtype ({prof.get('dtype')}), and this "

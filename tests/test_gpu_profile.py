@@ -74,8 +74,13 @@ def test_profile_errors_name_the_problem(tmp_path):
         load_profile(tmp_path / "bad.json", spec)
     with pytest.raises(ScenarioError, match="expected format"):
         load_profile(write_profile(tmp_path / "f.json", format="other"), spec)
-    with pytest.raises(ScenarioError, match="is not the scenario's"):
+    with pytest.raises(ScenarioError, match="is not the model priced"):
         load_profile(write_profile(tmp_path / "m.json", model="llama-3-8b"), spec)
+    bare = json.loads(write_profile(tmp_path / "b.json").read_text())
+    del bare["model"]
+    (tmp_path / "b.json").write_text(json.dumps(bare))
+    with pytest.raises(ScenarioError, match="b.json: model: missing"):  # (was "profiled model None is not ...")
+        load_profile(tmp_path / "b.json", spec)
     neg = {"paged": {"coefficients": {**COEF, "decode_s": -1.0}}, "contiguous": {"coefficients": COEF}}
     with pytest.raises(ScenarioError, match=r"coefficients: decode_s: expected a finite number >= 0 of seconds \(got -1.0\)"):
         load_profile(write_profile(tmp_path / "n.json", layouts=neg), spec)
@@ -92,6 +97,11 @@ def test_profile_errors_name_the_problem(tmp_path):
     ({"layouts": {"paged": {"coefficients": {**COEF, "prefill_s": True}}, "contiguous": {"coefficients": COEF}}},
      "coefficients: prefill_s: expected a finite number >= 0 of seconds (got True)"),
     ({"model": "opt-13b"}, "model: expected a mapping, got str"),
+    # each read without a word: a term the model lacks (its cost left out), another model's terms, no model
+    ({"layouts": {"paged": {"coefficients": {**COEF, "extra_s": 1.0}}, "contiguous": {"coefficients": COEF}}},
+     "layouts.paged.coefficients: unknown term 'extra_s'; the profile's terms are prefill_s,"),
+    ({"terms": ["x"]}, "terms: ['x']; this step-time model's are"),
+    ({"model": None}, "model: expected a mapping, got NoneType"),
     ({"swap_block_s": "abc"}, "swap_block_s: expected a finite number of seconds from 0 to 1,000 (got 'abc')"),
     ({"swap_block_s": -1e-5}, "swap_block_s: expected a finite number of seconds from 0 to 1,000 (got -1e-05)"),
     ({"swap_block_s": 1e300}, "swap_block_s: expected a finite number of seconds from 0 to 1,000 (got 1e+300)"),
