@@ -27,7 +27,7 @@ from sim.catalog import (GIB, GPUS, LINKS, MAX_TOKENS, MODELS, CatalogError, Gpu
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import inside as trace_inside
 from sim.trace_paths import locate as locate_trace
-from sim.userfile import read_text
+from sim.userfile import read_text, user_path
 
 
 class ScenarioError(ValueError):
@@ -1070,7 +1070,7 @@ def check_kind(data: Any, path: str | Path, expected: str) -> None:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; every problem raises :class:`ScenarioError` naming file and key."""
-    path = Path(path)
+    path = user_path(path, "scenario file", ScenarioError)
     data, lines = read_yaml(path)
     check_kind(data, path, "scenario")
     scenario = parse_scenario(data, str(path), lines, base_dir=str(path.parent))

@@ -56,6 +56,7 @@ from sim.cluster.router import NEEDS as ROUTER_NEEDS, check_routers
 from sim.kv import CapacityError, check_tensor_parallel
 from sim.outputs import ReportWriter, claim, out_dir as out_dir_checked, write_result_table
 from sim.schema import PLAN_MARK, RATE_AXIS, RATE_SCALE_AXIS, plan_label, plural
+from sim.userfile import user_path
 from sim.sweep.drive import Outcome, PointStore, Progress, drive
 from sim.sweep.spec import (Axis, Bound, Sweep, _line_of, _Under, axis_target, known_slo_metrics,
                              read_base)
@@ -332,7 +333,7 @@ MAX_CONFIGURATIONS = 100_000  # a plan's grid, before pruning (a sweep's points:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file, check it, and check one scenario of every shape; each problem raises
     :class:`ScenarioError` naming the file, the line and the key."""
-    path = Path(path)
+    path = user_path(path, "plan file", ScenarioError)
     data, lines = read_yaml(path, "plan")
     check_kind(data, path, "plan")
     source = str(path)

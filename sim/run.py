@@ -364,8 +364,9 @@ def check_scenario(scenario_path: str | Path, read_trace: TraceReader | None = N
     """``sim check``: validate everything a run would need, without simulating (a sweep or plan file: every
     point or configuration, as ``sim sweep`` and ``sim plan`` do before they run)."""
     from sim.config import file_kind, read_yaml
+    from sim.userfile import user_path
 
-    kind = file_kind(read_yaml(Path(scenario_path))[0])
+    kind = file_kind(read_yaml(user_path(scenario_path, "scenario file", ScenarioError))[0])
     if kind in ("sweep", "plan"):  # each distinct scenario it runs, as a scenario file's (model fit, trace, ...)
         if kind == "sweep":
             from sim.sweep.spec import load_sweep

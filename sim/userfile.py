@@ -10,11 +10,19 @@ from pathlib import Path
 from typing import Any
 
 
+def user_path(path: str | Path, what: str, error: type[Exception]) -> Path:
+    """``path`` as a Path; an empty one is an error (``Path("")`` is ".", which read as the current folder:
+    ".: not a regular file")."""
+    if not str(path).strip():
+        raise error(f"an empty path (expected a {what})")
+    return Path(path)
+
+
 def read_text(path: str | Path, what: str, error: type[Exception], hint: str = "") -> str:
     """The file's text (UTF-8; a byte-order mark dropped). ``what`` names the kind of file in the message
     (``scenario file``), ``hint`` follows a missing file's (`` (write one with sim calibrate)``); ``error``
     is the exception raised (the caller's user-error type)."""
-    path = Path(path)
+    path = user_path(path, what, error)
     try:
         if path.exists() and not path.is_file():  # a folder, a FIFO (would block), a device
             raise error(f"{path}: not a regular file (expected a {what})")

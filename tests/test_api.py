@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,15 @@ def test_an_empty_out_dir_is_refused(call, tmp_path, monkeypatch):
     with pytest.raises(ScenarioError, match="out_dir: an empty path"):
         call()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("call, what", [(lambda: kvsim.run(""), "scenario file"),
+                                        (lambda: kvsim.check_scenario(" "), "scenario file"),
+                                        (lambda: kvsim.sweep_to_dir(""), "sweep file"),
+                                        (lambda: kvsim.plan_to_dir(""), "plan file")])
+def test_an_empty_file_path_says_so(call, what):
+    """It said ".: not a regular file" (Path("") is the current folder)."""
+    from sim.config import ScenarioError
+
+    with pytest.raises(ScenarioError, match="^" + re.escape(f"an empty path (expected a {what})") + "$"):
+        call()

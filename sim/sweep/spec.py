@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from sim.config import (Name, PolicyConfig, Real, Scenario, ScenarioError, Strict, format_validation_error, parse_scenario,
                         check_kind, file_kind, own_arrivals, read_yaml, validate_mapping)
 from sim.schema import METRICS, RATE_AXIS, RATE_SCALE_AXIS
+from sim.userfile import user_path
 
 RATE_AXES = (RATE_AXIS, RATE_SCALE_AXIS)  # what a capacity search may search: generated, or a trace's
 MAX_POINTS = 10_000  # a sweep's points, each a simulation (and each built and checked when the sweep loads)
@@ -409,7 +410,7 @@ def read_base(path: Path, base: str | dict, lines: dict) -> tuple[Any, dict | No
 def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file and build (and validate) every point; each problem raises :class:`ScenarioError`
     naming the file, the line and the key."""
-    path = Path(path)
+    path = user_path(path, "sweep file", ScenarioError)
     data, lines = read_yaml(path, "sweep")
     check_kind(data, path, "sweep")
     source = str(path)
