@@ -33,7 +33,7 @@ from sim.core import Sequence, StepPlan
 from sim.kv import breakdown
 from sim.outputs import Columns
 # The schema (metrics, memory classes, status and reason codes) is declared in sim.schema, shared with the
-# reports; named here too, where the simulator has always found it.
+# reports, and imported from there (this module no longer re-exports it).
 from sim.schema import (FINISHED, MEMORY_CLASSES, METRICS, PENDING, REASONS, STATUS_NAMES, UNFINISHED,
                         USED_CLASSES)
 
