@@ -156,7 +156,8 @@ def replay_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path | 
     # claimed before the measurements (a sweep's folder was refused after the whole replay); a replay's folder
     # holds a run's files
     out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name,
-                                                                      suffix=f"-{kind}-{device.split(':')[0]}"), "run")
+                                                                      suffix=f"-{kind}-{device.split(':')[0]}"),
+                "run", scenario.name, default=out_dir is None)
     ReplayExecutors.check_scenario(scenario)
     requests = load_requests(scenario, read_trace)
     if open_loop_mode:

@@ -155,7 +155,8 @@ def validate_to_dir(scenario_path: str | Path, device: str, out_dir: str | Path 
     requests = load_requests(scenario, read_trace) if requests is None else requests
     out = claim(Path(out_dir) if out_dir is not None else default_out(scenario.name,
                                                                       suffix=f"-validate-{device.split(':')[0]}"),
-                "validate")  # (a sweep's folder took validation.json, sim/ and replay/ beside sweep.json)
+                "validate", scenario.name, default=out_dir is None)  # (a sweep's folder took validation.json,
+    # sim/ and replay/ beside sweep.json)
     ReplayExecutors.check_scenario(scenario)  # before a calibration (an fp8 policy was refused after one)
     if profile_path is None and isinstance(scenario.step_time, ProfileConfig):
         profile_path = scenario.resolve_path(scenario.step_time.path)

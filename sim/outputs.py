@@ -44,15 +44,31 @@ def out_dir(path: str | Path, what: str = "--out") -> Path:
     return p
 
 
-def claim(out: Path, kind: str, what: str = "--out") -> Path:
-    """``out``, refused when it holds another command's results (``FOLDER_MARKS``): a sweep written over a
-    run's folder left the run's files beside it, and the report drew the stale run (or plan) as this one.
-    A folder of the same kind is rewritten (a run) or resumed (a sweep, a plan), as before."""
+def claim(out: Path, kind: str, name: str, default: bool = False) -> Path:
+    """``out``, refused when it holds another command's results (``FOLDER_MARKS``): a plan written over a run's
+    folder left the run's files beside it, and the report drew the stale one as this one. A folder of the same
+    kind is rewritten (a run) or resumed (a sweep, a plan), as before; and a run and a sweep of the same
+    ``name`` share one (a paper setup's scenario and its sweep: the page draws both), a run and a sweep of
+    different names do not. ``default``: ``out`` is the command's default folder (no --out was given)."""
     for other, mark in FOLDER_MARKS.items():
-        if other != kind and (out / mark).is_file():
-            raise ScenarioError(f"{what} {out}: holds the results of a `sim {other}` ({mark}); writing a {kind}'s "
-                                f"there would mix the two: give another folder, or remove that one")
+        if other == kind or not (out / mark).is_file():
+            continue
+        if {kind, other} == {"run", "sweep"} and _named(out / mark, other) == name:
+            continue
+        named = " of another name" if {kind, other} == {"run", "sweep"} else ""
+        raise ScenarioError(f"{out}{' (the default folder of this name)' if default else ''}: holds the results of a "
+                            f"`sim {other}`{named} ({mark}); writing a {kind}'s there would mix the two: give "
+                            f"another folder (--out), or remove that one")
     return out
+
+
+def _named(mark: Path, kind: str) -> str | None:
+    """The name a run's summary.json (its scenario's) or a sweep's sweep.json gives; None if unreadable."""
+    try:
+        data = json.loads(mark.read_text(encoding="utf-8"))
+        return str((data["scenario"] if kind == "run" else data)["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def out_file(path: str | Path, what: str = "--out") -> Path:

@@ -700,7 +700,8 @@ def plan_to_dir(plan_path: str | Path, out_dir: str | Path | None = None, *, exe
     from sim.sweep.output import _BarProgress, folder_lock
 
     plan = load_plan(plan_path)
-    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(plan.name, "plan"), "plan")
+    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(plan.name, "plan"), "plan",
+                plan.name, default=out_dir is None)
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
                 BarColumn(), MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(), console=console,

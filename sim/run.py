@@ -203,7 +203,7 @@ def write_results(result: RunResult, out_dir: str | Path, report: ReportWriter |
     by ``report`` (``reports.html.write_report``; ``kvsim.write_results`` passes it) when given."""
     if not isinstance(result, RunResult):
         raise TypeError(f"write_results: result is a {type(result).__name__}; expected what run returns (a RunResult)")
-    out = claim(out_dir_checked(out_dir, "out_dir"), "run", "out_dir")
+    out = claim(out_dir_checked(out_dir, "out_dir"), "run", result.scenario.name)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / RUN_MARK, "requests": out / "requests.parquet", "steps": out / "steps.parquet",
              "snapshots": out / "kv_snapshots.parquet", "timeline": out / "timeline.parquet"}
@@ -272,7 +272,8 @@ def run_to_dir(scenario_path: str | Path, out_dir: str | Path | None = None, *, 
     if exact:
         scenario = scenario.model_copy(update={"exact": True})
     # (checked, not Path(out_dir): an empty path was the current folder, which the results were written into)
-    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(scenario.name), "run")
+    out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(scenario.name), "run",
+                scenario.name, default=out_dir is None)
     from rich.console import Console
 
     console = console or Console(stderr=True)

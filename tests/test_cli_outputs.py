@@ -226,23 +226,40 @@ def test_a_long_name_makes_a_folder_name_that_fits(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / slug(long_a) / "summary.json").is_file()
 
 
-@pytest.mark.parametrize("command, mark, other", [("run", "sweep.json", "sweep"), ("sweep", "summary.json", "run"),
-                                                  ("sweep", "plan.json", "plan")])
-def test_a_folder_of_another_commands_results_is_refused(tmp_path, command, mark, other):
-    """A sweep written over a run's (or a plan's) folder left those files beside it, and `sim report` drew the
-    stale result as the new one; a run over a sweep's drew both. Refused before anything runs."""
-    from sim.outputs import claim
-
+@pytest.mark.parametrize("command, mark, content, other", [
+    ("run", "sweep.json", '{"name": "another"}', "sweep` of another name"),
+    ("sweep", "summary.json", '{"scenario": {"name": "another"}}', "run` of another name"),
+    ("sweep", "plan.json", "{}", "plan`"), ("run", "plan.json", "{}", "plan`"),
+    ("run", "validation.json", "{}", "validate`")])
+def test_a_folder_of_another_commands_results_is_refused(tmp_path, command, mark, content, other):
+    """A plan written over a run's (or a sweep's) folder left those files beside it, and `sim report` drew the
+    stale result as the new one; so did a run into another scenario's sweep folder. Refused before anything runs."""
     (tmp_path / "s.yaml").write_text(SCENARIO)
     (tmp_path / "w.yaml").write_text("name: w\nbase: s.yaml\naxes: {seed: [0]}\n")
     d = tmp_path / "d"
     d.mkdir()
-    (d / mark).write_text("{}")
+    (d / mark).write_text(content)
     r = invoke(command, tmp_path / ("s.yaml" if command == "run" else "w.yaml"), "--out", d, "--no-report")
     assert r.exit_code == 2, r.output
-    assert f"holds the results of a `sim {other}` ({mark})" in r.output.replace("\n", "")
+    assert f"{d}: holds the results of a `sim {other} ({mark})" in r.output.replace("\n", "")
     assert sorted(p.name for p in d.iterdir()) == [mark]  # nothing run, nothing written
-    assert claim(d, other) == d  # its own kind is rewritten or resumed
+
+
+def test_a_run_and_a_sweep_of_one_name_share_a_folder(tmp_path, monkeypatch):
+    """A paper setup's scenario and its sweep have one name, so one default folder, whose page draws both
+    (reports: a run folder with a sweep table beside its results); any other kind there is refused, and the
+    message says the folder was the default one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "w.yaml").write_text("name: out\nbase: s.yaml\naxes: {seed: [0]}\n")
+    assert invoke("sweep", "w.yaml", "--no-report", "-j", "1").exit_code == 0
+    assert invoke("run", "s.yaml", "--no-report").exit_code == 0
+    assert {"sweep.json", "summary.json"} <= {p.name for p in (tmp_path / "runs" / "out").iterdir()}
+    (tmp_path / "p.yaml").write_text("name: out\nbase: s.yaml\nrates: [1]\nslo: {mean_tpot_ms: 1000}\n"
+                                     "gpus: [a100-40gb]\nreplicas: {min: 1, max: 1}\n")
+    r = invoke("plan", "p.yaml", "--no-report")
+    assert r.exit_code == 2 and "runs/out (the default folder of this name): holds the results of a `sim" in \
+        r.output.replace("\n", ""), r.output
 
 
 def test_a_fleet_folder_without_its_replicas_table_is_incomplete(tmp_path):

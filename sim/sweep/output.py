@@ -109,7 +109,7 @@ def sweep_to_dir(sweep_path: str | Path, out_dir: str | Path | None = None, *, e
 
     sweep = load_sweep(sweep_path)
     out = claim(out_dir_checked(out_dir, "out_dir") if out_dir is not None else default_out(sweep.name, "sweep"),
-                "sweep")
+                "sweep", sweep.name, default=out_dir is None)
     # (the executor first: it checks workers and address before the folder and its lock are made)
     with make_executor(executor, workers=workers, address=address) as ex, folder_lock(out), \
             Bar(TextColumn("{task.description}", markup=False),  # markup=False: the name as written
