@@ -576,14 +576,17 @@ def validate(
     print_paths(paths, out)
 
 
-def _empty_out(args: list[str]) -> bool:
-    """``--out ""`` (``--out "$OUT"`` with OUT unset), ``-o ""`` or ``--out=``."""
+def _empty_arg(args: list[str]) -> str | None:
+    """The first empty argument, as said: ``--out ""`` (``--out "$OUT"`` with OUT unset), ``--dir=``, or an
+    empty file argument; None if there is none. NOTE: typer reads "" as Path("."), the current folder: results
+    landed there, a trace was fetched there, ``sim run ""`` said ".: not a regular file"."""
     for i, a in enumerate(args):
-        if a in ("--out", "-o") and i + 1 < len(args) and not args[i + 1].strip():
-            return True
-        if a.startswith("--out=") and not a[len("--out="):].strip():
-            return True
-    return False
+        if a.startswith("--") and "=" in a and not a.partition("=")[2].strip():
+            return a.partition("=")[0]
+        if not a.strip():
+            flag = args[i - 1] if i > 0 and args[i - 1].startswith("-") else ""
+            return flag or "an argument"
+    return None
 
 
 def main() -> None:
@@ -604,9 +607,9 @@ def main() -> None:
     # user set it (numpy not yet imported here; a sweep's worker processes inherit it).
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if _empty_out(sys.argv[1:]):  # (typer reads "" as Path("."): the results would land in the current folder)
-        print("error: --out: an empty path (an unset variable?); give a folder or file for the results",
-              file=sys.stderr)
+    empty = _empty_arg(sys.argv[1:])
+    if empty:  # (typer reads "" as Path("."): the results would land in the current folder)
+        print(f"error: {empty}: an empty value (an unset variable?); give a path or value", file=sys.stderr)
         sys.exit(2)
     try:
         app()

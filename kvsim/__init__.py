@@ -18,9 +18,10 @@ The simulator and its companions keep their import names: ``sim``, ``gpu``, ``tr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-PATH, OUT = (str, Path), (str, Path, type(None))
+PATH, OUT = (str, os.PathLike), (str, os.PathLike, type(None))  # (a py.path.local, a custom __fspath__ too)
 
 
 def _args(fn: str, **given) -> None:

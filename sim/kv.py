@@ -63,13 +63,13 @@ def weights_bytes(model: ModelSpec, tp: int) -> int:
 def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, max_num_seqs: int) -> int:
     """Peak activation memory of one forward pass over ``num_tokens`` (what vLLM's profiling run measures):
     one layer's live tensors (hidden, residual, QKV, attention output, MLP intermediates) plus fp32 logits
-    for ``max_num_seqs`` sampled rows (the policy's: vLLM samples that many in its dummy run). An estimate;
-    the GPU backend measures the real figure."""
+    for the rows its dummy run samples: ``max_num_seqs`` (the policy's), at most one per token (vLLM V1's
+    ``min(num_tokens, max_num_reqs)``). An estimate; the GPU backend measures the real figure."""
     h = model.hidden_size
     qkv = (model.num_heads + 2 * model.kv_heads_per_gpu(tp) * tp) * model.head_dim // tp
     mlp = (3 if model.gated_mlp else 2) * model.ffn_size // tp
     per_token = (3 * h + qkv + mlp) * model.dtype_bytes
-    logits = max_num_seqs * (model.vocab_size // tp) * 4
+    logits = min(max_num_seqs, num_tokens) * (model.vocab_size // tp) * 4
     return num_tokens * per_token + logits
 
 

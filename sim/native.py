@@ -97,8 +97,9 @@ def disabled() -> bool:
     "false" left it on). Another value than those or 1, true, on, yes leaves it on, and says so once."""
     global _warned
     v = switch("KVSIM_NATIVE")
-    if v not in ("on", "off") and not _warned:  # (KVSIM_NATIVE=banana left the build on without a word)
-        _warned = True
+    if v not in ("on", "off") and not _warned and not os.environ.get("KVSIM_NATIVE_WARNED"):  # (KVSIM_NATIVE=banana
+        _warned = True  # left the build on without a word; said once, not again by a sweep's workers)
+        os.environ["KVSIM_NATIVE_WARNED"] = "1"
         sys.stderr.write(f"kvsim: KVSIM_NATIVE={v!r} is neither off (0, false, off, no) nor on (1, true, on, yes): "
                          f"the compiled build stays on\n")
     return v == "off"

@@ -50,6 +50,15 @@ def test_results_go_to_a_folder_and_requests_load_from_a_path(tmp_path):
     assert len(kvsim.load_requests(TINY)) == 30
 
 
+def test_a_path_like_is_a_path(tmp_path):
+    """Any os.PathLike names a file (the type checks took only str and pathlib.Path at first)."""
+    class Named:
+        def __fspath__(self):
+            return TINY
+
+    assert kvsim.check_scenario(Named())[0].endswith(": ok")
+
+
 @pytest.mark.parametrize("call", [lambda: kvsim.run_to_dir(TINY, ""), lambda: kvsim.sweep_to_dir(
     str(ROOT / "scenarios" / "vllm-paper" / "opt-13b-sharegpt.sweep.yaml"), "")])
 def test_an_empty_out_dir_is_refused(call, tmp_path, monkeypatch):

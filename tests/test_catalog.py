@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from sim.catalog import MODELS, CatalogError, model_from_hf_config
-from sim.kv import CapacityError, kv_pool
+from sim.kv import CapacityError, activation_bytes, kv_pool
 from sim.catalog import GPUS
 
 
@@ -49,6 +49,8 @@ def test_the_activation_reserve_samples_the_policys_max_num_seqs():
     narrow, wide = (resolve_policy(s, m, GPUS["h100"], p).pool for p in s.policies)
     assert wide.activation_bytes - narrow.activation_bytes == (1024 - 256) * m.vocab_size * 4
     assert wide.num_blocks < narrow.num_blocks and wide.budget_bytes == narrow.budget_bytes
+    # at most one row per token of the dummy run (vLLM V1: min(num_tokens, max_num_reqs))
+    assert activation_bytes(m, 1, 512, 4096) - activation_bytes(m, 1, 512, 256) == (512 - 256) * m.vocab_size * 4
 
 
 def test_model_that_does_not_fit_is_a_clear_error():

@@ -57,10 +57,14 @@ def test_usage_error_exits_2():
 def test_an_empty_out_is_an_error_not_the_current_folder(tmp_path):
     """``--out "$OUT"`` with OUT unset: typer reads "" as the current folder, and the results landed there."""
     (tmp_path / "s.yaml").write_text(SMALL)
-    for out in (["--out", ""], ["-o", " "], ["--out="]):
-        p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", "s.yaml", *out], cwd=tmp_path,
+    # (and any other empty argument: `trace fetch --dir ""` fetched into the current folder, `run ""` said
+    # ".: not a regular file")
+    for args, said in ((["run", "s.yaml", "--out", ""], "--out"), (["run", "s.yaml", "-o", " "], "-o"),
+                       (["run", "s.yaml", "--out="], "--out"), (["run", ""], "an argument"),
+                       (["trace", "fetch", "azure-2023-conv", "--dir", ""], "--dir")):
+        p = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=tmp_path,
                            capture_output=True, text=True, timeout=300)
-        assert p.returncode == 2 and "--out: an empty path" in p.stderr, (out, p.stderr)
+        assert p.returncode == 2 and f"error: {said}: an empty value" in p.stderr, (args, p.stderr)
         assert sorted(x.name for x in tmp_path.iterdir()) == ["s.yaml"]
 
 

@@ -7,8 +7,8 @@ transforms (which are cheap, seeded and run every time). It is found again only 
 gave), read the same way (format, columns, ``bad_rows``, filters), by the same reader code (a hash of
 ``traces/read.py`` and ``traces/formats.py``). A file that fails to read is never cached: its error is
 raised every time. One entry per file and way of reading (a changed file
-replaces its entry), in ``$KVSIM_TRACE_CACHE`` (``0`` turns the cache off; default
-``$XDG_CACHE_HOME/kvsim/traces``). An entry that cannot be read or written is ignored: the file is parsed.
+replaces its entry), in ``$KVSIM_TRACE_CACHE`` (0, false, off or no turn the cache off; 1, true, on, yes or
+nothing mean the default, ``$XDG_CACHE_HOME/kvsim/traces``; anything else is the folder). An entry that cannot be read or written is ignored: the file is parsed.
 """
 
 from __future__ import annotations
