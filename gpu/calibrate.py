@@ -24,7 +24,7 @@ from gpu.device import configure_cpu, default_attention, default_dtype, provenan
 from gpu.executor import TorchExecutor, scratch_plan
 from gpu.kv_cache import KvCache
 from gpu.model import LlamaModel, ModelShape
-from sim.catalog import MODELS, CatalogError, ModelSpec, model_from_hf_config
+from sim.catalog import CatalogError, ModelSpec, resolve_model as catalog_model
 from sim.config import Scenario, ScenarioError, load_scenario
 from sim.policy import resolve_policy
 from sim.kv import KvPool
@@ -100,13 +100,10 @@ def grid_for_scenario(scenario: Scenario, requests: RequestTable, max_pool_token
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """A catalog name or a Hugging Face config.json path."""
-    if name in MODELS:
-        return MODELS[name]
-    if not name.endswith(".json"):
-        raise ScenarioError(f"--model {name!r}: expected one of {', '.join(MODELS)} or a path to a config.json")
+    """A catalog name or a Hugging Face config.json (a file, or a folder holding one): the catalog's rule
+    (``sim.catalog.resolve_model``; this one took no folder, and called a folder without one unknown)."""
     try:
-        return model_from_hf_config(name)
+        return catalog_model(name)
     except CatalogError as e:
         raise ScenarioError(f"--model: {e}") from None
 

@@ -424,6 +424,8 @@ def resolve_model(name: str, base: Path = Path(".")) -> ModelSpec:
     p = Path(name).expanduser()
     p = p if p.is_absolute() else base / p
     if p.is_dir():
+        if not (p / "config.json").is_file():  # (was the catalog's list, "or a path to a config.json")
+            raise CatalogError(f"{p}: a folder without a config.json (a Hugging Face model's folder holds one)")
         p = p / "config.json"
     if name.endswith(".json") or p.exists():
         return model_from_hf_config(p)

@@ -292,3 +292,11 @@ def test_hf_config_mixed_window_model_without_its_layer_kinds_is_an_error(tmp_pa
     with pytest.raises(CatalogError, match=f"model_type '{model_type}' mixes sliding and full attention layers: "
                                            "give 'layer_types' or 'sliding_window_pattern'"):
         model_from_hf_config(p)
+
+
+def test_a_model_folder_without_config_json_says_so(tmp_path):
+    """It listed the catalog's models "or a path to a config.json", for a folder it had been given."""
+    from sim.catalog import CatalogError, resolve_model
+
+    with pytest.raises(CatalogError, match=f"{tmp_path}: a folder without a config.json"):
+        resolve_model(str(tmp_path))
