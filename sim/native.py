@@ -89,17 +89,13 @@ class _Finder:
         return None if p is None else importlib.util.spec_from_file_location(name, p)
 
 
-_warned = False
-
-
 def disabled() -> bool:
     """``KVSIM_NATIVE`` turns the build off: 0, false, off or no (``trace_paths.switch``; was: only "0",
-    "false" left it on). Another value than those or 1, true, on, yes leaves it on, and says so once."""
-    global _warned
+    "false" left it on). Another value than those or 1, true, on, yes leaves it on, and says so once: the
+    process notes it in its environment, which a sweep's workers inherit."""
     v = switch("KVSIM_NATIVE")
-    if v not in ("on", "off") and not _warned and not os.environ.get("KVSIM_NATIVE_WARNED"):  # (KVSIM_NATIVE=banana
-        _warned = True  # left the build on without a word; said once, not again by a sweep's workers)
-        os.environ["KVSIM_NATIVE_WARNED"] = "1"
+    if v not in ("on", "off") and not os.environ.get("KVSIM_NATIVE_WARNED"):  # (KVSIM_NATIVE=banana left the
+        os.environ["KVSIM_NATIVE_WARNED"] = "1"  # build on without a word)
         sys.stderr.write(f"kvsim: KVSIM_NATIVE={v!r} is neither off (0, false, off, no) nor on (1, true, on, yes): "
                          f"the compiled build stays on\n")
     return v == "off"

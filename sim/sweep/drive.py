@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 from sim.config import ScenarioError
 from sim.schema import METRICS
-
 from sim.sweep.capacity import Search, max_probes, next_probe, probe_task
 from sim.sweep.spec import Sweep
 from sim.sweep.tasks import Task
@@ -72,7 +71,6 @@ class PointStore:
                 note(f"{p}: {why}; running it again")
             return None
         return Outcome.from_json(data, reused=True)
-
 
     def put(self, outcome: Outcome, task: Task) -> None:
         if outcome.error:
