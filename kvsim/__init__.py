@@ -40,7 +40,6 @@ def read_trace(workload, path: Path, max_model_len: int | None = None):
 
     _args("read_trace", workload=(workload, TraceWorkload, "a trace workload (sim.config.TraceWorkload)"),
           path=(path, PATH, "the trace file's path"))
-
     return load_trace(workload, path, max_model_len)
 
 
