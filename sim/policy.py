@@ -64,6 +64,13 @@ def resolve_policy(scenario: Scenario, model: ModelSpec, gpu: GpuSpec, policy: P
     if width > policy.max_num_seqs:  # a group runs as a unit: it could never be admitted
         raise ScenarioError(f"{scenario.name}: policy {policy.name}: max_num_seqs={policy.max_num_seqs} is below the "
                             f"{width} sequences a request runs as (sampling); raise max_num_seqs to at least {width}")
+    budget = token_budget(policy, model)
+    if width > 1 and budget < policy.max_num_seqs:  # (a budget of 2 decoded 4 beams 2 at a time, out of lockstep:
+        # the decodes spend it one sequence at a time, and a group's members stepped apart without a word)
+        raise ScenarioError(f"{scenario.name}: policy {policy.name}: max_num_batched_tokens={budget} is below "
+                            f"max_num_seqs={policy.max_num_seqs}: a step could not decode every sequence of a group "
+                            f"(sampling) together; raise it to at least {policy.max_num_seqs} (vLLM refuses a token "
+                            f"budget below max_num_seqs)")
     if layout is not None and not layout.single:
         where = f"{scenario.name}: policy {policy.name}"
         kinds = sorted({g.kind for g in layout.groups})

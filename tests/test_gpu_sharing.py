@@ -10,7 +10,7 @@ torch = require_backend()
 
 from gpu.kv_cache import copy_blocks, copy_blocks_ref  # noqa: E402
 from gpu.replay import replay  # noqa: E402
-from test_gpu_replay import tiny_scenario  # noqa: E402
+from test_gpu_replay import TINY, tiny_scenario  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -123,9 +123,18 @@ def test_a_block_copied_and_swapped_out_in_one_step_leaves_with_its_copy():
     wl = {"arrival": {"kind": "poisson", "rate": 1e6}, "prompt": {"kind": "uniform", "low": 20, "high": 50},
           "output": {"kind": "uniform", "low": 8, "high": 20}, "num_requests": 6, "seed": 5,
           "shared_prefixes": {"lengths": [24, 40], "popularity": [2, 1]}}
-    pol = {"preset": "vllm-v1", "name": "p", "preemption": "swap", "max_num_batched_tokens": 24, "block_size": 4}
+    # (max_num_seqs 24, the budget: a sampling run's budget must cover every sequence, as vLLM requires; 18 run
+    # here at most, so nothing changes but the logits rows of the activation reserve, which the device follows)
+    pol = {"preset": "vllm-v1", "name": "p", "preemption": "swap", "max_num_batched_tokens": 24, "block_size": 4,
+           "max_num_seqs": 24}
     _, ref = replay(tiny_scenario(900, ["vllm"], workload=wl), "cpu")
-    result, ex = replay(tiny_scenario(220, [pol], workload=wl, sampling={"kind": "parallel", "n": 3}), "cpu")
+    from gpu.calibrate import resolve_model
+    from gpu.replay import memory_gib_for_pool
+
+    device = {"name": "tiny-device", "hbm_gb_per_s": 50, "tflops": 1,
+              "memory_gib": memory_gib_for_pool(resolve_model(str(TINY)), 220, max_num_seqs=24)}
+    result, ex = replay(tiny_scenario(220, [pol], workload=wl, sampling={"kind": "parallel", "n": 3}, gpu=device),
+                        "cpu")
     assert result.policies["p"].summary["num_preemptions"] > 0 and result.policies["p"].summary["num_cow_copies"] > 0
     for i, toks in generated(result, ex, "p", 3).items():
         for t in toks:

@@ -337,6 +337,10 @@ def test_a_group_wider_than_max_num_seqs_is_a_clear_error(make_scenario):
 
     with pytest.raises(ScenarioError, match="max_num_seqs=1 is below the 2 sequences a request runs as"):
         run(_one_shape(make_scenario, 1, 8, [{"preset": "vllm", "max_num_seqs": 1}], {"kind": "parallel", "n": 2}))
+    # a budget of 2 decoded a beam group of 4 two at a time, out of lockstep, without a word
+    with pytest.raises(ScenarioError, match="max_num_batched_tokens=2 is below max_num_seqs=256: a step could not"):
+        run(_one_shape(make_scenario, 1, 8, [{"preset": "vllm-v1", "max_num_batched_tokens": 2}],
+                       {"kind": "beam", "width": 4}))
 
 
 def test_a_contiguous_group_done_at_its_first_token_frees_its_samples_slabs(make_scenario):
