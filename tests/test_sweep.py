@@ -561,3 +561,21 @@ def test_odd_entries_where_stored_runs_belong_are_named(tmp_path):
     (out / "points" / "k.json").mkdir(parents=True)
     with pytest.raises(ScenarioError, match=re.escape(f"{out / 'points' / 'k.json'}: a folder where a stored run belongs")):
         PointStore(out).get("k")
+
+
+def test_a_failed_capacity_search_names_its_point(tmp_path):
+    """The console printed "capacity search for vllm: ..." once per point, the same line each time."""
+    s = load_sweep(sweep_file(tmp_path, """\
+        axes:
+          tensor_parallel: [3]
+          block_size: [16, 32]
+        capacity:
+          slo: {p99_ttft_ms: 5000}
+          min: 1
+          max: 4
+          tolerance: 1
+        """, base=base_yaml("[vllm]", "alpaca", 10, seed=3)))
+    res = run_sweep(s, tmp_path / "out", SerialExecutor())
+    searches = sorted(what for what, _ in res.failures if what.startswith("capacity search"))
+    assert searches == ["capacity search for vllm at tensor_parallel=3, block_size=16",
+                        "capacity search for vllm at tensor_parallel=3, block_size=32"], searches

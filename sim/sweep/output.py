@@ -56,7 +56,9 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, executor, *, resume: bool = Tru
         failures.append((f"{r['policy']} at {where or 'the base scenario'}", r["error"]))
     if capacity is not None:
         for _, r in capacity[capacity["status"] == "error"].iterrows():
-            failures.append((f"capacity search for {r['policy']}", r["error"]))
+            # (the point named, as a grid run's is: one line per block size said the same thing three times)
+            where = ", ".join(f"{a.column}={r[a.column]}" for a in sweep.axes if a.column in r.index)
+            failures.append((f"capacity search for {r['policy']}" + (f" at {where}" if where else ""), r["error"]))
     return SweepResult(sweep, table, capacity, runs, sum(not o.reused for o in outcomes.values()),
                        sum(o.reused for o in outcomes.values()), failures, time.perf_counter() - t0)
 
