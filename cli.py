@@ -193,9 +193,11 @@ def plan(
                       f"${r['usd_per_million_tokens']:,.3f}/M tokens", highlight=False, markup=False, soft_wrap=True)
         else:
             near = r.get("nearest")
-            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO"
-                      + (f"; nearest: {near}" if isinstance(near, str) else ""), highlight=False, markup=False,
-                      soft_wrap=True)
+            ran = result.table.loc[result.table[rate_col] == r[rate_col], "ran"].any()
+            why = (f"; nearest: {near}" if isinstance(near, str) else "" if ran else  # (a bare "nothing meets")
+                   "; none ran at this rate: each configuration failed at a lower one (inferred, not simulated)")
+            out.print(f"{rate_col} {r[rate_col]:g}: nothing in the plan meets the SLO{why}", highlight=False,
+                      markup=False, soft_wrap=True)
     out.print(f"{result.plan.name}: {plural(result.num_configurations, 'configuration')}, "
               f"{plural(result.num_runs, 'run')} now, {result.num_reused:,} reused, the rest inferred; "
               f"{result.wall_s:,.1f} s", highlight=False, markup=False, soft_wrap=True)

@@ -346,6 +346,10 @@ def test_a_rate_nothing_meets_names_the_nearest_run_and_the_bound_it_missed(tmp_
     assert not best.loc[0, "met"]
     assert near == f"{fastest.replicas} x h100 tp1 vllm: p99_ttft_ms {fastest.p99_ttft_ms:,.4g} (at most 1)"
     assert f"nothing in the plan meets the SLO; nearest: {near}" in res.output.replace("\n", "")
+    p.write_text(p.read_text().replace("rates: [2]", "rates: [2, 8]"))  # 8: inferred from 2's failures, not run
+    res = runner.invoke(app, ["plan", str(p), "--out", str(tmp_path / "out8"), "-j", "1", "--no-report"])
+    assert "rate 8: nothing in the plan meets the SLO; none ran at this rate: each configuration failed at a lower" \
+        in res.output.replace("\n", ""), res.output
 
 
 def test_a_plan_over_a_retimed_trace_takes_rates(tmp_path):
