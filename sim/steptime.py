@@ -553,8 +553,6 @@ def measured_gpu(device: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-
-
 def load_profile(path: str | Path, model: ModelSpec | None = None, gpu: str | None = None,
                  kv_cache_dtype: str = "auto") -> dict:
     """Read a profile written by ``sim calibrate``; when ``model`` is given it must be the profiled shape, and
