@@ -122,7 +122,7 @@ def _until_interrupted(to_dir, spec_file: Path, out_dir: Optional[Path], **kw):
     runs kept, exit 130)."""
     import signal
 
-    from sim.sweep import SweepInterrupted
+    from sim.sweep.drive import SweepInterrupted
 
     with user_errors():
         from sim.outputs import out_dir as checked_dir

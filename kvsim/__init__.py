@@ -100,9 +100,9 @@ def check_scenario(scenario_path) -> list[str]:
 
 
 def sweep_to_dir(sweep_path, out_dir=None, *, report: bool = True, **options):
-    """``sim sweep``: ``sim.sweep.sweep_to_dir`` with the trace readers and (unless ``report`` is False)
+    """``sim sweep``: ``sim.sweep.output.sweep_to_dir`` with the trace readers and (unless ``report`` is False)
     the report (``options``: executor, workers, address, resume, console)."""
-    from sim.sweep import sweep_to_dir as sweep
+    from sim.sweep.output import sweep_to_dir as sweep
 
     _args("sweep_to_dir", sweep_path=(sweep_path, PATH, "a sweep file's path"),
           out_dir=(out_dir, OUT, "a folder's path or None"), report=(report, bool, "true or false"))

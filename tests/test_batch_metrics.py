@@ -5,7 +5,7 @@ import pytest
 
 from sim.schema import METRICS
 from sim.run import run
-from sim.sweep import summary_metric_names
+from sim.sweep.spec import summary_metric_names
 from sim.workload import RequestTable
 
 # Two requests at t = 0: A (prompt 4, output 2) and B (prompt 4, output 4). Under vLLM's scheduler:

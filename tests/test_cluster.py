@@ -360,7 +360,8 @@ def test_a_replica_gpu_that_cannot_hold_the_model_is_a_clear_error(tmp_path):
 def test_a_sweep_reaches_the_fleet_fields(tmp_path):
     """Fleet size and router are sweep axes like any scenario field; more replicas, more capacity."""
     from sim.executors import SerialExecutor
-    from sim.sweep import load_sweep, run_sweep
+    from sim.sweep.output import run_sweep
+    from sim.sweep.spec import load_sweep
 
     path = tmp_path / "s.yaml"
     path.write_text("""

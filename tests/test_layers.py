@@ -120,7 +120,9 @@ def test_a_sweep_carries_the_reader_to_its_workers(tmp_path, make_scenario):
 
     import kvsim
     from sim.executors import SerialExecutor
-    from sim.sweep import load_sweep, make_task, run_sweep
+    from sim.sweep.output import run_sweep
+    from sim.sweep.spec import load_sweep
+    from sim.sweep.tasks import make_task
 
     (tmp_path / "t.csv").write_text(TABLE)
     path = tmp_path / "s.yaml"

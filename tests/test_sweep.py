@@ -19,7 +19,10 @@ from sim import run
 from sim.config import ScenarioError, parse_scenario
 from sim.executors import SerialExecutor
 from sim.schema import varying_axes
-from sim.sweep import CapacityConfig, load_sweep, make_task, next_probe, resolved_mapping, run_sweep
+from sim.sweep.capacity import next_probe
+from sim.sweep.output import run_sweep
+from sim.sweep.spec import CapacityConfig, load_sweep
+from sim.sweep.tasks import make_task, resolved_mapping
 
 runner = CliRunner()
 

@@ -10,7 +10,8 @@ import pytest
 from sweeps import base_yaml
 
 from sim.executors import LocalExecutor, RayExecutor
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep.output import run_sweep
+from sim.sweep.spec import load_sweep
 
 SWEEP = base_yaml("[orca-pow2, vllm]", lengths="sharegpt", num_requests=80, name="both") + """\
 axes:

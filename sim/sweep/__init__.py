@@ -34,14 +34,6 @@ is the bracket's passing end. Every probe count is bounded, so a search always e
 
 Modules, one concern each: ``spec`` (the file, axes, loading), ``tasks`` (a point's policy as a keyed
 task), ``capacity`` (the search), ``drive`` (running tasks on an executor, resume), ``tables`` (the
-tidy tables), ``output`` (a sweep end to end, written to a folder).
+tidy tables), ``output`` (a sweep end to end, written to a folder). Import each name from its module:
+this package re-exports none, so each has one path (``from sim.sweep.output import run_sweep``).
 """
-
-from sim.sweep.capacity import Search, bracket, build_searches, max_probes, next_probe, probe_task
-from sim.sweep.drive import POINTS_DIR, Outcome, PointStore, Progress, SweepInterrupted, drive
-from sim.sweep.output import (CAPACITY_RUNS_TABLE, CAPACITY_TABLE, SWEEP_INFO, SWEEP_TABLE, SweepResult, run_sweep,
-                              sweep_to_dir, write_sweep)
-from sim.sweep.spec import (RATE_AXIS, Axis, Bound, CapacityConfig, Point, Sweep, SweepFile, apply_axis,
-                            axis_target, load_sweep, summary_metric_names)
-from sim.sweep.tables import capacity_tables, grid_tasks, sweep_table
-from sim.sweep.tasks import Task, make_task, resolved_mapping
