@@ -276,6 +276,16 @@ TS = "2023-11-16 18:15:47.0000000"
      "list.jsonl:2: expected a JSON object, got list"),
     ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "two"]}\n',
      "hashes.jsonl:1: hash_ids = [1, 'two'], expected a list of integer hash ids"),
+    # JSON's true is no id (numpy read [true, 5] as [1, 5]: a prefix shared with id 1); nested or ragged lists
+    # made numpy raise before any check (a traceback)
+    ("truth.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [true, 5]}\n',
+     "truth.jsonl:1: hash_ids = [True, 5], expected a list of integer hash ids"),
+    ("nested.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [[1], 2]}\n',
+     "nested.jsonl:1: hash_ids = [[1], 2], expected a list of integer hash ids"),
+    ("ragged.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [[1, 2], [3]]}\n',
+     "ragged.jsonl:1: hash_ids = [[1, 2], [3]], expected a list of integer hash ids"),
+    ("big.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [99999999999999999999]}\n',
+     "big.jsonl:1: hash_ids = [99999999999999999999], expected a list of integer hash ids"),
     ("lost.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n',
      "lost.jsonl:2: output_length is empty, expected a whole number of tokens from 0 to 2,147,483,647"),
     ("zero.csv", HEAD.splitlines()[0] + f"\n{TS},5,0\n", "no requests left: all 1 rows were dropped (zero_output_tokens: 1)"),
@@ -351,6 +361,25 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
                'oops\n\n{"timestamp": 3, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n')
     t = load(jl, "bad_rows=drop")
     assert len(t) == 1 and t.dropped == {"invalid_json": 1, "blank_line": 1, "bad_hash_ids": 1}
+    # a line of blanks is a blank line too (it read as a row whose first cell was '   ': not_a_number)
+    t = load(write(tmp_path, "w.csv", HEAD + "   \n \t , ,\n"), "bad_rows=drop")
+    assert t.dropped == {"blank_line": 2}
+    t = load(write(tmp_path, "r.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+                   '{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [[1], 2]}\n'), "bad_rows=drop")
+    assert len(t) == 1 and t.dropped == {"bad_hash_ids": 1}
+
+
+def test_a_gzipped_parquet_file_is_named_as_such(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"arrived_at": [0.0], "num_prefill_tokens": [5], "num_decode_tokens": [2]}),
+                   tmp_path / "t.parquet")
+    (tmp_path / "t.parquet.gz").write_bytes(gzip.compress((tmp_path / "t.parquet").read_bytes()))
+    with pytest.raises(ScenarioError, match="t.parquet.gz: gzip holding a parquet file; .*decompress it"):
+        load(tmp_path / "t.parquet.gz")
 
 
 def test_a_session_id_that_is_a_list_or_a_mapping_is_a_bad_value(tmp_path):

@@ -97,6 +97,15 @@ def container_of(path: Path) -> Container:
     with open(path, "rb") as f:
         if f.read(4) == b"PAR1":
             return "parquet"
+    if is_gzip(path):
+        with gzip.open(path, "rb") as g:
+            try:
+                magic = g.read(4)
+            except (OSError, EOFError):  # a damaged gzip: the text reader names it
+                magic = b""
+        if magic == b"PAR1":
+            raise ScenarioError(f"{path}: gzip holding a parquet file; gzip is read for CSV and JSONL traces only: "
+                                "decompress it (parquet compresses its own columns)")
     with open_text(path) as f:
         first = f.read(4096).lstrip()
     return "jsonl" if first.startswith(("{", "[")) else "csv"  # ([: a JSON array, which header() names)

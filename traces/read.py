@@ -242,14 +242,27 @@ def _hash_lists(col: pd.Series, blocks: np.ndarray) -> tuple[list[np.ndarray], n
     ``blocks``, the row's prompt blocks (fewer name a prefix: the rest of the prompt matches no other's)."""
     arrays, codes = [], np.zeros(len(col), dtype=np.int8)
     for i, v in enumerate(col):
-        a = np.asarray(v) if isinstance(v, (list, np.ndarray)) else None
-        if a is None or a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        a = _ids(v)
+        if a is None:
             codes[i] = MISSING if v is None or (isinstance(v, float) and np.isnan(v)) else BAD_HASHES
             arrays.append(np.zeros(0, dtype=np.int64))
         else:
             codes[i] = TOO_MANY_HASHES if a.size > blocks[i] else 0
             arrays.append(a.astype(np.int64))
     return arrays, codes
+
+
+def _ids(v) -> np.ndarray | None:
+    """A row's hash ids as a 1-D integer array, or None when ``v`` is not a flat list of integers: JSON's
+    ``true`` is not an id (numpy would read ``[true, 5]`` as ``[1, 5]``), nor is a nested or ragged list."""
+    if isinstance(v, np.ndarray):  # parquet: a list column's cell
+        return v if v.ndim == 1 and (not v.size or v.dtype.kind in "iu") else None
+    if not isinstance(v, list) or not all(type(x) is int or isinstance(x, np.integer) for x in v):
+        return None
+    try:
+        return np.asarray(v, dtype=np.int64)
+    except OverflowError:  # beyond 64 bits
+        return None
 
 
 def _nans(col: pd.Series) -> np.ndarray:
@@ -352,8 +365,12 @@ class _Collector:
         self.num_rows += n
         drop = np.zeros(n, dtype=object)  # reason per row, 0 = kept
 
-        if self.tf.container == "csv":  # an empty line reads as a row of empty cells (JSONL skips it)
-            drop[frame.isna().all(axis=1).to_numpy()] = "blank_line"
+        if self.tf.container == "csv":  # an empty line reads as a row of empty cells (JSONL skips it); one of
+            empty = frame.isna()  # only spaces or tabs, as cells of blanks
+            for c in frame.columns:
+                if frame[c].dtype.kind == "O" or isinstance(frame[c].dtype, pd.StringDtype):
+                    empty[c] |= frame[c].map(lambda v: isinstance(v, str) and not v.strip()).to_numpy(dtype=bool)
+            drop[empty.all(axis=1).to_numpy()] = "blank_line"
         for key, allowed in self.filters.items():
             out = ~frame[fmt.filters[key]].isin(allowed).to_numpy()
             drop[(drop == 0) & out] = f"not_in_{key}"
