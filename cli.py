@@ -347,6 +347,18 @@ def steptime(
     note = (f"a calibration profile's measured step times ({cfg.path})" if getattr(cfg, "kind", "") == "profile"
             else g.operators_note if (cfg is None or getattr(cfg, "operators", "") == "fitted") else "datasheet roofline")
     out.print(f"operators: {note}", highlight=False)
+    if getattr(cfg, "kind", "roofline") == "roofline":  # what the operators' fit does not cover
+        from sim.config import RooflineConfig
+        from sim.steptime import OpPricer
+
+        pricer = OpPricer(m, g, tp, cfg or RooflineConfig())
+        if tp > 1:
+            out.print(f"all-reduce: {pricer.allreduce_source}", highlight=False)
+        if m.moe_layers and pricer.fit is not None:
+            out.print("MoE experts: datasheet efficiencies (matmul_efficiency, bandwidth_efficiency), not the fitted "
+                      "GEMMs", highlight=False)
+        out.print("attention: datasheet efficiencies (attention_efficiency, bandwidth_efficiency), not measured",
+                  highlight=False)
 
 
 @app.command(name="compile")

@@ -256,6 +256,25 @@ class GpuSpec:
     operators: OperatorFit | None = None
     operators_note: str = "datasheet roofline: no measurements of this GPU"
     fp8: bool = False  # fp8 tensor cores and KV cache (Hopper, Ada): kv_cache_dtype fp8 needs it
+    link_gpus: int = 8  # GPUs the interconnect joins: an SXM server's NVLink domain; A40's bridge joins pairs
+
+    def ring_link(self, tp: int) -> tuple[float, float | None, str]:
+        """(bytes/s one way, latency in s or None for the step-time config's, what it is) of the slowest
+        link a ring all-reduce among ``tp`` GPUs crosses: the interconnect while the ring fits its span
+        (``link_gpus``), then PCIe (the host link) within one server of ``SERVER_GPUS``, then the network
+        between servers (``LINKS["infiniband-400g"]``, 50 GB/s per GPU)."""
+        if tp <= self.link_gpus:
+            return self.interconnect_bytes_per_s, None, f"the GPU-GPU link, {self.interconnect_bytes_per_s / 1e9:g} GB/s"
+        if tp <= SERVER_GPUS:
+            return (self.host_bytes_per_s, None,
+                    f"PCIe, {self.host_bytes_per_s / 1e9:g} GB/s (the GPU-GPU link joins {self.link_gpus} GPUs)")
+        net = LINKS["infiniband-400g"]
+        return (net.bytes_per_s, net.latency_s, f"infiniband-400g between servers, {net.bytes_per_s / 1e9:g} GB/s "
+                f"(a group over {SERVER_GPUS} GPUs spans servers)")
+
+
+# GPUs in one server: a tensor-parallel group of more spans servers, and its all-reduce crosses the network
+SERVER_GPUS = 8
 
 
 def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -366,7 +385,7 @@ GPUS: dict[str, GpuSpec] = {
         # A40 48GB: GDDR6 696 GB/s, 149.7 dense fp16/bf16 tensor TFLOP/s, PCIe 4.0 x16, NVLink bridge
         # 112.5 GB/s in both directions for a pair
         GpuSpec("a40", 48 * GIB, 696e9, 149.7e12, 32e9, 56.25e9, A40_FIT,
-                "fitted on A40 48GB; all-reduce from the datasheet (no A40 network profile)"),
+                "fitted on A40 48GB; all-reduce from the datasheet (no A40 network profile)", link_gpus=2),
     ]
 }
 

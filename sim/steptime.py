@@ -108,8 +108,20 @@ class OpPricer:
             return 0.0 * nbytes
         if self.fit is not None and self.tp in self.fit.allreduce:
             return self.fit.allreduce[self.tp].time_s(nbytes)
-        ring = 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.interconnect_bytes_per_s
-        return self.cfg.allreduce_latency_s + ring
+        bw, latency, _ = self.gpu.ring_link(self.tp)
+        ring = 2 * (self.tp - 1) / self.tp * nbytes / bw
+        return (self.cfg.allreduce_latency_s if latency is None else latency) + ring
+
+    @property
+    def allreduce_source(self) -> str:
+        """Where this TP degree's all-reduce time comes from (``sim steptime`` prints it)."""
+        if self.tp == 1:
+            return "none (TP 1)"
+        if self.fit is not None and self.tp in self.fit.allreduce:
+            return f"fitted at TP {self.tp} ({self.fit.topology or 'measured'})"
+        measured = sorted(self.fit.allreduce) if self.fit is not None else []
+        return (f"datasheet ring over {self.gpu.ring_link(self.tp)[2]}; not measured"
+                + (f" (measured at TP {', '.join(map(str, measured))})" if measured else ""))
 
     def layer_s(self, m) -> dict:
         """One layer's non-attention parts for ``m`` tokens: linear, elementwise, all-reduce seconds."""
