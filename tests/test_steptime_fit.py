@@ -352,9 +352,23 @@ def _decode_plan(n: int, ctx: int, block_size: int, paged: bool) -> StepPlan:
                     decode_context_tokens=n * ctx, prefill_attention_pairs=0, block_size=block_size, paged=paged)
 
 
-def test_paged_block_cost_follows_block_size():
+def test_paged_decode_by_default_reads_only_the_last_blocks_padding_more():
+    """The default block cost is 0 (measured: paged decode within 1 % of contiguous on an H200): a paged step
+    costs a contiguous one plus the keys of its last blocks' padding, (b - 1) / 2 per sequence on average."""
     m, g = MODELS["llama-2-7b"], GPUS["a100-80gb"]
     cfg = RooflineConfig(engine="none")
+    assert cfg.paged_block_cost_tokens == 0
+    paged = RooflineStepTime(m, g, 1, cfg, paged=True)
+    n, ctx = 64, 300
+    base = RooflineStepTime(m, g, 1, cfg, paged=False).step_time_s(_decode_plan(n, ctx, 16, False))
+    for b in (1, 16, 64):
+        extra = paged.step_time_s(_decode_plan(n, ctx, b, True)) - base
+        assert extra == pytest.approx(paged._key_s * n * (b - 1) / 2, rel=1e-9, abs=1e-15)
+
+
+def test_paged_block_cost_follows_block_size():
+    m, g = MODELS["llama-2-7b"], GPUS["a100-80gb"]
+    cfg = RooflineConfig(engine="none", paged_block_cost_tokens=3.68)  # the PagedAttention paper's kernel
     paged = RooflineStepTime(m, g, 1, cfg, paged=True)
     contiguous = RooflineStepTime(m, g, 1, cfg, paged=False)
     n, ctx = 64, 300
@@ -622,3 +636,37 @@ def test_steptime_block_size_has_the_scenarios_bound():
     assert r.exit_code == 2 and "--block-size" in r.output and "65536" in r.output, r.output
     r = CliRunner().invoke(app, ["steptime", "opt-13b", "--gpu", "h100", "--block-size", "65536", "--tokens", "1"])
     assert r.exit_code == 0, r.output
+
+
+# ------------------------------------------------------------------------------- all-reduce beyond the measured
+
+
+def test_an_unmeasured_tp_rides_the_slowest_link_of_its_ring():
+    """A ring within the GPU-GPU link's span uses it; past it, PCIe within a server (A40's bridge joins
+    pairs); past a server (8 GPUs), the network: an H100 TP 16 all-reduce is not priced at NVLink speed."""
+    from sim.catalog import LINKS
+    from sim.steptime import OpPricer
+
+    a40, h100 = GPUS["a40"], GPUS["h100"]
+    assert a40.ring_link(2)[0] == a40.interconnect_bytes_per_s
+    assert a40.ring_link(4)[0] == a40.ring_link(8)[0] == a40.host_bytes_per_s
+    assert h100.ring_link(8)[0] == h100.interconnect_bytes_per_s
+    assert h100.ring_link(16)[:2] == (LINKS["infiniband-400g"].bytes_per_s, LINKS["infiniband-400g"].latency_s)
+    nbytes = 4096 * 8192 * 2
+    p16 = OpPricer(MODELS["llama-3-70b"], h100, 16, RooflineConfig())
+    assert p16.allreduce_s(nbytes) == pytest.approx(20e-6 + 2 * 15 / 16 * nbytes / 50e9)
+    assert p16.allreduce_s(nbytes) > OpPricer(MODELS["llama-3-70b"], h100, 8, RooflineConfig()).allreduce_s(nbytes)
+    p8 = OpPricer(MODELS["llama-2-70b"], a40, 8, RooflineConfig())
+    assert p8.allreduce_s(nbytes) == pytest.approx(1e-5 + 2 * 7 / 8 * nbytes / 32e9)
+    assert "not measured (measured at TP 2, 4, 8)" in p16.allreduce_source
+    assert OpPricer(MODELS["llama-3-70b"], h100, 8, RooflineConfig()).allreduce_source.startswith("fitted at TP 8")
+
+
+def test_steptime_says_what_the_fit_does_not_cover():
+    r = CliRunner().invoke(app, ["steptime", "llama-3-70b", "--gpu", "h100", "--tp", "16", "--tokens", "1"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "all-reduce: datasheet ring over infiniband-400g between servers" in r.output
+    assert "attention: datasheet efficiencies" in r.output and "MoE experts" not in r.output
+    r = CliRunner().invoke(app, ["steptime", "gpt-oss-120b", "--gpu", "h100", "--tokens", "64"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "MoE experts: datasheet efficiencies" in r.output and "all-reduce" not in r.output
