@@ -67,9 +67,12 @@ def _mape_table(mape: pd.DataFrame) -> str:
 
 
 def _bias_table(bias: pd.DataFrame) -> str:
-    head = "<tr><th>GPU</th><th>tokens</th><th>rows</th><th>signed error %</th><th>MAPE %</th></tr>"
+    head = ("<tr><th>GPU</th><th>tokens</th><th>rows</th><th>signed error %</th><th>MAPE %</th>"
+            "<th>worst model and TP %</th></tr>")
     rows = [f"<tr><td>{html.escape(str(r.gpu))}</td><td>{html.escape(str(r.tokens))}</td><td>{r.rows}</td>"
-            f"<td>{r.signed_error:+.1f}</td><td>{r.mape:.1f}</td></tr>" for r in bias.itertuples()]
+            f"<td>{r.signed_error:+.1f}</td><td>{r.mape:.1f}</td>"
+            f"<td>{'' if pd.isna(getattr(r, 'worst', float('nan'))) else f'{r.worst:+.1f}'}</td></tr>"
+            for r in bias.itertuples()]
     return f"<table>{head}{''.join(rows)}</table>"
 
 

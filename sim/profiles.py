@@ -441,12 +441,17 @@ def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
 
 
 TOKEN_RANGES = ((1, 16), (17, 128), (129, 512), (513, None))  # small decode batches .. prefill chunks
+# token counts a band's mean hides: a full decode batch at max_num_seqs 128, 256 (the default) or 512, which
+# are also multiples of cuBLAS's tiles, where measured GEMMs run fastest and a smooth fit errs most
+FULL_BATCHES = (128, 256, 512)
 
 
 def bias_table(loo: pd.DataFrame) -> pd.DataFrame:
     """Per GPU and token range, the fitted model's error on one layer's whole time (``layer``): signed mean
-    (%, negative: predicted faster than measured) and MAPE (%), over the left-out models and TP degrees. A
-    MAPE over every token count hides a bias where decode batches live (a handful of the measured counts)."""
+    (%, negative: predicted faster than measured) and MAPE (%), over the left-out models and TP degrees; then
+    the same at each of ``FULL_BATCHES`` measured (``=256``), with the largest signed error of one model and
+    TP degree there (``worst``; the ranges leave it empty). A MAPE over every token count hides a bias where
+    decode batches live (a handful of the measured counts), and a band's mean hides one token count."""
     layer = loo[(loo.op == "layer") & (loo.kind == "fitted")]
     err = layer.predicted_ms / layer.measured_ms - 1.0
     rows = []
@@ -457,7 +462,15 @@ def bias_table(loo: pd.DataFrame) -> pd.DataFrame:
                 e = err[m]
                 rows.append({"gpu": gpu, "tokens": f"{lo}-{hi}" if hi else f"{lo}+", "rows": int(m.sum()),
                              "signed_error": float(e.mean() * 100), "mape": float(e.abs().mean() * 100)})
-    return pd.DataFrame(rows, columns=["gpu", "tokens", "rows", "signed_error", "mape"])
+        for t in FULL_BATCHES:
+            m = (layer.gpu == gpu) & (layer.num_tokens == t)
+            if m.any():
+                e = err[m]
+                by = e.groupby([layer.model[m], layer.tp[m]]).mean()
+                rows.append({"gpu": gpu, "tokens": f"={t}", "rows": int(m.sum()), "signed_error": float(e.mean() * 100),
+                             "mape": float(e.abs().mean() * 100),
+                             "worst": float(by.loc[by.abs().idxmax()] * 100)})
+    return pd.DataFrame(rows, columns=["gpu", "tokens", "rows", "signed_error", "mape", "worst"])
 
 
 def gpu_specs(ps: ProfileSet) -> dict[str, GpuSpec]:

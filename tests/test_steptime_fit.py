@@ -590,11 +590,18 @@ def test_profiles_validate_writes_its_tables_and_report(tmp_path):
     assert (tmp_path / "out" / "report.html").stat().st_size > 100_000
     # the layer's signed error by token range: each row the mean over exactly its token counts
     bias, loo = pd.read_csv(tmp_path / "out" / "bias.csv"), pd.read_parquet(tmp_path / "out" / "loo.parquet")
-    assert list(bias.tokens) == ["1-16", "17-128", "129-512", "513+"]
+    assert list(bias.tokens) == ["1-16", "17-128", "129-512", "513+", "=128", "=256", "=512"]
     layer = loo[(loo.op == "layer") & (loo.kind == "fitted") & (loo.num_tokens <= 16)]
     assert bias.rows[0] == len(layer)
     assert bias.signed_error[0] == pytest.approx(((layer.predicted_ms / layer.measured_ms).mean() - 1) * 100)
-    assert bias.rows.sum() == ((loo.op == "layer") & (loo.kind == "fitted")).sum()
+    assert bias.rows[:4].sum() == ((loo.op == "layer") & (loo.kind == "fitted")).sum()
+    # a full decode batch (256 tokens): its own mean, and the model and TP degree that err most there
+    at = loo[(loo.op == "layer") & (loo.kind == "fitted") & (loo.num_tokens == 256)]
+    e = at.predicted_ms / at.measured_ms - 1
+    by = e.groupby([at.model, at.tp]).mean()
+    assert bias.signed_error[5] == pytest.approx(e.mean() * 100) and bias.rows[5] == len(at)
+    assert bias.worst[5] == pytest.approx(by.loc[by.abs().idxmax()] * 100) and bias.worst[:4].isna().all()
+    assert f"256 tokens {bias.signed_error[5]:+.1f} % (worst model and TP {bias.worst[5]:+.1f} %)" in r.output
     assert "a40: layer MAPE" in r.output and f"1-16 {bias.signed_error[0]:+.1f} %" in r.output
     assert "error by token range" in (tmp_path / "out" / "report.html").read_text()
     r = CliRunner().invoke(app, ["profiles", "fit", str(root)])
