@@ -49,7 +49,8 @@ def claim(out: Path, kind: str, name: str, default: bool = False) -> Path:
     folder left the run's files beside it, and the report drew the stale one as this one. A folder of the same
     kind is rewritten (a run) or resumed (a sweep, a plan), as before; and a run and a sweep of the same
     ``name`` share one (a paper setup's scenario and its sweep: the page draws both), a run and a sweep of
-    different names do not. ``default``: ``out`` is the command's default folder (no --out was given)."""
+    different names do not. ``default``: ``out`` is the command's default folder (no --out was given); there a
+    folder of the same kind is this name's only (names made safe as folder names can meet: ``default_out``)."""
     for other, mark in FOLDER_MARKS.items():
         if other == kind or not (out / mark).is_file():
             continue
@@ -58,6 +59,12 @@ def claim(out: Path, kind: str, name: str, default: bool = False) -> Path:
         named = " of another name" if {kind, other} == {"run", "sweep"} else ""
         raise ScenarioError(f"{out}{' (the default folder of this name)' if default else ''}: holds the results of a "
                             f"`sim {other}`{named} ({mark}); writing a {kind}'s there would mix the two: give "
+                            f"another folder (--out), or remove that one")
+    mine = out / FOLDER_MARKS[kind]
+    held = _named(mine, kind) if default and mine.is_file() else None
+    if held is not None and held != name:  # two names that make one folder name ("x/y", "x y"): one replaced the other
+        raise ScenarioError(f"{out} (the default folder of this name): holds the results of {held!r}, another name "
+                            f"that makes the same folder name; writing {name!r}'s there would replace them: give "
                             f"another folder (--out), or remove that one")
     return out
 

@@ -262,6 +262,26 @@ def test_a_run_and_a_sweep_of_one_name_share_a_folder(tmp_path, monkeypatch):
         r.output.replace("\n", ""), r.output
 
 
+@pytest.mark.parametrize("kind", ["run", "sweep"])
+def test_two_names_that_make_one_default_folder_do_not_replace_each_other(tmp_path, monkeypatch, kind):
+    """"x/y" and "x y" both make runs/x-y: the second run replaced the first without a word (a fuzzing
+    helper's find). The same name runs again there as before; another name, or any name with --out, is refused
+    or written as asked."""
+    monkeypatch.chdir(tmp_path)
+    for i, name in enumerate(("x/y", "x y")):
+        (tmp_path / f"s{i}.yaml").write_text(SCENARIO.replace("name: out", f"name: {name}"))
+        (tmp_path / f"w{i}.yaml").write_text(f"name: {name}\nbase: s{i}.yaml\naxes: {{seed: [0]}}\n")
+    args = ("--no-report",) if kind == "run" else ("--no-report", "-j", "1")
+    first = "s0.yaml" if kind == "run" else "w0.yaml"
+    assert invoke(kind, first, *args).exit_code == 0
+    assert invoke(kind, first, *args).exit_code == 0  # the same name again: rewritten (a run) or resumed
+    r = invoke(kind, first.replace("0", "1"), *args)
+    assert r.exit_code == 2, r.output
+    assert "runs/x-y (the default folder of this name): holds the results of 'x/y', another name that makes the " \
+        "same folder name; writing 'x y''s there would replace them" in r.output.replace("\n", "")
+    assert invoke(kind, first.replace("0", "1"), *args, "--out", tmp_path / "runs" / "x-y").exit_code == 0  # as asked
+
+
 def test_a_fleet_folder_without_its_replicas_table_is_incomplete(tmp_path):
     """A fleet's page was drawn without its per-replica rows, saying nothing."""
     s = tmp_path / "s.yaml"
