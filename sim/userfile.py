@@ -5,6 +5,7 @@ have their own checks (``traces.formats``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -50,3 +51,14 @@ def read_json(path: str | Path, what: str, error: type[Exception], hint: str = "
         raise error(f"{path}: cannot read a value ({str(e).split(';')[0]})") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply to read") from None
+
+
+def file_digest(path: str | Path) -> str:
+    """A hash of a file's bytes: what says an input file is unchanged (a trace's parsed copy, a sweep's
+    stored points), since a same-size rewrite can keep the file's time (``cp -p``, ``touch -r``). About
+    0.6 ms per MB; raises OSError as reading does."""
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

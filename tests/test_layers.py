@@ -18,8 +18,8 @@ ALLOWED = {
     "cli": {"sim", "traces", "reports", "gpu", "kvsim"},  # the command line wires everything
     "kvsim": {"sim", "traces", "reports", "gpu", "kvsim"},  # the facade: the same wiring, for Python
     "gpu": {"gpu", "sim"},
-    "traces": {"traces", "sim.workload", "sim.config", "sim.trace_paths", "sim.schema"},  # the request table,
-    # its settings, where traces live, and how counts are printed
+    "traces": {"traces", "sim.workload", "sim.config", "sim.trace_paths", "sim.schema", "sim.userfile"},  # the
+    # request table, its settings, where traces live, how counts are printed, and what says a file is unchanged
     "reports": {"reports", "sim.schema"},  # result files, and the schema they are written in
     "sim": {"sim"},
 }

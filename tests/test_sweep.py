@@ -178,6 +178,15 @@ def test_resolved_mapping_parses_back_to_the_same_scenario(make_scenario, tmp_pa
     data, files = resolved_mapping(t)
     assert data["workload"]["path"] == str(trace.resolve())
     assert files[0][:2] == [str(trace.resolve()), trace.stat().st_size]
+    # a same-size rewrite that keeps the file's time is another file: its task gets another key (its stored
+    # point was reused, the old trace's results for the new one)
+    import os
+
+    st, key = trace.stat(), make_task(t, 0).key
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,6\n")
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (trace.stat().st_size, trace.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert make_task(t, 0).key != key
 
 
 # ------------------------------------------------------------------------------------------- the table

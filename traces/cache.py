@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from sim.trace_paths import switch, user_cache
+from sim.userfile import file_digest
 from sim.workload import PrefixHashes, RequestTable
 from traces.formats import TraceFile
 
@@ -52,17 +53,6 @@ def _code_hash() -> str:
     return h.hexdigest()
 
 
-def _content(path: Path) -> str:
-    """A hash of the file's bytes. NOTE: about 0.6 ms per MB (the Azure conversation trace: under 1 ms),
-    against tens of ms to seconds of parsing; the file's size and times alone missed a same-size rewrite
-    whose time was kept (a helper's fuzzing: the old table, without a word)."""
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _keys(tf: TraceFile, how: dict) -> tuple[str, str]:
     """(the entry's file name: which file and way of reading; its key: that and the file's state)."""
     path = tf.path.resolve()
@@ -70,7 +60,7 @@ def _keys(tf: TraceFile, how: dict) -> tuple[str, str]:
     which = json.dumps({"path": str(path), "fmt": repr(tf.fmt), "container": tf.container, "names": tf.names,
                         **how}, sort_keys=True)
     state = json.dumps({"which": which, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
-                        "device": st.st_dev, "content": _content(path), "code": _code_hash(), "version": VERSION},
+                        "device": st.st_dev, "content": file_digest(path), "code": _code_hash(), "version": VERSION},
                        sort_keys=True)
     return hashlib.sha256(which.encode()).hexdigest()[:32], hashlib.sha256(state.encode()).hexdigest()
 

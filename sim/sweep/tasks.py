@@ -11,6 +11,8 @@ from pathlib import Path
 
 from sim.catalog import MODELS
 from sim.config import Scenario
+from sim.userfile import file_digest
+
 
 @dataclass(frozen=True)
 class Task:
@@ -55,13 +57,14 @@ def code_digest(*packages: Path) -> str:
 
 
 def _file_stamp(path: Path) -> list:
-    """What identifies an input file's contents cheaply: its absolute path, size and modification time."""
+    """What identifies an input file's contents: its absolute path, size, modification time and a hash of its
+    bytes (``userfile.file_digest``: a same-size rewrite that kept the time reused the old file's points)."""
     p = path.resolve()
     try:
         st = p.stat()
-        return [str(p), st.st_size, st.st_mtime_ns]
+        return [str(p), st.st_size, st.st_mtime_ns, file_digest(p)]
     except OSError:
-        return [str(p), None, None]
+        return [str(p), None, None, None]
 
 
 def resolved_mapping(scenario: Scenario) -> tuple[dict, list]:
