@@ -13,6 +13,7 @@ import csv
 import gzip
 import io
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -101,7 +102,7 @@ def container_of(path: Path) -> Container:
         with gzip.open(path, "rb") as g:
             try:
                 magic = g.read(4)
-            except (OSError, EOFError):  # a damaged gzip: the text reader names it
+            except (OSError, EOFError, zlib.error):  # a damaged gzip: the text reader names it
                 magic = b""
         if magic == b"PAR1":
             raise ScenarioError(f"{path}: gzip holding a parquet file; gzip is read for CSV and JSONL traces only: "

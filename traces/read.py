@@ -252,6 +252,24 @@ def _hash_lists(col: pd.Series, blocks: np.ndarray) -> tuple[list[np.ndarray], n
     return arrays, codes
 
 
+def _blank_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Rows read from a line of nothing, or of only blanks and separators (cells of spaces or tabs).
+    NOTE: text cells are checked only on rows whose other cells are empty, one column after another on the
+    rows still in question: checking every text cell of every row made a first read of a 1.2M-row CSV 80 %
+    slower (a review's measurement)."""
+    empty = frame.isna().to_numpy()
+    text = [j for j, c in enumerate(frame.columns)
+            if frame[c].dtype.kind == "O" or isinstance(frame[c].dtype, pd.StringDtype)]
+    other = [j for j in range(frame.shape[1]) if j not in text]
+    rows = empty[:, other].all(axis=1) if other else np.ones(len(frame), dtype=bool)
+    for j in text:
+        ask = np.flatnonzero(rows & ~empty[:, j])
+        if len(ask):
+            col = frame.iloc[ask, j]
+            rows[ask] = col.map(lambda v: isinstance(v, str) and not v.strip()).to_numpy(dtype=bool)
+    return rows
+
+
 def _ids(v) -> np.ndarray | None:
     """A row's hash ids as a 1-D integer array, or None when ``v`` is not a flat list of integers: JSON's
     ``true`` is not an id (numpy would read ``[true, 5]`` as ``[1, 5]``), nor is a nested or ragged list."""
@@ -365,12 +383,8 @@ class _Collector:
         self.num_rows += n
         drop = np.zeros(n, dtype=object)  # reason per row, 0 = kept
 
-        if self.tf.container == "csv":  # an empty line reads as a row of empty cells (JSONL skips it); one of
-            empty = frame.isna()  # only spaces or tabs, as cells of blanks
-            for c in frame.columns:
-                if frame[c].dtype.kind == "O" or isinstance(frame[c].dtype, pd.StringDtype):
-                    empty[c] |= frame[c].map(lambda v: isinstance(v, str) and not v.strip()).to_numpy(dtype=bool)
-            drop[empty.all(axis=1).to_numpy()] = "blank_line"
+        if self.tf.container == "csv":  # an empty line reads as a row of empty cells (JSONL skips it)
+            drop[_blank_rows(frame)] = "blank_line"
         for key, allowed in self.filters.items():
             out = ~frame[fmt.filters[key]].isin(allowed).to_numpy()
             drop[(drop == 0) & out] = f"not_in_{key}"
