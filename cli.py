@@ -453,9 +453,10 @@ def profiles_validate(
         by = bias[bias.gpu == r.gpu]
         out.print("  by tokens: " + ", ".join(f"{b.tokens} {b.signed_error:+.1f} %" for b in by.itertuples()
                                               if not b.tokens.startswith("=")), highlight=False)
-        out.print("  at full batches: " + ", ".join(f"{b.tokens[1:]} tokens {b.signed_error:+.1f} % (worst model "
-                                                    f"and TP {b.worst:+.1f} %)" for b in by.itertuples()
-                                                    if b.tokens.startswith("=")), highlight=False, soft_wrap=True)
+        full = [f"{b.tokens[1:]} tokens {b.signed_error:+.1f} % (worst model and TP {b.worst:+.1f} %)"
+                for b in by.itertuples() if b.tokens.startswith("=")]
+        if full:  # (a user's profiles may measure none of those token counts)
+            out.print("  at full batches: " + ", ".join(full), highlight=False, soft_wrap=True)
     if alone:
         out.print(f"not validated: {', '.join(alone)} (one model measured; leaving it out leaves nothing to fit)",
                   highlight=False)

@@ -242,6 +242,10 @@ class OperatorFit:
         return None if fit is None else fit.time_s(nbytes)
 
 
+# GPUs in one server: a tensor-parallel group of more spans servers, and its all-reduce crosses the network
+SERVER_GPUS = 8
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU's datasheet figures (dense bf16/fp16, no sparsity), and the operator coefficients fitted
@@ -256,7 +260,8 @@ class GpuSpec:
     operators: OperatorFit | None = None
     operators_note: str = "datasheet roofline: no measurements of this GPU"
     fp8: bool = False  # fp8 tensor cores and KV cache (Hopper, Ada): kv_cache_dtype fp8 needs it
-    link_gpus: int = 8  # GPUs the interconnect joins: an SXM server's NVLink domain; A40's bridge joins pairs
+    link_gpus: int = SERVER_GPUS  # GPUs the interconnect joins: an SXM server's NVLink domain; A40's bridge joins
+    # pairs; 1: no GPU-GPU link (L4: PCIe only)
 
     def ring_link(self, tp: int) -> tuple[float, float | None, str]:
         """(bytes/s one way, latency in s or None for the step-time config's, what it is) of the slowest
@@ -266,15 +271,12 @@ class GpuSpec:
         if tp <= self.link_gpus:
             return self.interconnect_bytes_per_s, None, f"the GPU-GPU link, {self.interconnect_bytes_per_s / 1e9:g} GB/s"
         if tp <= SERVER_GPUS:
-            return (self.host_bytes_per_s, None,
-                    f"PCIe, {self.host_bytes_per_s / 1e9:g} GB/s (the GPU-GPU link joins {self.link_gpus} GPUs)")
+            why = "no GPU-GPU link" if self.link_gpus < 2 else f"the GPU-GPU link joins {self.link_gpus} GPUs"
+            return self.host_bytes_per_s, None, f"PCIe, {self.host_bytes_per_s / 1e9:g} GB/s ({why})"
         net = LINKS["infiniband-400g"]
         return (net.bytes_per_s, net.latency_s, f"infiniband-400g between servers, {net.bytes_per_s / 1e9:g} GB/s "
                 f"(a group over {SERVER_GPUS} GPUs spans servers)")
 
-
-# GPUs in one server: a tensor-parallel group of more spans servers, and its all-reduce crosses the network
-SERVER_GPUS = 8
 
 
 def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -381,7 +383,7 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h100", 80 * GIB, 3350e9, 989e12, 64e9, 450e9, H100_FIT, "fitted on H100 80GB SXM", fp8=True),
         GpuSpec("h200", 141 * GIB, 4800e9, 989e12, 64e9, 450e9, H100_FIT,
                 "fitted on H100 80GB SXM (same GH100 chip), at this GPU's bandwidth", fp8=True),
-        GpuSpec("l4", 24 * GIB, 300e9, 121e12, 32e9, 32e9, fp8=True),
+        GpuSpec("l4", 24 * GIB, 300e9, 121e12, 32e9, 32e9, fp8=True, link_gpus=1),  # PCIe only
         # A40 48GB: GDDR6 696 GB/s, 149.7 dense fp16/bf16 tensor TFLOP/s, PCIe 4.0 x16, NVLink bridge
         # 112.5 GB/s in both directions for a pair
         GpuSpec("a40", 48 * GIB, 696e9, 149.7e12, 32e9, 56.25e9, A40_FIT,

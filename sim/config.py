@@ -22,8 +22,8 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from sim.catalog import (GIB, GPUS, LINKS, MAX_TOKENS, MODELS, CatalogError, GpuSpec, LinkSpec, ModelSpec,
-                         _did_you_mean, model_from_hf_config)
+from sim.catalog import (GIB, GPUS, LINKS, MAX_TOKENS, MODELS, SERVER_GPUS, CatalogError, GpuSpec, LinkSpec,
+                         ModelSpec, _did_you_mean, model_from_hf_config)
 from sim.trace_paths import PREFIX as TRACE_PREFIX
 from sim.trace_paths import inside as trace_inside
 from sim.trace_paths import locate as locate_trace
@@ -492,11 +492,15 @@ class GpuConfig(Strict):
     tflops: Rating = Field(description="dense bf16/fp16 tensor TFLOP/s")
     host_gb_per_s: Rating = 32.0
     interconnect_gb_per_s: Rating = 300.0
+    link_gpus: Annotated[int, BeforeValidator(_number), Field(ge=1, le=1024)] = Field(
+        SERVER_GPUS, description="GPUs the interconnect joins (8: an NVLink server; 2: bridged pairs; 1: PCIe only): "
+        "a tensor-parallel ring past them runs over PCIe, past a server over the network")
     fp8: bool = Field(False, description="fp8 support (kv_cache_dtype: fp8 needs it)")
 
     def spec(self) -> GpuSpec:
         return GpuSpec(self.name, int(self.memory_gib * GIB), self.hbm_gb_per_s * 1e9, self.tflops * 1e12,
-                       self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9, fp8=self.fp8)
+                       self.host_gb_per_s * 1e9, self.interconnect_gb_per_s * 1e9, fp8=self.fp8,
+                       link_gpus=self.link_gpus)
 
 
 class HostCosts(Strict):
@@ -534,7 +538,8 @@ class RooflineConfig(Strict):
         "worth of reading (default 0: measured on an H200, paged decode within 1 % of contiguous at blocks 8-64; "
         "the PagedAttention paper's 2023 kernel: 3.68, +23 % at block size 16, its Fig. 18a)")
     allreduce_latency_s: Real = Field(1e-5, ge=0, le=MAX_COST_S,
-                                      description="fixed cost of one all-reduce (datasheet only)")
+                                      description="fixed cost of one all-reduce priced from the datasheet, within "
+                                      "a server (between servers: the network link's latency)")
     swap_copy_overhead_s: Real = Field(5e-6, ge=0, le=MAX_COST_S,
                                        description="fixed cost of one block copy over the host link")
 

@@ -677,3 +677,28 @@ def test_steptime_says_what_the_fit_does_not_cover():
     assert "attention: datasheet efficiencies" in r.output and "MoE experts" not in r.output
     r = CliRunner().invoke(app, ["steptime", "gpt-oss-120b", "--gpu", "h100", "--tokens", "64"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "MoE experts: datasheet efficiencies" in r.output and "all-reduce" not in r.output
+
+
+def test_an_inline_gpu_says_how_many_gpus_its_link_joins():
+    """An inline GPU was always an 8-GPU NVLink domain; L4 has no GPU-GPU link (PCIe only)."""
+    from sim.config import GpuConfig, ScenarioError
+
+    g = GpuConfig(name="x", memory_gib=48, hbm_gb_per_s=900, tflops=150, interconnect_gb_per_s=100, link_gpus=2).spec()
+    assert g.ring_link(2)[0] == 100e9 and g.ring_link(4)[0] == g.host_bytes_per_s == 32e9
+    assert GpuConfig(name="y", memory_gib=48, hbm_gb_per_s=900, tflops=150).spec().link_gpus == 8
+    with pytest.raises(ValueError, match="link_gpus"):
+        GpuConfig(name="z", memory_gib=48, hbm_gb_per_s=900, tflops=150, link_gpus=0)
+    assert GPUS["l4"].ring_link(2)[2] == "PCIe, 32 GB/s (no GPU-GPU link)"
+
+
+def test_full_batch_rows_only_where_those_token_counts_were_measured():
+    from sim.profiles import bias_table
+
+    rows = [{"gpu": "g", "model": m, "tp": 1, "num_tokens": t, "op": "layer", "kind": "fitted", "measured_ms": 1.0,
+             "predicted_ms": 1.0 + 0.01 * t} for m in ("a", "b") for t in (1, 64, 200)]
+    bias = bias_table(pd.DataFrame(rows))
+    assert list(bias.tokens) == ["1-16", "17-128", "129-512"] and bias.worst.isna().all()
+    rows += [{"gpu": "g", "model": "a", "tp": 1, "num_tokens": 256, "op": "layer", "kind": "fitted",
+              "measured_ms": 1.0, "predicted_ms": 1.3}]
+    bias = bias_table(pd.DataFrame(rows))
+    assert list(bias.tokens)[-1] == "=256" and bias.worst.iloc[-1] == pytest.approx(30.0)
