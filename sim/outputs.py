@@ -70,10 +70,11 @@ def claim(out: Path, kind: str, name: str, default: bool = False) -> Path:
 
 
 def _named(mark: Path, kind: str) -> str | None:
-    """The name a run's summary.json (its scenario's) or a sweep's sweep.json gives; None if unreadable."""
+    """The name a folder's mark gives: a run's summary.json (its scenario's), validation.json (its scenario's
+    name), a sweep's or a plan's own; None if unreadable."""
     try:
         data = json.loads(mark.read_text(encoding="utf-8"))
-        return str((data["scenario"] if kind == "run" else data)["name"])
+        return str(data["scenario"] if kind == "validate" else (data["scenario"] if kind == "run" else data)["name"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

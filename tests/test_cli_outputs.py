@@ -282,6 +282,17 @@ def test_two_names_that_make_one_default_folder_do_not_replace_each_other(tmp_pa
     assert invoke(kind, first.replace("0", "1"), *args, "--out", tmp_path / "runs" / "x-y").exit_code == 0  # as asked
 
 
+def test_a_validation_folder_names_its_scenario_too(tmp_path):
+    """validation.json keeps the scenario's name as a string: the check read a "name" key and never fired."""
+    from sim.config import ScenarioError
+    from sim.outputs import claim
+
+    (tmp_path / "validation.json").write_text('{"scenario": "x/y"}')
+    assert claim(tmp_path, "validate", "x/y", default=True) == tmp_path
+    with pytest.raises(ScenarioError, match="holds the results of 'x/y', another name"):
+        claim(tmp_path, "validate", "x y", default=True)
+
+
 def test_a_fleet_folder_without_its_replicas_table_is_incomplete(tmp_path):
     """A fleet's page was drawn without its per-replica rows, saying nothing."""
     s = tmp_path / "s.yaml"
