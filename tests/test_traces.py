@@ -369,6 +369,19 @@ def test_bad_rows_drop_counts_every_row_by_reason(tmp_path):
     assert len(t) == 1 and t.dropped == {"bad_hash_ids": 1}
 
 
+def test_json_nesting_is_measured_before_parsing_and_brackets_in_strings_do_not_count(tmp_path):
+    """A line nested past ``MAX_JSON_DEPTH`` is refused before json recurses to its limit (there the collector's
+    finalizers failed: "Exception ignored", and a flaky test); brackets inside a string are text."""
+    from traces.formats import MAX_JSON_DEPTH
+
+    deep = '{"timestamp": 0, "input_length": 5, "output_length": 1, "x": ' + "[" * (MAX_JSON_DEPTH + 1) + \
+        "]" * (MAX_JSON_DEPTH + 1) + "}\n"
+    with pytest.raises(ScenarioError, match="nested too deeply to read"):
+        load(write(tmp_path, "d.jsonl", deep))
+    ok = '{"timestamp": 0, "input_length": 5, "output_length": 1, "x": "' + "[" * 500 + '"}\n'
+    assert len(load(write(tmp_path, "ok.jsonl", ok))) == 1
+
+
 def test_a_gzipped_parquet_file_is_named_as_such(tmp_path):
     import gzip
 

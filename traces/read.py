@@ -32,7 +32,8 @@ import pandas as pd
 
 from sim.config import MAX_HASH_BLOCK_SIZE, MAX_SECONDS, MAX_TOKENS, ScenarioError  # (above MAX_TOKENS: no request)
 from sim.workload import PrefixHashes, RequestTable
-from traces.formats import SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text
+from traces.formats import (SECONDS_PER_UNIT, TraceFile, TraceFormat, csv_fields, is_gzip, not_utf8, open_text,
+                            too_deep)
 
 CHUNK_ROWS = 1 << 20
 BLOCK_SIZE_KEY = b"kvsim.hash_block_size"  # parquet metadata of the canonical table
@@ -144,6 +145,8 @@ def _jsonl_chunks(tf: TraceFile, columns: list[str], chunk_rows: int, rows: "_Co
                     rows.count("blank_line")
                     continue
                 try:
+                    if too_deep(line):
+                        raise RecursionError
                     obj = json.loads(line, parse_constant=JsonConstant)
                     problem = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
                 except json.JSONDecodeError as e:
