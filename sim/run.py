@@ -425,6 +425,28 @@ def _rejected_up_front(r: ResolvedPolicy, lengths: tuple[np.ndarray, np.ndarray,
     return (total, ", ".join(f"{counts[k]:,} {text}" for k, text in why.items() if counts[k])) if total else None
 
 
+def _slabs(r: ResolvedPolicy) -> str | None:
+    """A contiguous policy that reserves the maximum length: how many requests its pool holds at once, and how
+    near the pool sits to one slab more or less (a whole slab of concurrency turns on a fraction of a GiB:
+    README, KV memory model); None for other policies (their slabs vary by request). A buddy allocator's
+    slab is the length rounded up to a power of two, and its aligned roots hold ``capacity // slab`` of
+    them, as first fit holds ``capacity // length`` (a test counts them by allocating)."""
+    from sim.policy import make_kv
+
+    a = r.policy.allocator
+    if a.kind != "contiguous" or a.reserve != "max":
+        return None
+    allocator = make_kv(r).allocator
+    rounded = getattr(allocator, "rounded", None)  # (a buddy allocator's)
+    unit = rounded(r.max_model_len) if rounded is not None else r.max_model_len
+    capacity = r.pool.num_slots
+    n = capacity // unit
+    gib = r.pool.kv_bytes / capacity / GIB if capacity else 0.0
+    over, short = capacity - n * unit, (n + 1) * unit - capacity
+    return (f"    holds {plural(n, 'request')} at once (slabs of {unit:,} tokens): {over:,} tokens ({over * gib:.2f} GiB) "
+            f"above {n:,}, {short:,} ({short * gib:.2f} GiB) short of {n + 1:,}")
+
+
 def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:
     model, gpu = scenario.model_spec(), scenario.gpu_spec()
     requests = load_requests(scenario, read_trace)
@@ -477,6 +499,9 @@ def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReade
         lines.append(f"  {policy.name}: {policy.batching} batching, {policy.allocator.kind} allocator")
         if not same:
             lines.append(f"    KV pool{whose} {kv(pools[policy.name])}")
+        slabs = _slabs(resolved[policy.name])
+        if slabs:
+            lines.append(slabs)
         rejected = _rejected_up_front(resolved[policy.name], lengths) if lengths is not None else None
         if rejected:
             lines.append(f"    rejected before any step: {rejected[0]:,} of {plural(len(requests), 'request')} "

@@ -228,6 +228,35 @@ def test_model_that_does_not_fit_the_gpu_is_a_scenario_error(make_scenario):
         run(make_scenario(model="llama-2-70b"))
 
 
+@pytest.mark.parametrize("placement, max_len", [("buddy", 2048), ("first-fit", 2048), ("buddy", 1500),
+                                                ("first-fit", 1500)])
+def test_check_says_how_many_max_length_slabs_a_pool_holds_and_how_near_the_next(placement, max_len):
+    """The quickstart's pool is 384 tokens above 7 slabs: a reserve 0.35 GiB larger takes a seventh of the
+    contiguous policies' concurrency (README, KV memory model). The count is the allocator's own: slabs
+    allocated until none fits."""
+    from pathlib import Path
+
+    from sim.config import load_scenario
+    from sim.policy import make_kv, resolve_policy
+    from sim.run import _slabs, check_scenario
+
+    path = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+    lines = check_scenario(path)
+    i = lines.index("  orca-max: continuous batching, contiguous allocator")
+    assert lines[i + 1] == "    holds 7 requests at once (slabs of 2,048 tokens): 384 tokens (0.29 GiB) above 7, 1,664 " \
+        "(1.27 GiB) short of 8"
+    assert sum(x.startswith("    holds") for x in lines) == 2  # fastertransformer's and orca-max's: reserving the max
+    s = load_scenario(path)
+    policy = s.policies[1].model_copy(update={"allocator": s.policies[1].allocator.model_copy(
+        update={"placement": placement})})
+    model = s.model_spec().__class__(**{**s.model_spec().__dict__, "max_model_len": max_len})
+    r = resolve_policy(s, model, s.gpu_spec(), policy)
+    allocator, n = make_kv(r).allocator, 0
+    while allocator.allocate(max_len) is not None:
+        n += 1
+    assert _slabs(r).startswith(f"    holds {n} requests at once")
+
+
 def test_quickstart_scenario_is_valid_and_small():
     from pathlib import Path
 
