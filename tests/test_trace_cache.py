@@ -191,3 +191,20 @@ def test_a_trace_command_from_the_copy_imports_no_pandas(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     assert [r.stdout.strip().splitlines()[-1] for r in runs] == ["True", "False"]
     assert runs[1].stdout.strip().splitlines()[-2] == "[]"
+
+
+def test_a_large_file_is_hashed_by_samples_that_still_see_a_rewrite(tmp_path, monkeypatch):
+    """Past FULL_DIGEST_BYTES a file is hashed by 16 evenly spaced MiB and its last (a week-long trace, once
+    per sweep task): a change inside a sample, or to the size, changes the digest."""
+    from sim import userfile
+
+    monkeypatch.setattr(userfile, "FULL_DIGEST_BYTES", 1 << 20)
+    p = tmp_path / "big.bin"
+    data = bytearray(40 << 20)
+    p.write_bytes(data)
+    first = userfile.file_digest(p)
+    data[(40 << 20) // 16 * 3 + 5] = 1  # inside the fourth sample
+    p.write_bytes(data)
+    assert userfile.file_digest(p) != first
+    p.write_bytes(data + b"x")
+    assert len({first, userfile.file_digest(p)}) == 2
