@@ -428,23 +428,30 @@ def _rejected_up_front(r: ResolvedPolicy, lengths: tuple[np.ndarray, np.ndarray,
 def _slabs(r: ResolvedPolicy) -> str | None:
     """A contiguous policy that reserves the maximum length: how many requests its pool holds at once, and how
     near the pool sits to one slab more or less (a whole slab of concurrency turns on a fraction of a GiB:
-    README, KV memory model); None for other policies (their slabs vary by request). A buddy allocator's
-    slab is the length rounded up to a power of two, and its aligned roots hold ``capacity // slab`` of
-    them, as first fit holds ``capacity // length`` (a test counts them by allocating)."""
+    README, KV memory model); None for other policies (their slabs vary by request). The slab is the
+    manager's own (``slab_for``: over every KV group of a hybrid model), a buddy allocator's rounded up to a
+    power of two; the aligned roots hold ``capacity // slab`` of them, as first fit does (a test counts
+    them by allocating). A request of several samples or beams reserves one slab per sequence."""
+    from sim.core import Sequence
     from sim.policy import make_kv
 
     a = r.policy.allocator
     if a.kind != "contiguous" or a.reserve != "max":
         return None
-    allocator = make_kv(r).allocator
-    rounded = getattr(allocator, "rounded", None)  # (a buddy allocator's)
-    unit = rounded(r.max_model_len) if rounded is not None else r.max_model_len
+    kv = make_kv(r)
+    slab = kv.slab_for(Sequence(0, 0.0, 1, 1))  # (reserving the maximum: the same for every request)
+    rounded = getattr(kv.allocator, "rounded", None)  # (a buddy allocator's)
+    unit = rounded(slab) if rounded is not None else slab
     capacity = r.pool.num_slots
     n = capacity // unit
     gib = r.pool.kv_bytes / capacity / GIB if capacity else 0.0
     over, short = capacity - n * unit, (n + 1) * unit - capacity
-    return (f"    holds {plural(n, 'request')} at once (slabs of {unit:,} tokens): {over:,} tokens ({over * gib:.2f} GiB) "
-            f"above {n:,}, {short:,} ({short * gib:.2f} GiB) short of {n + 1:,}")
+    each = f", {r.width} per request" if r.width > 1 else ""
+    cap = r.policy.max_num_seqs
+    capped = f"; max_num_seqs caps it at {cap:,}" if cap is not None and cap * r.width < n else ""
+    return (f"    holds {plural(n // r.width, 'request')} at once ({plural(n, 'slab')} of {unit:,} tokens{each}): "
+            f"{over:,} tokens ({over * gib:.2f} GiB) above {n:,} slabs, {short:,} ({short * gib:.2f} GiB) short of "
+            f"{n + 1:,}{capped}")
 
 
 def _check(scenario: Scenario, scenario_path: str | Path, read_trace: TraceReader | None) -> list[str]:

@@ -61,7 +61,8 @@ def file_digest(path: str | Path) -> str:
     stored points), since a same-size rewrite can keep the file's time (``cp -p``, ``touch -r``). About
     0.6 ms per MB. A file over ``FULL_DIGEST_BYTES`` is hashed by 16 evenly spaced MiB and its last one,
     with its size (a sweep asks once per task: a week-long trace of 580 MB would have cost a third of a
-    second each). Raises OSError as reading does."""
+    second each); a rewrite elsewhere in it still moves its change time, which the callers keep beside the
+    hash. Raises OSError as reading does."""
     h = hashlib.sha1()
     with open(path, "rb") as f:
         size = f.seek(0, 2)

@@ -228,33 +228,69 @@ def test_model_that_does_not_fit_the_gpu_is_a_scenario_error(make_scenario):
         run(make_scenario(model="llama-2-70b"))
 
 
-@pytest.mark.parametrize("placement, max_len", [("buddy", 2048), ("first-fit", 2048), ("buddy", 1500),
-                                                ("first-fit", 1500)])
-def test_check_says_how_many_max_length_slabs_a_pool_holds_and_how_near_the_next(placement, max_len):
+def _with_policy(path, policy: dict):
+    """The scenario file with this one policy instead of its own."""
+    import yaml
+
+    from sim.config import parse_scenario
+
+    d = yaml.safe_load(path.read_text())
+    d["policies"] = [policy]
+    return parse_scenario(d, base_dir=str(path.parent))
+
+
+def _admitted(r) -> int:
+    """Max-length requests the policy's KV manager admits before it refuses one."""
+    from sim.core import Sequence
+    from sim.policy import make_kv
+
+    kv, n = make_kv(r), 0
+    while kv.can_admit(seq := Sequence(n, 0.0, r.max_model_len - 1, 1), 1):
+        kv.admit(seq, 1)
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("scenario, placement, max_len", [
+    ("quickstart.yaml", "buddy", 2048), ("quickstart.yaml", "first-fit", 2048), ("quickstart.yaml", "buddy", 1500),
+    ("quickstart.yaml", "first-fit", 1500), ("tiny-hybrid-cpu.yaml", "buddy", None),
+    ("tiny-hybrid-cpu.yaml", "first-fit", None)])
+def test_check_says_how_many_max_length_slabs_a_pool_holds_and_how_near_the_next(scenario, placement, max_len):
     """The quickstart's pool is 384 tokens above 7 slabs: a reserve 0.35 GiB larger takes a seventh of the
-    contiguous policies' concurrency (README, KV memory model). The count is the allocator's own: slabs
-    allocated until none fits."""
+    contiguous policies' concurrency (README, KV memory model). The count is the manager's own: requests of
+    the maximum length admitted until one is refused (a hybrid model's slab spans its KV groups)."""
     from pathlib import Path
 
-    from sim.config import load_scenario
-    from sim.policy import make_kv, resolve_policy
+    from sim.policy import resolve_policy
     from sim.run import _slabs, check_scenario
 
-    path = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
-    lines = check_scenario(path)
+    root = Path(__file__).parents[1] / "scenarios"
+    lines = check_scenario(root / "quickstart.yaml")
     i = lines.index("  orca-max: continuous batching, contiguous allocator")
-    assert lines[i + 1] == "    holds 7 requests at once (slabs of 2,048 tokens): 384 tokens (0.29 GiB) above 7, 1,664 " \
-        "(1.27 GiB) short of 8"
+    assert lines[i + 1] == "    holds 7 requests at once (7 slabs of 2,048 tokens): 384 tokens (0.29 GiB) above 7 slabs, " \
+        "1,664 (1.27 GiB) short of 8"
     assert sum(x.startswith("    holds") for x in lines) == 2  # fastertransformer's and orca-max's: reserving the max
-    s = load_scenario(path)
-    policy = s.policies[1].model_copy(update={"allocator": s.policies[1].allocator.model_copy(
-        update={"placement": placement})})
-    model = s.model_spec().__class__(**{**s.model_spec().__dict__, "max_model_len": max_len})
+    s = _with_policy(root / scenario, {"name": "m", "preset": "orca-max", "hybrid_allocator": True,
+                                        "allocator": {"kind": "contiguous", "reserve": "max", "placement": placement}})
+    policy = s.policies[0]
+    model = s.model_spec()
+    if max_len is not None:
+        model = model.__class__(**{**model.__dict__, "max_model_len": max_len})
     r = resolve_policy(s, model, s.gpu_spec(), policy)
-    allocator, n = make_kv(r).allocator, 0
-    while allocator.allocate(max_len) is not None:
-        n += 1
-    assert _slabs(r).startswith(f"    holds {n} requests at once")
+    assert _slabs(r).startswith(f"    holds {_admitted(r)} request")
+
+
+def test_check_counts_a_sampled_requests_slabs_per_sequence():
+    """Four samples reserve four slabs: seven slabs hold one request, not seven."""
+    from pathlib import Path
+
+    from sim.policy import resolve_policy
+    from sim.run import _slabs
+
+    s = _with_policy(Path(__file__).parents[1] / "scenarios" / "sharing" / "alpaca-parallel.yaml",
+                     {"name": "m", "preset": "orca-max"})
+    r = resolve_policy(s, s.model_spec(), s.gpu_spec(), s.policies[0])
+    assert r.width == 4 and _slabs(r).startswith("    holds 1 request at once (7 slabs of 2,048 tokens, 4 per request)")
 
 
 def test_quickstart_scenario_is_valid_and_small():

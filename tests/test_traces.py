@@ -380,6 +380,12 @@ def test_json_nesting_is_measured_before_parsing_and_brackets_in_strings_do_not_
         load(write(tmp_path, "d.jsonl", deep))
     ok = '{"timestamp": 0, "input_length": 5, "output_length": 1, "x": "' + "[" * 500 + '"}\n'
     assert len(load(write(tmp_path, "ok.jsonl", ok))) == 1
+    from traces.formats import too_deep
+
+    nest = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
+    assert not too_deep('{"x": "a \\" ' + "[" * 70 + '"}')  # an escaped quote does not end the string
+    assert not too_deep('{"x": "a \\\\", "y": "' + "[" * 70 + '"}')  # an escaped backslash does not escape the quote
+    assert too_deep('{"x": "a \\\\", "y": ' + nest + "}")
 
 
 def test_a_gzipped_parquet_file_is_named_as_such(tmp_path):

@@ -3,8 +3,9 @@ parsing its text (nor importing pandas, which the readers use).
 
 An entry is the canonical request table that ``traces.read.read_trace`` returned, before the workload's
 transforms (which are cheap, seeded and run every time). It is found again only for the same file, unchanged
-(resolved path, size, modification time, inode, and a hash of its bytes: a rewrite that keeps the size and
-the time, as ``cp -p`` or ``touch -r`` leave it, is a changed file; a link finds it, and the table names the
+(resolved path, size, modification and change times, inode, and a hash of its bytes: a rewrite that keeps
+the size and the modification time, as ``cp -p`` or ``touch -r`` leave it, is a changed file, by its change
+time, which no tool sets back, and by its hash; a link finds it, and the table names the
 path this run gave), read the same way (format, columns, ``bad_rows``, filters), by the same reader code (a hash of
 ``traces/read.py`` and ``traces/formats.py``). A file that fails to read is never cached: its error is
 raised every time. One entry per file and way of reading (a changed file
@@ -60,7 +61,7 @@ def _keys(tf: TraceFile, how: dict) -> tuple[str, str]:
     which = json.dumps({"path": str(path), "fmt": repr(tf.fmt), "container": tf.container, "names": tf.names,
                         **how}, sort_keys=True)
     state = json.dumps({"which": which, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
-                        "device": st.st_dev, "content": file_digest(path), "code": _code_hash(), "version": VERSION},
+                        "device": st.st_dev, "ctime_ns": st.st_ctime_ns, "content": file_digest(path), "code": _code_hash(), "version": VERSION},
                        sort_keys=True)
     return hashlib.sha256(which.encode()).hexdigest()[:32], hashlib.sha256(state.encode()).hexdigest()
 

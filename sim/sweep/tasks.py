@@ -57,14 +57,15 @@ def code_digest(*packages: Path) -> str:
 
 
 def _file_stamp(path: Path) -> list:
-    """What identifies an input file's contents: its absolute path, size, modification time and a hash of its
-    bytes (``userfile.file_digest``: a same-size rewrite that kept the time reused the old file's points)."""
+    """What identifies an input file's contents: its absolute path, size, modification and change times, and a
+    hash of its bytes (``userfile.file_digest``: a same-size rewrite that kept the modification time reused the
+    old file's points; its change time moves, which no tool sets back)."""
     p = path.resolve()
     try:
         st = p.stat()
-        return [str(p), st.st_size, st.st_mtime_ns, file_digest(p)]
+        return [str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, file_digest(p)]
     except OSError:
-        return [str(p), None, None, None]
+        return [str(p), None, None, None, None]
 
 
 def resolved_mapping(scenario: Scenario) -> tuple[dict, list]:
