@@ -74,7 +74,8 @@ def _named(mark: Path, kind: str) -> str | None:
     name), a sweep's or a plan's own; None if unreadable."""
     try:
         data = json.loads(mark.read_text(encoding="utf-8"))
-        return str(data["scenario"] if kind == "validate" else (data["scenario"] if kind == "run" else data)["name"])
+        name = data["scenario"] if kind == "validate" else data["scenario"]["name"] if kind == "run" else data["name"]
+        return str(name)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
