@@ -1,4 +1,4 @@
-"""Which GEMM form fits Vidur's profiles: the catalog's smooth p-norm against two tile-quantised ones.
+"""Which GEMM form fits Vidur's profiles: the catalog's smooth p-norm against three tile-quantised ones.
 
     python benchmarks/bench_gemm_forms.py [ROOT]       # ROOT: Vidur's layout (default ../shared/profiles/vidur)
 
@@ -8,6 +8,8 @@ the catalog's smooth curve (``GemmFit``: launch + (t_c^p + t_m^p)^(1/p)) prices 
 same coefficients as the catalog's plus a row tile T:
 
 - ``rows T``: t_c priced for M rounded up to a multiple of T, inside the p-norm;
+- ``above T``: the same once M exceeds T; up to T, t_c of M itself (a kernel for a short batch uses tiles
+  no taller than the batch, so its padding is not T's);
 - ``floor T``: the smooth curve, but never below the compute of whole tiles: max(p-norm, t_c(M rounded up)).
 
 Leave-one-model-out as ``sim profiles validate`` does it: per GPU, fit on the other models, predict the
@@ -16,7 +18,7 @@ and token count. Each fold picks its own T (the lowest in-sample error on its tr
 per GPU and form, the layer MAPE and its worst token count's (as ``validate`` prints them), the signed error per token band, and at 128, 256 and 512 tokens (full
 decode batches) the signed error and the worst model and TP degree's; then each form's coefficients fitted
 on every model, since a fit that needs a bandwidth efficiency above 1 fits the data, not the GPU.
-Needs scipy (as the fit does); about 15 s.
+Needs scipy (as the fit does); about 20 s.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ class Tiled(GemmFit):
         if self.form == "smooth":
             return super().time_s(m, n, k, gpu, dtype_bytes)
         rows = np.ceil(m / self.tile) * self.tile
+        if self.form == "above":
+            rows = np.where(m <= self.tile, m, rows)
         whole = 2.0 * rows * n * k / (self.compute_efficiency * gpu.flops_per_s)
         tm = dtype_bytes * (m * k + k * n + m * n) / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
-        if self.form == "rows":
+        if self.form in ("rows", "above"):
             tc = whole * (1.0 + self.tile_tokens / m)
             return self.launch_s + (tc**self.sharpness + tm**self.sharpness) ** (1.0 / self.sharpness)
         return np.maximum(super().time_s(m, n, k, gpu, dtype_bytes), self.launch_s + whole)  # floor
@@ -83,7 +87,7 @@ def loo(ps, specs) -> pd.DataFrame:
         for left in profs:
             train = [p for p in profs if p is not left]
             ew = fit_elementwise(train, gpu)
-            fits = {form: best(train, gpu, form) for form in ("smooth", "rows", "floor")}
+            fits = {form: best(train, gpu, form) for form in ("smooth", "rows", "above", "floor")}
             model = profile_model(left.table, left.model)
             for tp in sorted(left.table.num_tensor_parallel_workers.unique()):
                 tokens, meas = measured_ops(left, int(tp))
@@ -126,7 +130,7 @@ def main() -> None:
     print(d.groupby(["gpu", "form"]).apply(summary, include_groups=False).round(1).to_string())
     print("\nFitted on every model of the GPU (tile: the form's best):")
     for g in ps.gpus():
-        for form in ("smooth", "rows", "floor"):
+        for form in ("smooth", "rows", "above", "floor"):
             f = best(ps.for_gpu(g), specs[g], form)
             print(f"  {g:5} {form:6} tile {f.tile if form != 'smooth' else '-':>3}  launch {f.launch_s * 1e6:5.1f} us  "
                   f"compute eff {f.compute_efficiency:.3f}  bandwidth eff {f.bandwidth_efficiency:.3f}  "
