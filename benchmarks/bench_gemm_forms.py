@@ -18,7 +18,7 @@ and token count. Each fold picks its own T (the lowest in-sample error on its tr
 per GPU and form, the layer MAPE and its worst token count's (as ``validate`` prints them), the signed error per token band, and at 128, 256 and 512 tokens (full
 decode batches) the signed error and the worst model and TP degree's; then each form's coefficients fitted
 on every model, since a fit that needs a bandwidth efficiency above 1 fits the data, not the GPU.
-Needs scipy (as the fit does); about 20 s.
+Needs scipy (as the fit does); about 15 s.
 """
 
 from __future__ import annotations
