@@ -57,7 +57,7 @@ class Tiled(GemmFit):
         whole = 2.0 * rows * n * k / (self.compute_efficiency * gpu.flops_per_s)
         tm = dtype_bytes * (m * k + k * n + m * n) / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
         if self.form in ("rows", "above"):
-            tc = whole * (1.0 + self.tile_tokens / m)
+            tc = whole * (1.0 + self.tile_tokens / (m if self.form == "rows" else rows))
             return self.launch_s + (tc**self.sharpness + tm**self.sharpness) ** (1.0 / self.sharpness)
         return np.maximum(super().time_s(m, n, k, gpu, dtype_bytes), self.launch_s + whole)  # floor
 

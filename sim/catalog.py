@@ -180,20 +180,27 @@ class ModelSpec:
 class GemmFit:
     """A GEMM of M tokens, N outputs and K inputs on one rank (``sim/profiles.py`` fits these):
 
-        launch + (t_c**p + t_m**p)**(1/p),   t_c = 2MNK / (compute_efficiency * peak) * (1 + tile_tokens / M)
+        launch + (t_c**p + t_m**p)**(1/p),   t_c = 2 R N K / (compute_efficiency * peak) * (1 + tile_tokens / R)
                                              t_m = bytes(A, B, C) / (bandwidth_efficiency * HBM bandwidth)
+
+    R is M rounded up to a whole number of ``tile_rows`` once M exceeds it (a kernel computes whole tiles of
+    rows: 129 tokens cost what 256 do at 128-row tiles; a shorter batch runs shorter tiles, so up to
+    ``tile_rows`` R is M). ``tile_rows`` 1 rounds nothing: a smooth curve.
     """
 
     launch_s: float
     compute_efficiency: float
     bandwidth_efficiency: float
     sharpness: float  # p: 1 adds the two regimes, large p approaches max() (the datasheet roofline)
-    tile_tokens: float  # small-M tile under-use: compute time grows by (1 + tile_tokens / M)
+    tile_tokens: float  # small-M tile under-use: compute time grows by (1 + tile_tokens / R)
+    tile_rows: int = 1  # compute priced on whole tiles of this many rows past one tile (1: not rounded)
 
     def time_s(self, m: float, n: int, k: int, gpu: "GpuSpec", dtype_bytes: int = 2,
                weight_bytes: float | None = None) -> float:
         """``weight_bytes``: the K x N weights' bytes per element when they are not ``dtype_bytes`` (fp8)."""
-        tc = 2.0 * m * n * k / (self.compute_efficiency * gpu.flops_per_s) * (1.0 + self.tile_tokens / m)
+        t = self.tile_rows
+        rows = m if t <= 1 else m + (m > t) * (-(-m // t) * t - m)  # (numbers or numpy arrays alike)
+        tc = 2.0 * rows * n * k / (self.compute_efficiency * gpu.flops_per_s) * (1.0 + self.tile_tokens / rows)
         moved = dtype_bytes * (m * k + k * n + m * n) if weight_bytes is None else \
             dtype_bytes * (m * k + m * n) + weight_bytes * k * n
         tm = moved / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
@@ -332,7 +339,7 @@ MODELS: dict[str, ModelSpec] = {
 # efficiencies are fractions of each GPU's own datasheet peak, so a GPU with the same chip and another
 # memory (A100 40GB, H200) uses its sibling's coefficients with its own datasheet figures.
 A100_FIT = OperatorFit(
-    gemm=GemmFit(launch_s=7.952e-06, compute_efficiency=0.7301, bandwidth_efficiency=0.875, sharpness=1.459, tile_tokens=1.857e-11),
+    gemm=GemmFit(launch_s=8.495e-06, compute_efficiency=0.735, bandwidth_efficiency=0.7969, sharpness=2.803, tile_tokens=1.409e-09, tile_rows=128),
     elementwise={
         'input_layernorm': ElementwiseFit(4.217e-06, 0.4157),
         'attn_rope': ElementwiseFit(2.871e-06, 0.473),
@@ -345,7 +352,7 @@ A100_FIT = OperatorFit(
     source='Vidur profiles @7d47513363ec: a100, CodeLlama-34b-Instruct-hf, Llama-2-70b-hf, Qwen-72B, phi-2; all-reduce a100_dgx',
 )
 A40_FIT = OperatorFit(
-    gemm=GemmFit(launch_s=4.799e-06, compute_efficiency=0.7801, bandwidth_efficiency=0.7991, sharpness=1.588, tile_tokens=5.507e-16),
+    gemm=GemmFit(launch_s=5.753e-06, compute_efficiency=0.7721, bandwidth_efficiency=0.8007, sharpness=1.901, tile_tokens=1.353e-09, tile_rows=64),
     elementwise={
         'input_layernorm': ElementwiseFit(3.538e-06, 0.642),
         'attn_rope': ElementwiseFit(1.636e-06, 0.8278),
@@ -358,7 +365,7 @@ A40_FIT = OperatorFit(
     source='Vidur profiles @7d47513363ec: a40, CodeLlama-34b-Instruct-hf, Llama-2-70b-hf, Qwen-72B, phi-2',
 )
 H100_FIT = OperatorFit(
-    gemm=GemmFit(launch_s=7.222e-06, compute_efficiency=0.746, bandwidth_efficiency=0.9782, sharpness=8.662, tile_tokens=156.5),
+    gemm=GemmFit(launch_s=7.168e-06, compute_efficiency=0.7408, bandwidth_efficiency=0.9235, sharpness=10.87, tile_tokens=91.74, tile_rows=128),
     elementwise={
         'input_layernorm': ElementwiseFit(3.52e-06, 0.451),
         'attn_rope': ElementwiseFit(2.219e-06, 0.5157),

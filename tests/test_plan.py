@@ -28,7 +28,7 @@ base:
     num_requests: 40
     seed: 1
 rates: [4, 16]
-slo: {mean_tpot_ms: 24.5}
+slo: {mean_tpot_ms: 26.2}
 gpus: [a100-40gb, h100]
 prices: {h100: 9.5}
 replicas: {min: 1, max: 4}
@@ -190,7 +190,7 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"prices: {h100: 9.5}": "prices: {h100: 0}"}, "prices: h100: a price must be above 0"),
     ({"{min: 1, max: 4}": "{min: 0, max: 4}"}, "replicas: min must be at least 1 replica (got 0)"),
     ({"{min: 1, max: 4}": "{min: 1, max: -2}"}, "replicas: max (-2) must be at least min (1)"),
-    ({"mean_tpot_ms: 24.5": "mean_tpot: 24.5"}, "slo: unknown metric 'mean_tpot' (did you mean "
+    ({"mean_tpot_ms: 26.2": "mean_tpot: 26.2"}, "slo: unknown metric 'mean_tpot' (did you mean "
                                            "'mean_tpot_ms'?)"),
     ({"policies: [vllm]": "split: disaggregated"}, "split disaggregated needs kv_transfer"),
     ({"policies: [vllm]": "split: [colocated, disagg]"},
@@ -206,10 +206,10 @@ def test_a_rate_whose_configurations_were_all_inferred_says_so_on_the_page(searc
     ({"policies: [vllm]": "split: disaggregated\nkv_transfer: nvlink\nprefill_decode: ['2:3']"},
      "prefill_decode: a 2:3 unit is 5 replicas, and no whole number of units lies in replicas 1 to 4"),
     ({"policies: [vllm]": "max_num_seqs: [64, 64]"}, "max_num_seqs: a value is listed twice"),  # (read: two policies named vllm)
-    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: 24.5, request_throughput: {min: 8}}"},
+    ({"slo: {mean_tpot_ms: 26.2}": "slo: {mean_tpot_ms: 26.2, request_throughput: {min: 8}}"},
      "slo: request_throughput: min 8: the plan's search assumes a configuration that fails at a rate fails above it"),
-    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: {min: 100, max: 10}}"}, "min 100 is above max 10"),
-    ({"slo: {mean_tpot_ms: 24.5}": "slo: {mean_tpot_ms: -5}"}, "mean_tpot_ms: at most -5 can never be met"),
+    ({"slo: {mean_tpot_ms: 26.2}": "slo: {mean_tpot_ms: {min: 100, max: 10}}"}, "min 100 is above max 10"),
+    ({"slo: {mean_tpot_ms: 26.2}": "slo: {mean_tpot_ms: -5}"}, "mean_tpot_ms: at most -5 can never be met"),
     ({"    seed: 1": "    seed: 1\n  cluster: {prefill: {replicas: 1, gpu: l4}, decode: {replicas: 1},"
                     " kv_transfer: nvlink}"},
      "base.cluster.prefill: the plan sets every configuration's replicas and pools"),
@@ -280,7 +280,7 @@ def test_a_deployment_that_rejects_requests_another_serves_fails_at_every_count(
     so the cheaper GPU won while serving less of the traffic. Now that shape fails at every count and rate
     (one run decides it); a plan that bounds ``num_rejected`` itself keeps its own bound."""
     text = PLAN.replace("    seed: 1\n", "    seed: 1\n  gpu_memory_utilization: 0.65\n").replace(
-        "slo: {mean_tpot_ms: 24.5}", "slo: {mean_tpot_ms: 1000}").replace(
+        "slo: {mean_tpot_ms: 26.2}", "slo: {mean_tpot_ms: 1000}").replace(
         "lengths: sharegpt", "prompt: {kind: uniform, low: 100, high: 1800}\n    output: {kind: fixed, tokens: 100}")
     result = run_plan(load_plan(plan_file(tmp_path, text)), tmp_path / "o", SerialExecutor())
     t = result.table
