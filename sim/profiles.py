@@ -15,8 +15,9 @@ model, any config.json) is priced by the same coefficients; leave-one-model-out 
 Op models (times in seconds; M tokens; N, K the GEMM's output and reduction sizes on one TP rank):
 
     GEMM         launch + (t_c**p + t_m**p) ** (1/p)
-                   t_c = 2*M*N*K / (compute_eff * peak FLOP/s) * (1 + m_tile / M)   tile under-use at small M
+                   t_c = 2*R*N*K / (compute_eff * peak FLOP/s) * (1 + m_tile / R)   tile under-use at small M
                    t_m = 2 * (M*K + K*N + M*N) bytes / (bandwidth_eff * HBM bytes/s)
+                 R: M, rounded up to whole tiles of ``tile_rows`` once M exceeds one (``GEMM_TILE_ROWS``);
                  a smooth (p-norm) transition between the weight-streaming and compute-bound regimes:
                  no kink at the ridge point, where ``max(t_c, t_m)`` would switch abruptly.
     elementwise  launch + bytes / (bandwidth_eff * HBM bytes/s)     per op kind (norm, rope, act, add)

@@ -22,7 +22,8 @@ plus the all-reduces that join them, plus the host's work around it:
 
 GEMMs and elementwise ops use the coefficients fitted to measured operator profiles when the GPU's
 catalog entry has them (``sim/profiles.py``; a smooth transition between the weight-streaming and the
-compute-bound regimes), else the datasheet roofline ``max(compute, memory)`` at fixed efficiencies.
+compute-bound regimes, compute on whole tiles of rows), else the datasheet roofline ``max(compute, memory)``
+at fixed efficiencies.
 
 A decode-only span (the same batch, every context one longer each step) has a closed form, which
 the engine uses to skip quiet stretches: everything but decode attention depends on the batch size
