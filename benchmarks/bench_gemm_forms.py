@@ -1,23 +1,26 @@
-"""Which GEMM form fits Vidur's profiles: the catalog's smooth p-norm against three tile-quantised ones.
+"""Which GEMM form fits Vidur's profiles: the catalog's (whole tiles of rows past the first) against the smooth
+p-norm it replaced and two other tile-quantised forms.
 
     python benchmarks/bench_gemm_forms.py [ROOT]       # ROOT: Vidur's layout (default ../shared/profiles/vidur)
 
-Measured GEMMs step up just past multiples of 64 or 128 tokens (cuBLAS computes whole tiles of rows), and
-the catalog's smooth curve (``GemmFit``: launch + (t_c^p + t_m^p)^(1/p)) prices a full decode batch slow
-(``sim profiles validate``: +26 % at 256 tokens on H100). Two forms that follow the steps, each with the
-same coefficients as the catalog's plus a row tile T:
+Measured GEMMs step up just past multiples of 64 or 128 tokens (cuBLAS computes whole tiles of rows). Every
+form has the coefficients of ``GemmFit`` (launch + (t_c^p + t_m^p)^(1/p)), and all but the smooth one a row
+tile T:
 
-- ``rows T``: t_c priced for M rounded up to a multiple of T, inside the p-norm;
-- ``above T``: the same once M exceeds T; up to T, t_c of M itself (a kernel for a short batch uses tiles
-  no taller than the batch, so its padding is not T's);
+- ``smooth``: t_c of M itself (the catalog's form until 2026-12-05: +26 % at 256 tokens on H100);
+- ``above T``: t_c of M rounded up to a multiple of T once M exceeds T, of M itself up to T (a kernel for a
+  short batch uses short tiles): ``GemmFit.tile_rows``, the catalog's form;
+- ``rows T``: t_c of M rounded up to a multiple of T, a short batch too;
 - ``floor T``: the smooth curve, but never below the compute of whole tiles: max(p-norm, t_c(M rounded up)).
 
 Leave-one-model-out as ``sim profiles validate`` does it: per GPU, fit on the other models, predict the
 left-out one's layer (its four GEMMs by the form, its elementwise ops by the catalog's fit), every TP degree
-and token count. Each fold picks its own T (the lowest in-sample error on its training models). Prints,
-per GPU and form, the layer MAPE and its worst token count's (as ``validate`` prints them), the signed error per token band, and at 128, 256 and 512 tokens (full
-decode batches) the signed error and the worst model and TP degree's; then each form's coefficients fitted
-on every model, since a fit that needs a bandwidth efficiency above 1 fits the data, not the GPU.
+and token count. Each fold picks its own T (the lowest in-sample error on its training models; the
+catalog's fit, ``sim.profiles.pick_tile``, also tries T = 1 and refuses unphysical fits, which picks the
+same tiles here). Prints, per GPU and form, the layer MAPE and its worst token count's (as ``validate``
+prints them), the signed error per token band, and at 128, 256 and 512 tokens (full decode batches) the
+signed error and the worst model and TP degree's; then each form's coefficients fitted on every model,
+since a fit that needs a bandwidth efficiency above 1 fits the data, not the GPU.
 Needs scipy (as the fit does); about 15 s.
 """
 
@@ -44,20 +47,18 @@ class Tiled(GemmFit):
     """A ``GemmFit`` whose compute is priced on whole tiles of ``tile`` rows, as ``form`` says."""
 
     def __init__(self, form: str, tile: int, **coefs) -> None:
-        super().__init__(**coefs)
+        super().__init__(**coefs, tile_rows=tile if form == "above" else 1)
         object.__setattr__(self, "form", form)
         object.__setattr__(self, "tile", tile)
 
     def time_s(self, m, n, k, gpu, dtype_bytes=2, weight_bytes=None):
-        if self.form == "smooth":
+        if self.form in ("smooth", "above"):  # GemmFit itself (tile_rows 1 or T)
             return super().time_s(m, n, k, gpu, dtype_bytes)
         rows = np.ceil(m / self.tile) * self.tile
-        if self.form == "above":
-            rows = np.where(m <= self.tile, m, rows)
         whole = 2.0 * rows * n * k / (self.compute_efficiency * gpu.flops_per_s)
-        tm = dtype_bytes * (m * k + k * n + m * n) / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
-        if self.form in ("rows", "above"):
-            tc = whole * (1.0 + self.tile_tokens / (m if self.form == "rows" else rows))
+        if self.form == "rows":
+            tc = whole * (1.0 + self.tile_tokens / m)
+            tm = dtype_bytes * (m * k + k * n + m * n) / (self.bandwidth_efficiency * gpu.hbm_bytes_per_s)
             return self.launch_s + (tc**self.sharpness + tm**self.sharpness) ** (1.0 / self.sharpness)
         return np.maximum(super().time_s(m, n, k, gpu, dtype_bytes), self.launch_s + whole)  # floor
 

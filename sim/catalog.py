@@ -192,7 +192,7 @@ class GemmFit:
     compute_efficiency: float
     bandwidth_efficiency: float
     sharpness: float  # p: 1 adds the two regimes, large p approaches max() (the datasheet roofline)
-    tile_tokens: float  # small-M tile under-use: compute time grows by (1 + tile_tokens / R)
+    tile_tokens: float  # rows of compute every GEMM adds (2 (R + tile_tokens) N K FLOPs): felt at small M
     tile_rows: int = 1  # compute priced on whole tiles of this many rows past one tile (1: not rounded)
 
     def time_s(self, m: float, n: int, k: int, gpu: "GpuSpec", dtype_bytes: int = 2,

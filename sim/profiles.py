@@ -30,6 +30,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pandas as pd
@@ -251,7 +252,8 @@ GEMM_COEFS = (Coef("launch_s", 8.0, 0.0, 200.0, 1e-6, floor=True), Coef("compute
 # steps priced a full decode batch up to a quarter slow. Leave-one-model-out over Vidur's profiles (``sim
 # profiles validate``), smooth -> tiled: layer MAPE A100 4.1 -> 3.4 %, H100 5.5 -> 5.0 %, A40 4.2 -> 4.2 %;
 # at 256 tokens +12.8 -> -1.5 %, +25.8 -> +11.0 %, +14.5 -> +8.1 %. Rounding every M (a short batch too)
-# fitted as well only with a bandwidth efficiency above the datasheet's (benchmarks/bench_gemm_forms.py).
+# fitted as well on A100 and H100 only with a bandwidth efficiency above the datasheet's
+# (benchmarks/bench_gemm_forms.py); ``pick_tile`` refuses such fits.
 GEMM_TILE_ROWS = (1, 16, 32, 64, 128, 256)
 ELEMENTWISE_COEFS = (Coef("launch_s", 5.0, 0.0, 200.0, 1e-6, floor=True), Coef("bandwidth_efficiency", 0.5, 0.01, 1.2))
 ALLREDUCE_COEFS = (Coef("latency_s", 20.0, 0.1, 1000.0, 1e-6), Coef("bus_bytes_per_s", 100.0, 0.1, 5000.0, 1e9),
@@ -297,8 +299,7 @@ def _gemm_rows(profiles: list[ComputeProfile]):
 
 def fit_gemm(profiles: list[ComputeProfile], gpu: GpuSpec) -> GemmFit:
     """Fit the GEMM coefficients on every GEMM of every profile (relative error: least squares in log time),
-    once per row tile of ``GEMM_TILE_ROWS``: the tile whose fit errs least wins, among those whose fit did
-    not end at a bound (``at_bounds``; if every one did, among all)."""
+    once per row tile of ``GEMM_TILE_ROWS``; ``pick_tile`` chooses among the fits."""
     M, N, K, y = _gemm_rows(profiles)
     ok = y > 0
 
@@ -306,8 +307,24 @@ def fit_gemm(profiles: list[ComputeProfile], gpu: GpuSpec) -> GemmFit:
         return np.log(fit.time_s(M[ok], N[ok], K[ok], gpu) / y[ok])
 
     fits = [_least_squares(resid, partial(GemmFit, tile_rows=t), GEMM_COEFS) for t in GEMM_TILE_ROWS]
-    inside = [f for f in fits if not at_bounds(f, GEMM_COEFS)] or fits
-    return min(inside, key=lambda f: float(np.sum(resid(f) ** 2)))
+    return pick_tile(fits, [float(np.sum(resid(f) ** 2)) for f in fits])
+
+
+# a taller tile must fit better than a shorter one by more than this (relative squared error) to win: the
+# optimizer's own noise is a few parts per million, and on data without steps several tiles fit alike
+TILE_MARGIN: Final = 1e-4
+
+
+def pick_tile(fits: list[GemmFit], errors: list[float]) -> GemmFit:
+    """The fit with the least squared error ``errors``, the shortest tile among those within ``TILE_MARGIN`` of
+    it, among the physical ones: no coefficient at a bound of the optimizer (``at_bounds``) and efficiencies at
+    most 1 (a fit may reach 1.2 to say the data lie beyond the model; one that needs memory faster than the
+    datasheet fits the measured models, not the GPU). If none is physical, among all."""
+    ok = [i for i, f in enumerate(fits)
+          if not at_bounds(f, GEMM_COEFS) and f.compute_efficiency <= 1.0 and f.bandwidth_efficiency <= 1.0]
+    ok = ok or list(range(len(fits)))
+    best = min(errors[i] for i in ok)
+    return min((fits[i] for i in ok if errors[i] <= best * (1.0 + TILE_MARGIN)), key=lambda f: f.tile_rows)
 
 
 def fit_elementwise(profiles: list[ComputeProfile], gpu: GpuSpec) -> dict[str, ElementwiseFit]:
@@ -455,7 +472,7 @@ def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
 
 TOKEN_RANGES = ((1, 16), (17, 128), (129, 512), (513, None))  # small decode batches .. prefill chunks
 # token counts a band's mean hides: a full decode batch at max_num_seqs 128, 256 (the default) or 512, which
-# are also multiples of cuBLAS's tiles, where measured GEMMs run fastest and a smooth fit errs most
+# are also multiples of cuBLAS's tiles, where measured GEMMs run fastest and a fit errs most
 FULL_BATCHES = (128, 256, 512)
 
 

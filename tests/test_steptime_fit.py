@@ -497,6 +497,35 @@ def test_catalog_models_head_dim_is_their_configs():
 # ---------------------------------------------------------------------------------------------- measured
 
 
+def test_the_tile_is_the_best_physical_fit_and_the_shortest_of_a_tie():
+    """``pick_tile``: a fit ending at a bound of the optimizer, or one needing memory faster than the datasheet,
+    loses to a worse physical fit; within TILE_MARGIN of the best error the shortest tile wins (the
+    optimizer's noise does not pick a tile); with no physical fit, the best of all."""
+    from sim.profiles import TILE_MARGIN, pick_tile
+
+    def fit(tile, bw=0.8, p=2.0):
+        return GemmFit(8e-6, 0.7, bw, p, 0.0, tile_rows=tile)
+
+    assert pick_tile([fit(1), fit(64, p=20.0)], [2.0, 1.0]).tile_rows == 1  # sharpness at its upper bound
+    assert pick_tile([fit(1), fit(64, bw=1.03)], [2.0, 1.0]).tile_rows == 1  # faster than HBM allows
+    assert pick_tile([fit(1), fit(64), fit(128)], [2.0, 1.0, 1.0 * (1 - TILE_MARGIN / 2)]).tile_rows == 64
+    assert pick_tile([fit(1), fit(64), fit(128)], [2.0, 1.0, 1.0 * (1 - 2 * TILE_MARGIN)]).tile_rows == 128
+    assert pick_tile([fit(16, bw=1.1), fit(64, bw=1.2)], [2.0, 1.0]).tile_rows == 64  # none physical: the best
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"no measured profiles at {SHARED} (../shared/profiles)")
+def test_the_catalog_literals_are_what_the_fit_prints():
+    """sim/catalog.py's coefficients are ``sim profiles fit``'s on Vidur's profiles, tile and all."""
+    from sim.profiles import PROFILE_GPUS, fit_catalog_literals, fit_literal, profile_origin
+
+    ps = read_profiles(SHARED)
+    fits = fit_catalog_literals(ps, {g: GPUS[PROFILE_GPUS[g]] for g in ps.gpus()}, profile_origin(SHARED))
+    assert set(fits) == {"a100-80gb", "h100", "a40"}
+    for name, fit in fits.items():
+        assert fit_literal(fit) == fit_literal(GPUS[name].operators), name
+    assert [fits[g].gemm.tile_rows for g in ("a100-80gb", "h100", "a40")] == [128, 128, 64]
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"no measured profiles at {SHARED} (../shared/profiles)")
 def test_leave_one_model_out_meets_the_targets():
     from sim.profiles import PROFILE_GPUS, leave_one_model_out, mape_table
