@@ -521,8 +521,8 @@ def test_the_catalog_literals_are_what_the_fit_prints():
     ps = read_profiles(SHARED)
     fits = fit_catalog_literals(ps, {g: GPUS[PROFILE_GPUS[g]] for g in ps.gpus()}, profile_origin(SHARED))
     assert set(fits) == {"a100-80gb", "h100", "a40"}
-    for name, fit in fits.items():
-        assert fit_literal(fit) == fit_literal(GPUS[name].operators), name
+    for name, fit in fits.items():  # (the source names where the profiles came from: not compared)
+        assert fit_literal(replace(fit, source="")) == fit_literal(replace(GPUS[name].operators, source="")), name
     assert [fits[g].gemm.tile_rows for g in ("a100-80gb", "h100", "a40")] == [128, 128, 64]
 
 
