@@ -346,6 +346,8 @@ def steptime(
     out.print(t)
     note = (f"a calibration profile's measured step times ({cfg.path})" if getattr(cfg, "kind", "") == "profile"
             else g.operators_note if (cfg is None or getattr(cfg, "operators", "") == "fitted") else "datasheet roofline")
+    if note == g.operators_note and g.operators is not None and g.operators.gemm.tile_rows > 1:
+        note += f"; GEMMs computed on whole {g.operators.gemm.tile_rows}-row tiles past the first"
     out.print(f"operators: {note}", highlight=False)
     if getattr(cfg, "kind", "roofline") == "roofline":  # what the operators' fit does not cover
         from sim.config import RooflineConfig
