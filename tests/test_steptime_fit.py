@@ -728,7 +728,8 @@ def test_steptime_says_what_the_fit_does_not_cover():
     assert r.exit_code == 0, r.output
     assert "all-reduce: datasheet ring over infiniband-400g between servers" in r.output
     assert "attention: datasheet efficiencies" in r.output and "MoE experts" not in r.output
-    assert "operators: fitted on H100 80GB SXM; GEMMs computed on whole 128-row tiles past the first" in r.output
+    assert ("operators: fitted on H100 80GB SXM; GEMMs computed on whole 128-row tiles past the first"
+            in r.output.replace("\n", ""))  # (a console 80 wide wraps it)
     r = CliRunner().invoke(app, ["steptime", "gpt-oss-120b", "--gpu", "h100", "--tokens", "64"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "MoE experts: datasheet efficiencies" in r.output and "all-reduce" not in r.output
 
