@@ -622,8 +622,8 @@ def smoothness(fit: OperatorFit, gpu: GpuSpec, model: ModelSpec, tp: int, max_to
     relative change between any adjacent counts (negative: a token more made it cheaper))."""
     tokens = np.arange(1, max_tokens + 1)
     ops = predict_ops(fit, gpu, model, tp, tokens)
-    step = np.diff(layer_ms(ops, tuple(ops)))
-    step = step / layer_ms(ops, tuple(ops))[:-1]
+    t_ms = layer_ms(ops, tuple(ops))
+    step = np.diff(t_ms) / t_ms[:-1]
     t = fit.gemm.tile_rows
     within = (tokens[:-1] % t != 0) | (tokens[:-1] < t) if t > 1 else np.ones(len(step), bool)
     return float(np.max(np.abs(step[within]))), float(np.min(step))
